@@ -1,0 +1,60 @@
+"""Configuration of a simulated vLLM engine: the `engine:` block of the YAML."""
+
+import attrs
+
+from servesim.kvcache.config import KVCacheConfig
+from servesim.scheduler.config import SchedulerConfig
+
+
+@attrs.frozen
+class TimingConfig:
+    """Pass pricing (vllm-engine.md §10).
+
+    type fixed: prefill_ms, decode_ms.
+    type linear: base_ms, per_token_ms, per_request_ms, per_context_token_ms.
+    type polynomial: no parameters.
+    type fitted: model (path, resolved relative to the config file) and
+    coefficients_ms (the model file's five coefficients, read at load time).
+    """
+
+    type: str = "polynomial"
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    base_ms: float = 0.0
+    per_token_ms: float = 0.0
+    per_request_ms: float = 0.0
+    per_context_token_ms: float = 0.0
+    model: str | None = None
+    coefficients_ms: tuple = ()
+
+
+@attrs.frozen
+class LaunchConfig:
+    """`engine.launch` (vllm-engine.md §8)."""
+
+    decode_ms: float = 0.0
+    piecewise_ms: float = 0.0
+    eager_ms: float = 0.0
+    eager_queue_fraction: float = 0.0
+    max_cudagraph_capture_size: int = 512
+
+
+@attrs.frozen
+class KVOffloadingConfig:
+    """`engine.kv_offloading` (vllm-engine.md §9)."""
+
+    num_cpu_blocks: int
+    bytes_per_token: int
+    d2h_gbps: float
+    h2d_gbps: float
+    connector: str = "offloading"  # offloading | simple_cpu
+
+
+@attrs.frozen
+class EngineConfig:
+    kv_cache: KVCacheConfig = attrs.Factory(KVCacheConfig)
+    scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
+    timing: TimingConfig = attrs.Factory(TimingConfig)
+    launch: LaunchConfig | None = None
+    detokenize_ms: float = 0.0
+    kv_offloading: KVOffloadingConfig | None = None

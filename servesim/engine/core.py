@@ -1,0 +1,191 @@
+"""The simulated engine core of one worker: its attention-DP ranks and the
+life of each pass — decision, GPU start and end, output processing — on the
+shared event loop (vllm/v1/engine/core.py: `EngineCore.step` and
+`step_with_batch_queue`).
+
+Synchronous (`async_scheduling: false`, vllm-engine.md §6): pass k+1 is decided
+at `end(k)`, after pass k's outputs are processed (and after arrivals at that
+instant), so a finished request's blocks serve the next pass.
+
+Asynchronous (§7), a batch queue of two: when pass k starts on the GPU, pass k+1
+is decided at once, before pass k's outputs are known (placeholders stand in
+for them). Pass k's outputs are processed at `end(k)`, then the queued pass k+1
+starts and pass k+2 is decided — so a request finishing in pass k frees its
+blocks for pass k+2, and an arrival during pass k first joins pass k+2. A
+decision that finds nothing to run while a pass is in flight waits for that
+pass's outputs and decides again at its end, seeing arrivals up to then, as an
+idle engine would (the empty-pass rule).
+
+Ranks (§11) run in lockstep: every rank schedules its own batch at the
+worker's decision and the worker's pass ends when its slowest rank's does.
+"""
+
+from servesim.engine.config import EngineConfig
+from servesim.engine.events import DECIDE, PASS_END, EventLoop
+from servesim.engine.pricing import PassPricer
+from servesim.kvcache.block_pool import BlockPool
+from servesim.kvcache.manager import KVCacheManager
+from servesim.scheduler.scheduler import Scheduler
+
+
+class Rank:
+    """One attention-DP rank: its scheduler, G1 pool and pricing, plus the
+    counters reported per rank."""
+
+    def __init__(self, worker: int, index: int, config: EngineConfig, num_identities: int):
+        self.worker = worker
+        self.index = index
+        self.pool = BlockPool(config.kv_cache, num_identities)
+        self.kv = KVCacheManager(self.pool)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.pricer = PassPricer(config.timing, config.kv_cache.num_gpu_blocks,
+                                 config.kv_cache.block_size)
+        self.num_passes = 0
+        self.num_requests = 0
+        self.usage_area = 0.0  # integral of KV usage over time
+        self.usage_max = 0.0
+        self._usage = 0.0
+        self._usage_since = 0.0
+
+    def track_usage(self, now: float):
+        """Integrate KV usage up to `now` and take its new value."""
+        self.usage_area += self._usage * (now - self._usage_since)
+        self._usage_since = now
+        self._usage = self.pool.usage
+        if self._usage > self.usage_max:
+            self.usage_max = self._usage
+
+    def usage_mean(self, end: float) -> float:
+        area = self.usage_area + self._usage * (end - self._usage_since)
+        return area / end if end > 0 else 0.0
+
+
+class Pass:
+    """One lockstep pass of a worker: each rank's `SchedulerOutput` and its
+    index on that rank (-1 for a rank with an empty batch)."""
+
+    __slots__ = ("outputs", "indices", "finished", "decided_ms", "start_ms", "end_ms")
+
+    def __init__(self, outputs, decided_ms):
+        self.outputs = outputs
+        self.indices = [-1] * len(outputs)
+        self.finished = [()] * len(outputs)  # per rank, once outputs are processed
+        self.decided_ms = decided_ms
+        self.start_ms = self.end_ms = decided_ms
+
+
+class EngineCore:
+    """One worker. `observer` receives `on_pass(core, p)` when a pass's outputs
+    are processed, `on_token(request, pass_index, release_ms)` for every token
+    released and `on_done(request)` when a request finishes or is taken out as
+    unfinishable."""
+
+    def __init__(self, index: int, config: EngineConfig, data_parallel_size: int,
+                 loop: EventLoop, num_identities: int, observer):
+        self.index = index
+        self.config = config
+        self.loop = loop
+        self.observer = observer
+        self.async_scheduling = config.scheduler.async_scheduling
+        self.ranks = [Rank(index, r, config, num_identities)
+                      for r in range(data_parallel_size)]
+        self.gpu_pass = None  # on the GPU, outputs not processed yet
+        self.queued_pass = None  # decided (async), waiting for the GPU
+        self._decide_scheduled = False
+        self.busy_ms = 0.0
+        self.num_passes = 0
+
+    # -- arrivals ------------------------------------------------------------
+
+    def add_request(self, rank: int, request) -> bool:
+        """A request arrives at `rank`; False if it can never fit (rejected)."""
+        scheduler = self.ranks[rank].scheduler
+        if not scheduler.can_ever_fit(request.num_prompt_tokens):
+            return False
+        self.ranks[rank].num_requests += 1
+        scheduler.add_request(request)
+        self._wake()
+        return True
+
+    def _wake(self):
+        """An idle engine decides at this instant, after every arrival at it."""
+        if self.gpu_pass is None and not self._decide_scheduled:
+            self._decide_scheduled = True
+            self.loop.schedule(self.loop.now, DECIDE, self._on_decide)
+
+    def _on_decide(self, _):
+        self._decide_scheduled = False
+        self._decide()
+
+    # -- decisions -----------------------------------------------------------
+
+    def _decide(self):
+        now = self.loop.now
+        while True:
+            outputs = [rank.scheduler.schedule() for rank in self.ranks]
+            self._take_out_unfinishable()
+            for rank in self.ranks:
+                rank.track_usage(now)
+            if any(out.scheduled for out in outputs):
+                break
+            # Nothing to run. A decision that only preempted decides again at
+            # once when idle; with a pass in flight the empty-pass rule waits
+            # for its end (`_on_pass_end` wakes the engine).
+            if self.gpu_pass is not None or not any(out.preempted for out in outputs):
+                return
+        p = Pass(outputs, now)
+        if self.gpu_pass is None:
+            self._start(p, now)
+            if self.async_scheduling:
+                self._decide()
+        else:
+            self.queued_pass = p
+
+    def _take_out_unfinishable(self):
+        for rank in self.ranks:
+            if rank.scheduler.unfinishable:
+                for request in rank.scheduler.unfinishable:
+                    self.observer.on_done(request)
+                rank.scheduler.unfinishable.clear()
+
+    def _start(self, p: Pass, now: float):
+        """Put a decided pass on the GPU; it lasts as long as its slowest rank."""
+        duration = 0.0
+        for i, (rank, out) in enumerate(zip(self.ranks, p.outputs)):
+            if out.scheduled:
+                p.indices[i] = rank.num_passes
+                rank.num_passes += 1
+                duration = max(duration, rank.pricer.price(out))
+                for entry in out.scheduled:
+                    if entry.request.first_scheduled_ms != entry.request.first_scheduled_ms:
+                        entry.request.first_scheduled_ms = now
+        p.start_ms = now
+        p.end_ms = now + duration
+        self.busy_ms += duration
+        self.num_passes += 1
+        self.gpu_pass = p
+        self.loop.schedule(p.end_ms, PASS_END, self._on_pass_end, p)
+
+    # -- outputs -------------------------------------------------------------
+
+    def _on_pass_end(self, p: Pass):
+        now = self.loop.now
+        self.gpu_pass = None
+        observer = self.observer
+        for i, (rank, out, index) in enumerate(zip(self.ranks, p.outputs, p.indices)):
+            if not out.scheduled:
+                continue
+            sampled, finished = rank.scheduler.update_from_output(out)
+            p.finished[i] = finished
+            for request in sampled:
+                observer.on_token(request, index, now)
+            for request in finished:
+                observer.on_done(request)
+            rank.track_usage(now)
+        observer.on_pass(self, p)
+        if self.queued_pass is not None:
+            queued, self.queued_pass = self.queued_pass, None
+            self._start(queued, now)
+            self._decide()
+        elif any(rank.scheduler.has_requests() for rank in self.ranks):
+            self._wake()

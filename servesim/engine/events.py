@@ -1,0 +1,43 @@
+"""The discrete-event loop: a heap of `(time, order, seq, handler, arg)`.
+
+Events at the same instant run by `order` (the kinds below), then in the order
+they were scheduled (`seq`), so every tie is broken by a stable key, never by
+hash or set order. The loop only pops and dispatches; the engine's logic lives
+in the handlers.
+"""
+
+import heapq
+
+# Same-instant order: a pass ends and its outputs are processed first; then
+# requests arrive; then an engine that is free decides its next pass, so a
+# synchronous engine's decision at `end(k)` sees arrivals at exactly `end(k)`
+# (vllm-engine.md §7, "Ties").
+PASS_END = 0
+ARRIVAL = 1
+DECIDE = 2
+
+
+class EventLoop:
+    def __init__(self):
+        self._heap = []
+        self._seq = 0
+        self.now = 0.0
+
+    def schedule(self, time, order, handler, arg=None):
+        self._seq += 1
+        heapq.heappush(self._heap, (time, order, self._seq, handler, arg))
+
+    def run(self, on_step=None):
+        """Run until no event is left; `on_step(now)` is called after each
+        event (for progress reporting)."""
+        heap = self._heap
+        pop = heapq.heappop
+        while heap:
+            time, _, _, handler, arg = pop(heap)
+            self.now = time
+            handler(arg)
+            if on_step is not None:
+                on_step(time)
+
+    def __len__(self):
+        return len(self._heap)

@@ -1,0 +1,73 @@
+"""Pass pricing (vllm-engine.md §10): the GPU time of a pass from what it
+schedules, as one Numba kernel.
+
+Features of a pass: `prefill_tokens` (tokens scheduled for prefill requests,
+cache hits excluded), `num_prefill_requests`, `decode_requests`,
+`decode_context` (sum of decode requests' known tokens), `tokens` (all
+scheduled tokens), `requests` (scheduled requests).
+"""
+
+import numpy as np
+
+from servesim.engine.config import TimingConfig
+from servesim.jit import njit
+
+FIXED, LINEAR, POLYNOMIAL, FITTED = 0, 1, 2, 3
+_TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": FITTED}
+
+
+@njit
+def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_requests,
+               decode_context, tokens, requests, kv_capacity_tokens):
+    """Milliseconds of GPU time for one pass of one rank."""
+    if model == FIXED:
+        t = 0.0
+        if prefill_tokens > 0:
+            t += params[0]
+        if decode_requests > 0:
+            t += params[1]
+        return t
+    if model == LINEAR:
+        return (params[0] + params[1] * tokens + params[2] * requests
+                + params[3] * decode_context)
+    if model == POLYNOMIAL:
+        # NVIDIA Dynamo's fallback vLLM pass-time polynomials.
+        t = 0.0
+        if prefill_tokens > 0:
+            x = float(prefill_tokens)
+            t += 4.209989e-07 * x * x + 1.518344e-02 * x + 16.50142
+        if decode_requests > 0:
+            u = min(1.0, decode_context / kv_capacity_tokens)
+            t += max(1.0, -25.74 * u * u + 54.01 * u + 5.74)
+        return t
+    # FITTED: intercept + the four forward-pass-record features, clamped at 0.
+    t = (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
+         + params[3] * decode_requests + params[4] * decode_context)
+    return max(t, 0.0)
+
+
+class PassPricer:
+    """A timing config turned into the kernel's model code and parameters."""
+
+    def __init__(self, timing: TimingConfig, num_gpu_blocks: int, block_size: int):
+        self.model = _TYPES[timing.type]
+        if self.model == FIXED:
+            params = [timing.prefill_ms, timing.decode_ms]
+        elif self.model == LINEAR:
+            params = [timing.base_ms, timing.per_token_ms, timing.per_request_ms,
+                      timing.per_context_token_ms]
+        elif self.model == FITTED:
+            params = list(timing.coefficients_ms)
+        else:
+            params = []
+        self.params = np.array(params + [0.0] * (5 - len(params)), dtype=np.float64)
+        self.kv_capacity_tokens = float(num_gpu_blocks * block_size)
+
+    def price(self, out) -> float:
+        """GPU time of the pass a `SchedulerOutput` describes (0 if empty)."""
+        if not out.scheduled:
+            return 0.0
+        return price_pass(self.model, self.params, out.prefill_tokens,
+                          out.num_prefill_requests, out.decode_requests,
+                          out.decode_context, out.total_tokens, len(out.scheduled),
+                          self.kv_capacity_tokens)

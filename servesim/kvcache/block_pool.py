@@ -1,0 +1,226 @@
+"""The G1 block pool: vLLM's `BlockPool`, `FreeKVCacheBlockQueue` and the
+prefix-cache map, as Numba kernels over NumPy arrays.
+
+Rules (vllm/v1/core/block_pool.py, kv_cache_utils.py, kv_cache_manager.py):
+
+- Block 0 is the null block and is never allocated; blocks 1..N-1 start in the
+  free queue in id order.
+- A block with `ref_cnt == 0` is in the free queue, cached or not; cached free
+  blocks count as free and are evicted when popped.
+- New blocks are popped from the head of the free queue; a popped block that
+  carries an identity is evicted from the cache map then.
+- A prefix hit "touches" a block: out of the free queue if its `ref_cnt` was 0,
+  then `ref_cnt += 1`.
+- Freeing walks a request's blocks tail first: `ref_cnt -= 1`; a block reaching
+  0 goes to the front of the queue without an identity, to the back with one.
+- A block that becomes full is registered under its identity at allocation
+  time; a second block with an identity already cached is kept as a duplicate
+  entry, and lookups take the first entry still cached.
+
+State layout: `blocks[ROW, b]` for b in 0..N-1 plus two queue sentinels
+(HEAD = N, TAIL = N + 1); `idmap[FIRST|LAST, identity]` heads the list of cached
+blocks of one identity; `scalars[NUM_FREE]`.
+"""
+
+import numpy as np
+
+from servesim.kvcache.config import KVCacheConfig
+from servesim.jit import njit
+
+REF, IDENT, PREV, NEXT, DPREV, DNEXT = range(6)
+FIRST, LAST = 0, 1
+NUM_FREE = 0
+NONE = -1
+
+
+@njit
+def _queue_remove(blocks, b):
+    p = blocks[PREV, b]
+    n = blocks[NEXT, b]
+    blocks[NEXT, p] = n
+    blocks[PREV, n] = p
+    blocks[PREV, b] = NONE
+    blocks[NEXT, b] = NONE
+
+
+@njit
+def _queue_insert_after(blocks, p, b):
+    n = blocks[NEXT, p]
+    blocks[PREV, b] = p
+    blocks[NEXT, b] = n
+    blocks[NEXT, p] = b
+    blocks[PREV, n] = b
+
+
+@njit
+def _uncache(blocks, idmap, b):
+    """Drop block b from its identity's list of cached blocks."""
+    ident = blocks[IDENT, b]
+    p = blocks[DPREV, b]
+    n = blocks[DNEXT, b]
+    if p == NONE:
+        idmap[FIRST, ident] = n
+    else:
+        blocks[DNEXT, p] = n
+    if n == NONE:
+        idmap[LAST, ident] = p
+    else:
+        blocks[DPREV, n] = p
+    blocks[IDENT, b] = NONE
+    blocks[DPREV, b] = NONE
+    blocks[DNEXT, b] = NONE
+
+
+@njit
+def init_pool(blocks, idmap, scalars):
+    num_blocks = blocks.shape[1] - 2
+    head = num_blocks
+    tail = num_blocks + 1
+    blocks[:, :] = NONE
+    blocks[REF, :] = 0
+    idmap[:, :] = NONE
+    blocks[NEXT, head] = tail
+    blocks[PREV, tail] = head
+    for b in range(1, num_blocks):
+        _queue_insert_after(blocks, blocks[PREV, tail], b)
+    blocks[REF, 0] = 1  # the null block is never free
+    scalars[NUM_FREE] = num_blocks - 1
+
+
+@njit
+def find_cached_prefix(blocks, idmap, idents, max_blocks, out):
+    """Longest run of leading identities with a cached block; fills `out` with
+    those blocks (first entry of each identity) and returns the run length."""
+    n = 0
+    for i in range(max_blocks):
+        b = idmap[FIRST, idents[i]]
+        if b == NONE:
+            break
+        out[i] = b
+        n += 1
+    return n
+
+
+@njit
+def count_evictable(blocks, hit_blocks, num_hit):
+    """Hit blocks nobody holds: touching them takes them out of the free
+    queue, so they use free capacity (kv_cache_manager.allocate_slots)."""
+    n = 0
+    for i in range(num_hit):
+        if blocks[REF, hit_blocks[i]] == 0:
+            n += 1
+    return n
+
+
+@njit
+def allocate_slots(blocks, idmap, scalars, table, num_held, hit_blocks, num_hit,
+                   num_blocks_needed, num_blocks_checked):
+    """Touch `num_hit` hit blocks and pop new blocks so that `table` holds
+    `num_blocks_needed` blocks; fail (return -1) unless `num_blocks_checked`
+    blocks beyond those already held and hit, plus the evictable hits, fit in
+    the free queue. Returns the new number of held blocks."""
+    evictable = count_evictable(blocks, hit_blocks, num_hit)
+    if num_blocks_checked - num_held - num_hit + evictable > scalars[NUM_FREE]:
+        return -1
+    num_new = num_blocks_needed - num_held - num_hit
+    if num_new < 0:
+        num_new = 0
+    if num_new + evictable > scalars[NUM_FREE]:
+        return -1
+    for i in range(num_hit):
+        b = hit_blocks[i]
+        if blocks[REF, b] == 0:
+            _queue_remove(blocks, b)
+            scalars[NUM_FREE] -= 1
+        blocks[REF, b] += 1
+        table[num_held] = b
+        num_held += 1
+    head = blocks.shape[1] - 2
+    for _ in range(num_new):
+        b = blocks[NEXT, head]
+        _queue_remove(blocks, b)
+        scalars[NUM_FREE] -= 1
+        if blocks[IDENT, b] != NONE:
+            _uncache(blocks, idmap, b)
+        blocks[REF, b] = 1
+        table[num_held] = b
+        num_held += 1
+    return num_held
+
+
+@njit
+def cache_full_blocks(blocks, idmap, table, idents, num_cached, num_full):
+    """Register table[num_cached:num_full] under their identities (appended
+    after any block already cached with the same identity)."""
+    for i in range(num_cached, num_full):
+        b = table[i]
+        ident = idents[i]
+        last = idmap[LAST, ident]
+        blocks[IDENT, b] = ident
+        blocks[DPREV, b] = last
+        blocks[DNEXT, b] = NONE
+        if last == NONE:
+            idmap[FIRST, ident] = b
+        else:
+            blocks[DNEXT, last] = b
+        idmap[LAST, ident] = b
+
+
+@njit
+def free_blocks(blocks, scalars, table, num_held):
+    """Release a request's blocks tail first: uncached blocks that reach
+    ref_cnt 0 go to the front of the free queue (the request's tail block
+    ahead of its earlier ones), cached ones to the back."""
+    head = blocks.shape[1] - 2
+    tail = head + 1
+    front = head
+    for i in range(num_held - 1, -1, -1):
+        b = table[i]
+        blocks[REF, b] -= 1
+        if blocks[REF, b] == 0:
+            if blocks[IDENT, b] == NONE:
+                _queue_insert_after(blocks, front, b)
+                front = b
+            else:
+                _queue_insert_after(blocks, blocks[PREV, tail], b)
+            scalars[NUM_FREE] += 1
+
+
+class BlockPool:
+    """One rank's G1 pool: the arrays the kernels above work on.
+
+    `num_identities` bounds the dense block identities the prefix cache can
+    hold (see `servesim.replay.prefix`).
+    """
+
+    def __init__(self, config: KVCacheConfig, num_identities: int):
+        self.config = config
+        self.block_size = config.block_size
+        self.num_gpu_blocks = config.num_gpu_blocks
+        self.enable_caching = config.enable_prefix_caching
+        self.blocks = np.empty((6, config.num_gpu_blocks + 2), dtype=np.int64)
+        self.idmap = np.empty((2, max(num_identities, 1)), dtype=np.int64)
+        self.scalars = np.zeros(1, dtype=np.int64)
+        init_pool(self.blocks, self.idmap, self.scalars)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return int(self.scalars[NUM_FREE])
+
+    @property
+    def usage(self) -> float:
+        """vLLM's KV usage: 1 - free / usable."""
+        return 1.0 - self.scalars[NUM_FREE] / (self.num_gpu_blocks - 1)
+
+    def free_queue(self) -> list:
+        """The free queue head to tail (for tests and invariants)."""
+        head = self.num_gpu_blocks
+        out = []
+        b = int(self.blocks[NEXT, head])
+        while b != head + 1:
+            out.append(b)
+            b = int(self.blocks[NEXT, b])
+        return out
+
+    def num_cached_blocks(self) -> int:
+        return int(np.count_nonzero(self.blocks[IDENT, 1:self.num_gpu_blocks] != NONE))

@@ -1,0 +1,71 @@
+"""The attrs classes of the top-level YAML blocks (`workload`, `cluster`,
+`output`) and of the whole resolved config. Parsing and validation live in
+`servesim.replay.config`."""
+
+import attrs
+
+from servesim.engine.config import EngineConfig
+
+
+@attrs.frozen
+class LengthDistribution:
+    """`input_tokens` / `output_tokens` of a synthetic workload.
+
+    distribution: constant (value), uniform (min, max), lognormal (mean, sigma
+    of the underlying normal, clipped to [min, max]), zipf (a, clipped to
+    [min, max]).
+    """
+
+    distribution: str = "constant"
+    value: int = 0
+    min: int = 1
+    max: int = 0
+    mean: float = 0.0
+    sigma: float = 0.0
+    a: float = 0.0
+
+
+@attrs.frozen
+class SyntheticConfig:
+    requests: int = 100
+    input_tokens: LengthDistribution = attrs.Factory(lambda: LengthDistribution(value=1024))
+    output_tokens: LengthDistribution = attrs.Factory(lambda: LengthDistribution(value=128))
+    arrival: str = "burst"  # burst | poisson | constant
+    rate: float | None = None  # requests/s for poisson and constant
+    concurrency: int | None = None
+    shared_prefix_tokens: int = 0
+    seed: int = 42
+
+
+@attrs.frozen
+class WorkloadConfig:
+    trace: str | None = None  # absolute path (resolved relative to the config file)
+    format: str | None = None  # mooncake | azure; None: from the file name
+    trace_block_size: int = 512
+    limit: int | None = None
+    speedup: float = 1.0
+    concurrency: int | None = None
+    synthetic: SyntheticConfig | None = None
+
+
+@attrs.frozen
+class ClusterConfig:
+    workers: int = 1
+    data_parallel_size: int = 1
+    router: str = "round_robin"  # round_robin | least_loaded | kv_aware
+
+
+@attrs.frozen
+class OutputConfig:
+    per_request: bool = True
+    pass_log: bool = False
+    telemetry_interval_ms: float | None = None
+
+
+@attrs.frozen
+class Config:
+    workload: WorkloadConfig
+    engine: EngineConfig = attrs.Factory(EngineConfig)
+    cluster: ClusterConfig = attrs.Factory(ClusterConfig)
+    output: OutputConfig = attrs.Factory(OutputConfig)
+    source: str | None = None  # the config file's path, for messages

@@ -1,0 +1,241 @@
+"""Replay a workload through the configured workers: arrivals (open loop, or
+closed loop with `concurrency`), routing, the engines on one event loop, and
+the collection of per-request results, pass log and counters.
+"""
+
+import math
+import warnings
+
+import numpy as np
+
+from servesim.engine.core import EngineCore
+from servesim.engine.events import ARRIVAL, EventLoop
+from servesim.engine.release import TokenLog
+from servesim.replay.config_types import Config
+from servesim.replay.prefix import block_identities
+from servesim.replay.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
+                                     RequestRecords, RunStats, SimulationResult,
+                                     WorkerStats)
+from servesim.replay.router import Router
+from servesim.replay.workload import Workload
+from servesim.scheduler.request import Request, RequestStatus
+
+_PROGRESS_EVERY = 512  # passes between progress callbacks
+
+
+class Replay:
+    """One simulation run; `run()` returns its :class:`SimulationResult`."""
+
+    def __init__(self, config: Config, workload: Workload, progress=None):
+        self.config = config
+        self.workload = workload
+        self.progress = progress
+        engine = config.engine
+        block_size = engine.kv_cache.block_size
+        max_model_len = engine.scheduler.max_model_len
+        prompt = workload.input_length
+        self.max_tokens = workload.output_length.copy()
+        if max_model_len is not None:
+            self.max_tokens = np.minimum(self.max_tokens, max_model_len - prompt)
+        self.max_tokens = np.maximum(self.max_tokens, 0)
+        num_blocks = np.maximum(-(-(prompt + self.max_tokens) // block_size), 1)
+        self.idents, self.ident_offsets, num_identities = block_identities(
+            workload.hash_flat, workload.hash_offsets, workload.trace_block_size,
+            prompt, num_blocks, block_size)
+
+        self.loop = EventLoop()
+        cluster = config.cluster
+        self.workers = [EngineCore(w, engine, cluster.data_parallel_size, self.loop,
+                                   num_identities, self)
+                        for w in range(cluster.workers)]
+        self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
+        self.tokens = TokenLog(self.max_tokens, engine.detokenize_ms)
+
+        n = len(workload)
+        self.requests = [None] * n
+        self.arrival_ms = workload.arrival_ms.astype(np.float64).copy()
+        self.status = np.full(n, STATUS_UNFINISHED, dtype=np.int8)
+        self.worker_of = np.full(n, -1, dtype=np.int64)
+        self.rank_of = np.full(n, -1, dtype=np.int64)
+        self.pass_log = [] if config.output.pass_log else None
+        self.num_done = 0
+        self._next_release = 0  # closed loop: next request to release
+        self._passes_seen = 0
+
+    # -- arrivals ------------------------------------------------------------
+
+    def _schedule_arrivals(self):
+        concurrency = self.workload.concurrency
+        n = len(self.workload)
+        if concurrency is None:
+            for i in range(n):
+                self.loop.schedule(float(self.arrival_ms[i]), ARRIVAL, self._on_arrival, i)
+            self._next_release = n
+        else:
+            first = min(concurrency, n)
+            for i in range(first):
+                self.arrival_ms[i] = 0.0
+                self.loop.schedule(0.0, ARRIVAL, self._on_arrival, i)
+            self._next_release = first
+
+    def _on_arrival(self, i):
+        w = self.workload
+        request = Request(i, w.request_ids[i], float(self.arrival_ms[i]),
+                          int(w.input_length[i]), int(self.max_tokens[i]),
+                          self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]],
+                          int(w.priority[i]))
+        self.requests[i] = request
+        worker, rank = self.router.route(request, int(w.dp_rank[i]))
+        self.worker_of[i] = worker
+        self.rank_of[i] = rank
+        if not self.workers[worker].add_request(rank, request):
+            request.status = RequestStatus.REJECTED
+            self.on_done(request)
+
+    # -- engine observer -----------------------------------------------------
+
+    def on_token(self, request, pass_index, release_ms):
+        self.tokens.release(request, release_ms)
+        if request.first_token_pass < 0:
+            request.first_token_pass = pass_index
+        request.finish_pass = pass_index
+
+    def on_done(self, request):
+        i = request.index
+        if request.status == RequestStatus.FINISHED:
+            self.status[i] = STATUS_FINISHED
+        elif request.status == RequestStatus.REJECTED:
+            self.status[i] = STATUS_REJECTED
+        else:
+            self.status[i] = STATUS_UNFINISHED
+        self.num_done += 1
+        if self._next_release < len(self.workload):
+            j = self._next_release
+            self._next_release += 1
+            self.arrival_ms[j] = self.loop.now
+            self.loop.schedule(self.loop.now, ARRIVAL, self._on_arrival, j)
+
+    def on_pass(self, core, p):
+        if self.pass_log is not None:
+            for rank, out, index, finished in zip(core.ranks, p.outputs, p.indices, p.finished):
+                if out.scheduled:
+                    self.pass_log.append(_pass_record(core.index, rank.index, index, p, out,
+                                                      finished))
+        self._passes_seen += 1
+        if self.progress is not None and self._passes_seen % _PROGRESS_EVERY == 0:
+            self.progress(self.loop.now, self.num_done)
+
+    # -- run -----------------------------------------------------------------
+
+    def run(self) -> SimulationResult:
+        self._schedule_arrivals()
+        self.loop.run()
+        result_warnings = self._close_unfinished()
+        if self.progress is not None:
+            self.progress(self.loop.now, self.num_done)
+        return SimulationResult(records=self._records(), stats=self._stats(),
+                                pass_log=self.pass_log, warnings=result_warnings)
+
+    def _close_unfinished(self):
+        left = [r for r in self.requests
+                if r is not None and r.status not in (RequestStatus.FINISHED,
+                                                      RequestStatus.REJECTED)]
+        if not left:
+            return []
+        ids = ", ".join(r.request_id for r in left[:5])
+        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+        message = (f"{len(left)} request(s) could never finish (their prompt plus output "
+                   f"outgrows the KV cache, or they queue behind one that does): {ids}{more}")
+        warnings.warn(message, stacklevel=2)
+        return [message]
+
+    def _records(self) -> RequestRecords:
+        w = self.workload
+        n = len(w)
+        tokens = self.tokens
+        produced = np.zeros(n, dtype=np.int64)
+        fields = {name: np.full(n, math.nan) for name in ("first_scheduled_ms",)}
+        ints = {name: np.zeros(n, dtype=np.int64) for name in (
+            "num_preemptions", "first_admission_cached_tokens", "cpu_tier_cached_tokens",
+            "recomputed_tokens")}
+        first_token_pass = np.full(n, -1, dtype=np.int64)
+        finish_pass = np.full(n, -1, dtype=np.int64)
+        for i, r in enumerate(self.requests):
+            if r is None:
+                continue
+            produced[i] = r.num_output_tokens
+            fields["first_scheduled_ms"][i] = r.first_scheduled_ms
+            ints["num_preemptions"][i] = r.num_preemptions
+            ints["first_admission_cached_tokens"][i] = max(r.first_admission_cached_tokens, 0)
+            ints["cpu_tier_cached_tokens"][i] = r.cpu_tier_cached_tokens
+            ints["recomputed_tokens"][i] = r.recomputed_tokens
+            first_token_pass[i] = r.first_token_pass
+            finish_pass[i] = r.finish_pass
+        # compact the token log to the tokens really produced
+        starts = tokens.offsets[:-1]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(produced, out=offsets[1:])
+        take = np.repeat(starts, produced) + (np.arange(offsets[-1]) - np.repeat(offsets[:-1], produced))
+        client = tokens.client_ms[take]
+        has_tokens = produced > 0
+        first_token_ms = np.full(n, math.nan)
+        finish_ms = np.full(n, math.nan)
+        first_token_ms[has_tokens] = client[offsets[:-1][has_tokens]]
+        finish_ms[has_tokens] = client[offsets[1:][has_tokens] - 1]
+        return RequestRecords(
+            ids=list(w.request_ids), arrival_ms=self.arrival_ms,
+            first_scheduled_ms=fields["first_scheduled_ms"],
+            first_token_ms=first_token_ms, finish_ms=finish_ms,
+            input_length=w.input_length.astype(np.int64),
+            output_length=w.output_length.astype(np.int64), output_tokens=produced,
+            worker=self.worker_of, dp_rank=self.rank_of, status=self.status,
+            first_token_pass=first_token_pass, finish_pass=finish_pass,
+            token_offsets=offsets, token_client_ms=client, **ints)
+
+    def _stats(self) -> RunStats:
+        end = self.loop.now
+        stats = RunStats()
+        usage_means = []
+        for core in self.workers:
+            ranks = core.ranks
+            means = [rank.usage_mean(end) for rank in ranks]
+            usage_means.extend(means)
+            stats.workers.append(WorkerStats(
+                worker=core.index, requests=sum(r.num_requests for r in ranks),
+                passes=core.num_passes, busy_ms=core.busy_ms,
+                kv_usage_mean=sum(means) / len(means),
+                kv_usage_max=max(r.usage_max for r in ranks)))
+            stats.passes += sum(r.num_passes for r in ranks)
+            for rank in ranks:
+                s = rank.scheduler
+                stats.preemptions += s.num_preemptions
+                pcs = s.prefix_cache_stats
+                stats.prefix_cache_queries += pcs.queries
+                stats.prefix_cache_hits += pcs.hits
+                stats.preempted_prefix_cache_queries += pcs.preempted_queries
+                stats.preempted_prefix_cache_hits += pcs.preempted_hits
+        stats.kv_usage_mean = sum(usage_means) / len(usage_means)
+        stats.kv_usage_max = max(w.kv_usage_max for w in stats.workers)
+        return stats
+
+
+def _pass_record(worker, dp_rank, index, p, out, finished):
+    """One line of `passes.jsonl` (spec README §6)."""
+    return {
+        "pass": index,
+        "worker": worker,
+        "dp_rank": dp_rank,
+        "start_ms": p.start_ms,
+        "end_ms": p.end_ms,
+        "scheduled": [{"id": e.request.request_id, "tokens": e.num_tokens,
+                       "cached": e.cached, "kind": e.kind} for e in out.scheduled],
+        "preempted": sorted(r.request_id for r in out.preempted),
+        "finished": sorted(r.request_id for r in finished),
+        "free_blocks_after_schedule": out.free_blocks_after_schedule,
+    }
+
+
+def simulate(config: Config, workload: Workload, progress=None) -> SimulationResult:
+    """Replay `workload` under `config`. `progress(sim_time_ms, requests_done)`
+    is called now and then when given."""
+    return Replay(config, workload, progress).run()

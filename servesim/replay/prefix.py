@@ -1,0 +1,79 @@
+"""Trace hash ids -> token-level block identities at the engine's block size.
+
+A trace names its prompt in blocks of `trace_block_size` tokens (`hash_ids`);
+two requests share a prefix of k trace blocks iff their first k ids are equal.
+Token t of a prompt is therefore determined by the chain of ids up to its trace
+block and its offset in that block. The engine caches blocks of `block_size`
+tokens, and engine block i of two requests is the same iff their token
+prefixes `[0, (i+1)·block_size)` are the same (vllm-engine.md §5: vLLM chains
+each block's hash from its parent's): its identity is the pair (id chain of the
+trace block holding its last token, that token's offset in the trace block).
+
+Blocks that hold any token past the prompt (a partial prompt tail filled by
+outputs, or output blocks) are unique to their request and position, so a
+request resumed after a preemption can hit its own generated blocks and nobody
+else can.
+
+Identities are dense integers, so the prefix cache can index arrays by them.
+"""
+
+import numpy as np
+
+
+def chain_ids(hash_flat: np.ndarray, hash_offsets: np.ndarray) -> np.ndarray:
+    """For every trace block, a dense id of the whole chain of hash ids up to
+    and including it (equal iff the two prefixes are equal)."""
+    counts = np.diff(hash_offsets)
+    total = len(hash_flat)
+    chain = np.empty(total, dtype=np.int64)
+    if total == 0:
+        return chain
+    position = np.arange(total, dtype=np.int64) - np.repeat(hash_offsets[:-1], counts)
+    order = np.argsort(position, kind="stable")
+    per_position = np.bincount(position)
+    base = int(hash_flat.max()) + 2
+    next_id = 0
+    start = 0
+    for j, count in enumerate(per_position):
+        idx = order[start:start + count]
+        start += count
+        parent = chain[idx - 1] + 1 if j > 0 else np.zeros(count, dtype=np.int64)
+        keys = parent * base + (hash_flat[idx] + 1)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        chain[idx] = next_id + inverse
+        next_id += len(uniq)
+    return chain
+
+
+def block_identities(hash_flat, hash_offsets, trace_block_size, input_length,
+                     num_blocks, block_size):
+    """Identities of every engine block of every request.
+
+    `num_blocks[r]` is how many blocks request r can ever hold (its prompt plus
+    its output cap). Returns `(idents, offsets, num_identities)`, where
+    `idents[offsets[r]:offsets[r+1]]` are request r's block identities.
+    """
+    input_length = np.asarray(input_length, dtype=np.int64)
+    num_blocks = np.asarray(num_blocks, dtype=np.int64)
+    chain = chain_ids(hash_flat, hash_offsets)
+    full = input_length // block_size
+    num_full = int(full.sum())
+    request_of = np.repeat(np.arange(len(full)), full)
+    local = np.arange(num_full, dtype=np.int64) - np.repeat(np.cumsum(full) - full, full)
+    last_token = (local + 1) * block_size - 1
+    trace_block = hash_offsets[:-1][request_of] + last_token // trace_block_size
+    keys = chain[trace_block] * trace_block_size + last_token % trace_block_size
+    uniq, prompt_ids = np.unique(keys, return_inverse=True)
+    num_prompt_ids = len(uniq)
+
+    offsets = np.zeros(len(full) + 1, dtype=np.int64)
+    np.cumsum(num_blocks, out=offsets[1:])
+    idents = np.empty(int(offsets[-1]), dtype=np.int64)
+    # Prompt blocks first in each request's slice, then its unique blocks.
+    is_prompt = np.zeros(len(idents), dtype=bool)
+    prompt_pos = np.repeat(offsets[:-1], full) + local
+    is_prompt[prompt_pos] = True
+    idents[prompt_pos] = prompt_ids
+    num_unique = len(idents) - num_full
+    idents[~is_prompt] = num_prompt_ids + np.arange(num_unique, dtype=np.int64)
+    return idents, offsets, num_prompt_ids + num_unique

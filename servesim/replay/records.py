@@ -1,0 +1,84 @@
+"""What a simulation produces, before it is summarised or written.
+
+Structure of arrays, one entry per workload request in workload order; the
+driver fills it once at the end of a run (never per token in Python objects).
+"""
+
+import attrs
+import numpy as np
+
+STATUS_FINISHED = 0
+STATUS_REJECTED = 1
+STATUS_UNFINISHED = 2
+STATUS_NAMES = ("finished", "rejected", "unfinished")
+
+
+@attrs.define(eq=False)
+class RequestRecords:
+    """Per-request results. Times are in ms; NaN means "never" (e.g. a rejected
+    request's times); pass indices are -1 for "never".
+
+    `first_token_ms` / `finish_ms` are client times (engine release plus
+    detokenization). `token_offsets[i]:token_offsets[i+1]` indexes
+    `token_client_ms`, the client time of each token request i produced, in
+    order (used for ITL).
+    """
+
+    ids: list
+    arrival_ms: np.ndarray
+    first_scheduled_ms: np.ndarray
+    first_token_ms: np.ndarray
+    finish_ms: np.ndarray
+    input_length: np.ndarray
+    output_length: np.ndarray
+    output_tokens: np.ndarray
+    num_preemptions: np.ndarray
+    first_admission_cached_tokens: np.ndarray
+    cpu_tier_cached_tokens: np.ndarray
+    recomputed_tokens: np.ndarray
+    worker: np.ndarray
+    dp_rank: np.ndarray
+    status: np.ndarray  # int8, STATUS_*
+    first_token_pass: np.ndarray
+    finish_pass: np.ndarray
+    token_offsets: np.ndarray  # int64, len n + 1
+    token_client_ms: np.ndarray  # float64
+
+
+@attrs.define(eq=False)
+class WorkerStats:
+    worker: int
+    requests: int = 0
+    passes: int = 0
+    busy_ms: float = 0.0
+    kv_usage_mean: float = 0.0
+    kv_usage_max: float = 0.0
+
+
+@attrs.define(eq=False)
+class RunStats:
+    """Counters over the whole run (all workers and ranks)."""
+
+    passes: int = 0
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    preempted_prefix_cache_queries: int = 0
+    preempted_prefix_cache_hits: int = 0
+    cpu_tier_hit_tokens: int = 0
+    kv_usage_mean: float = 0.0  # time-weighted over [0, end of the last pass]
+    kv_usage_max: float = 0.0
+    workers: list = attrs.Factory(list)  # WorkerStats
+
+
+@attrs.define(eq=False)
+class SimulationResult:
+    """The driver's output. `pass_log` is a list of dicts in the format of
+    `passes.jsonl` (spec README §6) when the pass log was asked for, else None;
+    `telemetry` likewise for `telemetry.jsonl`."""
+
+    records: RequestRecords
+    stats: RunStats
+    pass_log: list | None = None
+    telemetry: list | None = None
+    warnings: list = attrs.Factory(list)

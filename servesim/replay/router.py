@@ -1,0 +1,75 @@
+"""Routing an arriving request to a worker and rank (vllm-engine.md §11).
+
+- `round_robin`: (worker, rank) pairs in order — workers first, then ranks:
+  w0r0, w1r0, ..., w0r1, w1r1, ...
+- `least_loaded`: fewest running + waiting requests, then fewest used blocks,
+  ties by (worker, rank) index.
+- `kv_aware`: the rank holding the longest cached prefix of the request, in
+  blocks, minus a load penalty of one block per running or waiting request;
+  ties by index.
+
+A request with a pinned `dp_rank` goes to that rank; the router chooses only
+among the ranks with that index.
+"""
+
+import numpy as np
+
+from servesim.errors import InputError
+from servesim.kvcache import block_pool as bp
+
+
+class Router:
+    def __init__(self, policy: str, workers, data_parallel_size: int):
+        self.policy = policy
+        self.workers = workers
+        self.dp = data_parallel_size
+        num_workers = len(workers)
+        # round robin over workers first, then ranks
+        self.targets = [(w, r) for r in range(data_parallel_size) for w in range(num_workers)]
+        self._next = 0
+        self._next_pinned = [0] * data_parallel_size
+        self._scratch = np.zeros(64, dtype=np.int64)
+
+    def route(self, request, pinned_rank: int):
+        if pinned_rank >= self.dp:
+            raise InputError(
+                f"request {request.request_id!r}: dp_rank {pinned_rank} is out of range "
+                f"(cluster.data_parallel_size is {self.dp})")
+        if pinned_rank >= 0:
+            candidates = [(w, pinned_rank) for w in range(len(self.workers))]
+        else:
+            candidates = self.targets
+        if self.policy == "round_robin":
+            return self._round_robin(candidates, pinned_rank)
+        if self.policy == "least_loaded":
+            return min(candidates, key=lambda t: self._load(t) + (t,))
+        return max(candidates, key=lambda t: (self._kv_score(t, request), -t[0], -t[1]))
+
+    def _round_robin(self, candidates, pinned_rank):
+        if pinned_rank >= 0:
+            i = self._next_pinned[pinned_rank]
+            self._next_pinned[pinned_rank] = (i + 1) % len(candidates)
+            return candidates[i]
+        i = self._next
+        self._next = (i + 1) % len(candidates)
+        return candidates[i]
+
+    def _rank(self, target):
+        return self.workers[target[0]].ranks[target[1]]
+
+    def _load(self, target):
+        rank = self._rank(target)
+        scheduler = rank.scheduler
+        used = rank.pool.num_gpu_blocks - 1 - rank.pool.num_free_blocks
+        return (len(scheduler.running) + len(scheduler.waiting), used)
+
+    def _kv_score(self, target, request):
+        rank = self._rank(target)
+        hit = 0
+        if rank.pool.enable_caching:
+            max_blocks = (request.num_prompt_tokens - 1) // rank.pool.block_size
+            if max_blocks > len(self._scratch):
+                self._scratch = np.zeros(max_blocks, dtype=np.int64)
+            hit = bp.find_cached_prefix(rank.pool.blocks, rank.pool.idmap,
+                                        request.idents, max_blocks, self._scratch)
+        return hit - self._load(target)[0]

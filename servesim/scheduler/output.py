@@ -1,0 +1,49 @@
+"""What one `schedule()` call decided (vllm/v1/core/sched/output.py)."""
+
+KIND_NEW = "new"
+KIND_RESUMED = "resumed"
+KIND_RUNNING = "running"
+
+
+class ScheduledRequest:
+    """One request's share of a pass. `cached` is its prefix hit at admission
+    (0 for `running`); `samples` is True when the pass completes all its known
+    tokens and so samples one (False for a partial prefill chunk);
+    `is_prefill` and `context` feed pass pricing (vllm-engine.md §10)."""
+
+    __slots__ = ("request", "num_tokens", "cached", "kind", "samples", "is_prefill",
+                 "context")
+
+    def __init__(self, request, num_tokens, cached, kind):
+        self.request = request
+        self.num_tokens = num_tokens
+        self.cached = cached
+        self.kind = kind
+        self.samples = False
+        self.is_prefill = False
+        self.context = 0
+
+
+class SchedulerOutput:
+    """`scheduled` in vLLM's order (running requests in running-list order,
+    then admissions); `preempted` requests preempted while scheduling;
+    `free_blocks_after_schedule` counts free G1 blocks right after it; the
+    pricing features are sums over `scheduled`."""
+
+    __slots__ = ("scheduled", "preempted", "free_blocks_after_schedule",
+                 "prefill_tokens", "num_prefill_requests", "decode_requests",
+                 "decode_context", "total_tokens")
+
+    def __init__(self):
+        self.scheduled = []
+        self.preempted = []
+        self.free_blocks_after_schedule = 0
+        self.prefill_tokens = 0
+        self.num_prefill_requests = 0
+        self.decode_requests = 0
+        self.decode_context = 0
+        self.total_tokens = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled

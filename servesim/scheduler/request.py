@@ -1,0 +1,78 @@
+"""A request's scheduler state (vllm/v1/request.py)."""
+
+import enum
+
+import numpy as np
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+    REJECTED = 4
+    UNFINISHED = 5  # could never finish (outgrows the pool while alone)
+
+
+class Request:
+    """State of one request inside one rank's scheduler.
+
+    `num_computed_tokens` advances when a pass is *scheduled*;
+    `num_output_placeholders` counts tokens sampled by passes in flight (async
+    scheduling only). `block_table[:num_blocks]` are the G1 blocks it holds;
+    the first `num_cached_blocks` of them are registered in the prefix cache.
+    `idents` are the identities of its blocks (prompt, then output positions).
+    `prefill_target` is its token count at its last admission: it is a prefill
+    request in a pass while `num_computed_tokens` is below it (vllm-engine.md
+    §10).
+    """
+
+    __slots__ = (
+        "index", "request_id", "arrival_ms", "priority", "num_prompt_tokens",
+        "max_tokens", "num_tokens", "num_computed_tokens", "num_output_placeholders",
+        "num_preemptions", "status", "idents", "block_table", "num_blocks",
+        "num_cached_blocks", "prefill_target", "sort_key",
+        # results
+        "first_admission_cached_tokens", "first_scheduled_ms", "recomputed_tokens",
+        "max_computed_tokens",
+        "cpu_tier_cached_tokens", "first_token_pass", "finish_pass",
+    )
+
+    def __init__(self, index, request_id, arrival_ms, num_prompt_tokens, max_tokens,
+                 idents, priority=0):
+        self.index = index
+        self.request_id = request_id
+        self.arrival_ms = arrival_ms
+        self.priority = priority
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.num_tokens = num_prompt_tokens
+        self.num_computed_tokens = 0
+        self.num_output_placeholders = 0
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.idents = idents
+        self.block_table = np.zeros(len(idents), dtype=np.int64)
+        self.num_blocks = 0
+        self.num_cached_blocks = 0
+        self.prefill_target = num_prompt_tokens
+        # vLLM's priority queue orders by (priority, arrival_time, request_id)
+        self.sort_key = (priority, arrival_ms, request_id)
+        self.first_admission_cached_tokens = -1
+        self.first_scheduled_ms = float("nan")
+        self.recomputed_tokens = 0
+        self.max_computed_tokens = 0
+        self.cpu_tier_cached_tokens = 0
+        self.first_token_pass = -1
+        self.finish_pass = -1
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    def __lt__(self, other):  # for the priority heap
+        return self.sort_key < other.sort_key
+
+    def __repr__(self):
+        return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, status={self.status.name})")
