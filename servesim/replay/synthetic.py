@@ -1,0 +1,144 @@
+"""Synthetic workloads (spec README §3-4): seeded lengths and arrivals.
+
+Every prompt is unique except a prefix of `shared_prefix_tokens` common to
+all requests. Prompts are encoded as hash ids with one id per engine block
+(`trace_block_size = block_size`): ids 0..k-1 (k = shared_prefix_tokens //
+block_size) are the shared prefix blocks, every other block gets a fresh id.
+All arrays are built vectorised (no Python object per request besides its
+id string), so 100,000 requests of ~1024 tokens stay far below the memory
+target (spec README §9).
+"""
+
+import numpy as np
+
+from servesim.errors import InputError
+from servesim.replay.config_types import LengthDistribution, SyntheticConfig
+from servesim.replay.workload import Workload
+
+_KEY = "workload.synthetic"
+# Upper clip of lognormal lengths with no `max` (keeps int64 and memory sane).
+_LENGTH_CAP = 2**31 - 1
+ARRIVALS = ("burst", "poisson", "constant")
+DISTRIBUTIONS = ("constant", "uniform", "lognormal", "zipf")
+
+
+def synthetic_workload(cfg: SyntheticConfig, block_size: int) -> Workload:
+    """Generate the workload of a `synthetic` block, deterministically from `seed`.
+
+    Draw order (fixed, for determinism): input lengths, output lengths,
+    arrivals, all from one `numpy.random.default_rng(seed)`.
+    """
+    n = cfg.requests
+    if type(n) is not int or n < 1:
+        raise InputError(f"{_KEY}.requests: must be an integer >= 1, got {n!r}")
+    if type(block_size) is not int or block_size < 1:
+        raise InputError(f"engine.block_size: must be an integer >= 1, got {block_size!r}")
+    rng = np.random.default_rng(cfg.seed)
+    input_length = draw_lengths(rng, cfg.input_tokens, n, f"{_KEY}.input_tokens")
+    output_length = draw_lengths(rng, cfg.output_tokens, n, f"{_KEY}.output_tokens")
+    arrival_ms = draw_arrivals(rng, cfg.arrival, cfg.rate, n)
+    hash_flat, hash_offsets = prefix_hash_ids(input_length, block_size, cfg.shared_prefix_tokens)
+    return Workload(
+        request_ids=[str(i) for i in range(n)],
+        arrival_ms=arrival_ms,
+        input_length=input_length,
+        output_length=output_length,
+        priority=np.zeros(n, dtype=np.int64),
+        dp_rank=np.full(n, -1, dtype=np.int64),
+        hash_flat=hash_flat,
+        hash_offsets=hash_offsets,
+        trace_block_size=block_size,
+        concurrency=cfg.concurrency,
+        source=None,
+    )
+
+
+def draw_lengths(rng: np.random.Generator, dist: LengthDistribution, n: int, key: str) -> np.ndarray:
+    """`n` token counts (int64, >= 1) from a LengthDistribution.
+
+    constant: `value`; uniform: integers in [min, max]; lognormal:
+    round(exp(N(mean, sigma))) clipped to [min, max] (no upper clip when
+    max is 0); zipf: rng.zipf(a) clipped to [min, max] (max required).
+    """
+    kind = dist.distribution
+    lo = max(int(dist.min), 1)
+    if kind == "constant":
+        if type(dist.value) is not int or dist.value < 1:
+            raise InputError(f"{key}: a constant length must be an integer >= 1, got {dist.value!r}")
+        return np.full(n, dist.value, dtype=np.int64)
+    if kind == "uniform":
+        _check_bounds(dist, key, need_max=True)
+        return rng.integers(lo, dist.max, size=n, endpoint=True, dtype=np.int64)
+    if kind == "lognormal":
+        _check_bounds(dist, key, need_max=False)
+        if not dist.sigma >= 0:
+            raise InputError(f"{key}: lognormal sigma must be >= 0, got {dist.sigma!r}")
+        x = np.rint(np.exp(rng.normal(dist.mean, dist.sigma, size=n)))
+        return _clip(x, lo, dist.max)
+    if kind == "zipf":
+        _check_bounds(dist, key, need_max=True)
+        if not dist.a > 1:
+            raise InputError(f"{key}: zipf needs a > 1, got {dist.a!r}")
+        return _clip(rng.zipf(dist.a, size=n), lo, dist.max)
+    raise InputError(f"{key}: unknown distribution {kind!r}; accepted: {', '.join(DISTRIBUTIONS)}")
+
+
+def draw_arrivals(rng: np.random.Generator, arrival: str, rate, n: int) -> np.ndarray:
+    """Arrival times in ms (float64, first at 0): burst (all at 0), poisson
+    (exponential gaps of mean 1000/rate ms), constant (i * 1000/rate ms)."""
+    if arrival == "burst":
+        return np.zeros(n, dtype=np.float64)
+    if arrival not in ARRIVALS:
+        raise InputError(f"{_KEY}.arrival: unknown arrival {arrival!r}; accepted: {', '.join(ARRIVALS)}")
+    if type(rate) not in (int, float) or not 0 < rate < float("inf"):
+        raise InputError(f"{_KEY}.rate: arrival {arrival} needs a rate (requests/s) > 0, got {rate!r}")
+    gap = 1000.0 / rate
+    if arrival == "constant":
+        return np.arange(n, dtype=np.float64) * gap
+    out = np.zeros(n, dtype=np.float64)
+    np.cumsum(rng.exponential(gap, size=n - 1), out=out[1:])
+    return out
+
+
+def prefix_hash_ids(input_length: np.ndarray, block_size: int, shared_prefix_tokens: int):
+    """Hash ids (flat, offsets) of prompts unique except a common prefix.
+
+    Request i has ceil(L_i / block_size) ids; its first min(k, that) ids
+    are 0..k-1 with k = shared_prefix_tokens // block_size, the others are
+    fresh ids k, k+1, ... in request order, unique across the workload.
+    """
+    if type(shared_prefix_tokens) is not int or shared_prefix_tokens < 0:
+        raise InputError(f"{_KEY}.shared_prefix_tokens: must be an integer >= 0, "
+                         f"got {shared_prefix_tokens!r}")
+    k = shared_prefix_tokens // block_size
+    nblocks = -(-input_length // block_size)
+    offsets = np.zeros(len(nblocks) + 1, dtype=np.int64)
+    np.cumsum(nblocks, out=offsets[1:])
+    shared = np.minimum(nblocks, k)
+    # Fresh ids: global position minus the shared slots up to and including
+    # this request, plus k (so request 0's first fresh id is k).
+    flat = np.arange(offsets[-1], dtype=np.int64)
+    flat -= np.repeat(np.cumsum(shared) - k, nblocks)
+    if k:
+        starts = np.repeat(offsets[:-1], shared)
+        within = np.arange(len(starts), dtype=np.int64) - np.repeat(np.cumsum(shared) - shared, shared)
+        flat[starts + within] = within
+    return flat, offsets
+
+
+def _check_bounds(dist: LengthDistribution, key: str, need_max: bool) -> None:
+    """min >= 1; max >= min when given (required when `need_max`)."""
+    if type(dist.min) is not int or dist.min < 1:
+        raise InputError(f"{key}: min must be an integer >= 1, got {dist.min!r}")
+    if type(dist.max) is not int or dist.max < 0:
+        raise InputError(f"{key}: max must be an integer >= min, got {dist.max!r}")
+    if need_max and dist.max == 0:
+        raise InputError(f"{key}: distribution {dist.distribution} needs max (an integer >= min)")
+    if dist.max and dist.max < dist.min:
+        raise InputError(f"{key}: max {dist.max} is below min {dist.min}")
+
+
+def _clip(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Clip to [lo, hi] (hi 0: no upper bound beyond _LENGTH_CAP) as int64."""
+    top = hi if hi > 0 else _LENGTH_CAP
+    return np.clip(x, lo, top).astype(np.int64)
