@@ -1,0 +1,106 @@
+"""Ready configs printed by `servesim example [NAME]` (spec README §2).
+
+Trace-based examples replay the bundled first 1,000 rows of Mooncake's
+conversation trace (`servesim/data/README.md`), named by its absolute path in
+the installed package so that the printed config runs from any directory.
+"""
+
+import json
+from pathlib import Path
+
+from servesim.errors import InputError
+
+BUNDLED_TRACE = "mooncake_conversation_1000.jsonl.gz"
+
+_MOONCAKE_WORKLOAD = """\
+workload:
+  trace: {trace}
+  format: mooncake
+  trace_block_size: 512       # tokens per hash_id
+"""
+
+EXAMPLES = {
+    "mooncake": """\
+# The first 1,000 requests of Mooncake's conversation trace (FAST'25, Apache-2.0)
+# on one vLLM worker: the spec's benchmark setup (64-token blocks, 16384 blocks,
+# Dynamo's polynomial pass-time model).
+""" + _MOONCAKE_WORKLOAD + """\
+engine:
+  block_size: 64
+  num_gpu_blocks: 16384       # KV blocks per rank, incl. vLLM's null block 0
+  enable_prefix_caching: true
+  max_num_seqs: 256
+  max_num_batched_tokens: 8192
+  timing:
+    type: polynomial          # fixed | linear | polynomial | fitted
+cluster:
+  workers: 1
+output:
+  per_request: true           # requests.jsonl
+  pass_log: false             # passes.jsonl
+  telemetry_interval_ms: 1000 # telemetry.jsonl, one sample per simulated second
+""",
+    "synthetic": """\
+# 500 synthetic chat requests sharing a 512-token system prompt, arriving as a
+# Poisson process at 8 requests/s; a linear pass-time model.
+workload:
+  synthetic:
+    requests: 500
+    input_tokens: {distribution: lognormal, mean: 7.5, sigma: 0.6, min: 1024, max: 16384}
+    output_tokens: {distribution: uniform, min: 32, max: 512}
+    arrival: poisson          # burst | poisson | constant
+    rate: 8.0                 # requests/s
+    shared_prefix_tokens: 512 # a multiple of engine.block_size
+    seed: 42
+engine:
+  block_size: 16
+  num_gpu_blocks: 8192
+  max_num_seqs: 256
+  max_num_batched_tokens: 8192
+  timing: {type: linear, base_ms: 5.0, per_token_ms: 0.012, per_context_token_ms: 0.00002}
+""",
+    "cpu-tier": """\
+# The Mooncake example with a small GPU cache backed by a CPU tier
+# (vLLM's OffloadingConnector): prefixes evicted from the GPU are loaded back.
+""" + _MOONCAKE_WORKLOAD + """\
+engine:
+  block_size: 64
+  num_gpu_blocks: 2048
+  timing: {type: polynomial}
+  kv_offloading:
+    num_cpu_blocks: 16384
+    bytes_per_token: 131072   # Llama-3-8B in bf16: 2 (K, V) x 32 layers x 8 heads x 128 x 2 B
+    d2h_gbps: 25              # device-to-host GB/s
+    h2d_gbps: 25              # host-to-device GB/s
+    connector: offloading     # offloading (stores as blocks fill) | simple_cpu
+""",
+    "launch": """\
+# The Mooncake example with async scheduling, CPU launch costs by pass kind and
+# output detokenization (vllm-engine.md §7-8).
+""" + _MOONCAKE_WORKLOAD + """\
+engine:
+  block_size: 64
+  num_gpu_blocks: 16384
+  async_scheduling: true      # launch requires it
+  launch:
+    decode_ms: 6.52           # CUDA-graph replay
+    piecewise_ms: 73.72       # passes with prompt tokens
+    eager_ms: 180.81          # passes over the capture size
+    eager_queue_fraction: 0.382
+    max_cudagraph_capture_size: 4096
+  detokenize_ms: 0.2          # per output, after the engine releases it
+  timing: {type: polynomial}
+""",
+}
+
+
+def bundled_trace_path() -> str:
+    """Absolute path of the bundled Mooncake trace in the installed package."""
+    return str(Path(__file__).resolve().parents[1] / "data" / BUNDLED_TRACE)
+
+
+def example_text(name: str) -> str:
+    """The YAML of example `name`, with the bundled trace's absolute path."""
+    if name not in EXAMPLES:
+        raise InputError(f"unknown example {name!r}; the examples are: {', '.join(EXAMPLES)}")
+    return EXAMPLES[name].replace("{trace}", json.dumps(bundled_trace_path()))
