@@ -1,0 +1,178 @@
+"""The `servesim` command line (spec README §2).
+
+One click group, a command per verb. Errors are mapped to exit codes in one
+place, :meth:`ServesimGroup.invoke`: :class:`InputError` -> "error: ..." and
+exit 2 (no traceback); click's usage errors keep their exit 2; anything else
+is an internal error, exit 1, with its traceback. Heavy modules (NumPy,
+Numba, the engine) are imported inside the commands so `--help` is instant.
+"""
+
+import sys
+import traceback
+
+import click
+
+from servesim.errors import InputError
+
+OVERRIDE_HELP = "Override one config key (YAML-typed value), e.g. engine.num_gpu_blocks=4096. Repeatable."
+
+
+class ServesimGroup(click.Group):
+    """A click group that turns exceptions into messages and exit codes."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except InputError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+        except Exception as exc:
+            click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo(traceback.format_exc(), err=True, nl=False)
+            ctx.exit(1)
+
+
+@click.group(cls=ServesimGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="servesim", prog_name="servesim")
+def main():
+    """servesim: a GPU-free simulator of LLM serving on vLLM engines."""
+
+
+class _Progress:
+    """A progress bar over requests done, labelled with simulated time; the
+    bar is created at the first report, when the total is known."""
+
+    def __init__(self):
+        self.bar = None
+        self.done = 0
+
+    def __call__(self, sim_time_ms, requests_done, requests_total):
+        if self.bar is None:
+            self.bar = click.progressbar(length=requests_total, label=self._label(0.0), show_pos=True)
+            self.bar.__enter__()
+        self.bar.label = self._label(sim_time_ms)
+        if requests_done > self.done:
+            self.bar.update(requests_done - self.done)
+            self.done = requests_done
+        else:
+            self.bar.render_progress()
+
+    @staticmethod
+    def _label(sim_time_ms):
+        return f"simulated {sim_time_ms / 1000.0:10.1f} s"
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def _fmt(value, spec=".2f", unit=""):
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def _pct(fraction):
+    return "-" if fraction is None else f"{fraction * 100:.1f}%"
+
+
+def format_table(summary: dict, out_dir) -> str:
+    """The human summary of a run printed by `servesim run`."""
+    s = summary
+    lines = [
+        f"requests        {s['requests']} ({s['finished']} finished, "
+        f"{s['rejected']} rejected, {s['unfinished']} unfinished)",
+        f"duration        {s['duration_ms'] / 1000.0:.3f} s simulated",
+        f"request rate    {s['request_rate']:.3f} req/s",
+        f"token rate      {s['input_tokens_per_s']:.1f} input tok/s, "
+        f"{s['output_tokens_per_s']:.1f} output tok/s",
+        f"latency (ms) {'mean':>10} {'p50':>10} {'p90':>10} {'p99':>10}",
+    ]
+    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+        st = s[key]
+        cells = " ".join(f"{_fmt(st[k]):>10}" for k in ("mean", "p50", "p90", "p99"))
+        lines.append(f"  {name:<11}{cells}")
+    lines += [
+        f"preemptions     {s['preemptions']} ({s['preempted_requests']} requests, "
+        f"{s['recomputed_tokens']} tokens recomputed)",
+        f"prefix cache    {_pct(s['prefix_cache_hit_rate'])} hit rate "
+        f"({s['prefix_cache_hits']} / {s['prefix_cache_queries']} tokens)",
+    ]
+    if s["cpu_tier_hit_tokens"]:
+        lines.append(f"cpu tier        {s['cpu_tier_hit_tokens']} hit tokens")
+    lines += [
+        f"KV usage        {_pct(s['kv_usage_mean'])} mean, {_pct(s['kv_usage_max'])} max",
+        f"passes          {s['passes']}",
+        f"wall time       {s['wall_time_s']:.3f} s ({s['passes_per_s']:.0f} passes/s)",
+        f"output          {out_dir}",
+    ]
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output-dir", default="servesim-out", show_default=True,
+              type=click.Path(file_okay=False), help="Directory for the report files.")
+@click.option("--pass-log", is_flag=True, help="Also write passes.jsonl.")
+@click.option("--telemetry-interval-ms", type=click.FloatRange(min=0, min_open=True),
+              metavar="MS", help="Write telemetry.jsonl with one sample every MS of simulated time.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=OVERRIDE_HELP)
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Replay only the first N trace rows.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help="Print a table or the summary JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no table.")
+def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet):
+    """Replay CONFIG and write its report (summary.json, requests.jsonl, ...)."""
+    import json
+
+    from servesim.replay.api import run as api_run
+
+    progress = None
+    if fmt == "table" and not quiet and sys.stdout.isatty():
+        progress = _Progress()
+    try:
+        report = api_run(
+            config,
+            overrides=overrides,
+            limit=limit,
+            pass_log=True if pass_log else None,
+            telemetry_interval_ms=telemetry_interval_ms,
+            progress=progress,
+        )
+    finally:
+        if progress is not None:
+            progress.close()
+    for warning in report.result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    out = report.write(output_dir)
+    if fmt == "json":
+        click.echo(json.dumps(report.summary, indent=2))
+    elif not quiet:
+        click.echo(format_table(report.summary, out))
+
+
+@main.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=OVERRIDE_HELP)
+def validate(config, overrides):
+    """Check CONFIG and its workload (trace) without simulating."""
+    from servesim.replay.config import load_config
+    from servesim.replay.workload import load_workload
+
+    cfg = load_config(config, tuple(overrides))
+    workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
+    click.echo(f"{config}: ok ({len(workload)} requests)")
+
+
+@main.command()
+@click.argument("name", default="mooncake")
+def example(name):
+    """Print a ready config (default: mooncake)."""
+    from servesim.replay.examples import EXAMPLES, example_text
+
+    names = list(EXAMPLES)
+    if name not in names:
+        raise InputError(f"unknown example {name!r}; available: {', '.join(names)}")
+    text = example_text(name)
+    click.echo(text, nl=not text.endswith("\n"))

@@ -1,0 +1,169 @@
+"""Writing a run's report files (spec README §6): `summary.json`,
+`requests.jsonl`, `passes.jsonl`, `telemetry.jsonl`.
+
+Writes are atomic as a set: every file goes to a hidden temporary name in the
+output directory first (`.summary.json.tmp`); only when all are written are
+they renamed into place, `summary.json` last, and files of a previous run that
+this run does not write are removed. A failed run leaves the directory as it
+was. Output is byte-identical for identical results: floats are written with
+Python's `repr` (shortest round-trip form), keys in a fixed order.
+"""
+
+import json
+import math
+import numbers
+import os
+from itertools import repeat
+from json.encoder import encode_basestring_ascii
+from pathlib import Path
+
+import numpy as np
+
+from servesim.replay.records import STATUS_FINISHED, STATUS_NAMES, SimulationResult
+
+SUMMARY = "summary.json"
+REQUESTS = "requests.jsonl"
+PASSES = "passes.jsonl"
+TELEMETRY = "telemetry.jsonl"
+REPORT_FILES = (SUMMARY, REQUESTS, PASSES, TELEMETRY)
+
+REQUEST_FIELDS = (
+    "id", "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms",
+    "ttft_ms", "tpot_ms", "e2e_ms", "input_length", "output_length",
+    "output_tokens", "num_preemptions", "first_admission_cached_tokens",
+    "cpu_tier_cached_tokens", "recomputed_tokens", "worker", "dp_rank",
+    "status", "first_token_pass", "finish_pass",
+)
+
+
+def _floats(arr) -> list:
+    """JSON texts of a float array: Python float repr, or null for NaN/inf
+    ("never")."""
+    values = arr.tolist()
+    if np.isfinite(arr).all():
+        return list(map(repr, values))
+    isfinite = math.isfinite
+    return [repr(v) if isfinite(v) else "null" for v in values]
+
+
+def _ints(arr) -> list:
+    return list(map(str, arr.tolist()))
+
+
+def _passes(arr) -> list:
+    """JSON texts of pass indices: -1 ("never") is null."""
+    return ["null" if v < 0 else str(v) for v in arr.tolist()]
+
+
+def _ids(ids) -> list:
+    """JSON texts of request ids, as json.dumps would write them."""
+    out = []
+    for v in ids:
+        if isinstance(v, str):
+            out.append(encode_basestring_ascii(v))
+        elif isinstance(v, numbers.Integral) and not isinstance(v, bool):
+            out.append(str(int(v)))
+        else:
+            out.append(json.dumps(v))
+    return out
+
+
+def request_lines(result: SimulationResult) -> list:
+    """One JSON text per request, fields in the order of REQUEST_FIELDS.
+
+    ttft/e2e/tpot are null unless the request finished; tpot is also null
+    with fewer than 2 output tokens. Each column is converted to JSON texts
+    once, then rows are joined column-wise (no per-row dict or json.dumps).
+    """
+    r = result.records
+    finished = r.status == STATUS_FINISHED
+    nan = np.nan
+    ntok = r.output_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ttft = np.where(finished, r.first_token_ms - r.arrival_ms, nan)
+        e2e = np.where(finished, r.finish_ms - r.arrival_ms, nan)
+        tpot = np.where(
+            finished & (ntok >= 2),
+            (r.finish_ms - r.first_token_ms) / np.maximum(ntok - 1, 1),
+            nan,
+        )
+    status = ['"%s"' % STATUS_NAMES[s] for s in r.status.tolist()]
+    columns = (
+        _ids(r.ids), _floats(r.arrival_ms), _floats(r.first_scheduled_ms),
+        _floats(r.first_token_ms), _floats(r.finish_ms), _floats(ttft),
+        _floats(tpot), _floats(e2e), _ints(r.input_length), _ints(r.output_length),
+        _ints(ntok), _ints(r.num_preemptions), _ints(r.first_admission_cached_tokens),
+        _ints(r.cpu_tier_cached_tokens), _ints(r.recomputed_tokens), _ints(r.worker),
+        _ints(r.dp_rank), status, _passes(r.first_token_pass), _passes(r.finish_pass),
+    )
+    parts = []
+    for i, (name, column) in enumerate(zip(REQUEST_FIELDS, columns)):
+        parts.append(repeat(('{"%s": ' if i == 0 else ', "%s": ') % name))
+        parts.append(column)
+    parts.append(repeat("}"))
+    return list(map("".join, zip(*parts)))
+
+
+def dict_lines(rows) -> list:
+    """One JSON text per dict, keys in the order given (passes, telemetry)."""
+    dumps = json.JSONEncoder(allow_nan=False).encode
+    return [dumps(row) for row in rows]
+
+
+def _write_text(path: Path, lines: list) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        if lines:
+            f.write("\n".join(lines))
+            f.write("\n")
+
+
+def _tmp_name(name: str) -> str:
+    return "." + name + ".tmp"
+
+
+def write_outputs(
+    out_dir,
+    summary: dict,
+    result: SimulationResult,
+    per_request: bool,
+    pass_log: bool,
+    telemetry: bool,
+) -> Path:
+    """Write the report files of one run into `out_dir` (created if needed).
+
+    `passes.jsonl` / `telemetry.jsonl` are written when asked for and the
+    result carries them. Returns the output directory.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    contents = {}
+    if per_request:
+        contents[REQUESTS] = lambda: request_lines(result)
+    if pass_log and result.pass_log is not None:
+        contents[PASSES] = lambda: dict_lines(result.pass_log)
+    if telemetry and result.telemetry is not None:
+        contents[TELEMETRY] = lambda: dict_lines(result.telemetry)
+    contents[SUMMARY] = lambda: [json.dumps(summary, indent=2, allow_nan=False)]
+
+    written = []
+    try:
+        for name, make_lines in contents.items():
+            tmp = out / _tmp_name(name)
+            written.append(tmp)
+            _write_text(tmp, make_lines())
+    except BaseException:
+        for tmp in written:
+            tmp.unlink(missing_ok=True)
+        raise
+
+    # summary.json marks a complete report: take the old one away first and
+    # put the new one in place last.
+    (out / SUMMARY).unlink(missing_ok=True)
+    for name in contents:
+        if name != SUMMARY:
+            os.replace(out / _tmp_name(name), out / name)
+    for name in REPORT_FILES:
+        if name not in contents:
+            (out / name).unlink(missing_ok=True)
+    os.replace(out / _tmp_name(SUMMARY), out / SUMMARY)
+    return out
