@@ -27,17 +27,18 @@ class EventLoop:
         self._seq += 1
         heapq.heappush(self._heap, (time, order, self._seq, handler, arg))
 
-    def run(self, on_step=None):
-        """Run until no event is left; `on_step(now)` is called after each
-        event (for progress reporting)."""
+    def run(self, on_advance=None):
+        """Run until no event is left. `on_advance(t)` is called whenever the
+        clock is about to move forward to `t`, after every event before `t`
+        has run (for telemetry samples and progress)."""
         heap = self._heap
         pop = heapq.heappop
         while heap:
             time, _, _, handler, arg = pop(heap)
+            if on_advance is not None and time > self.now:
+                on_advance(time)
             self.now = time
             handler(arg)
-            if on_step is not None:
-                on_step(time)
 
     def __len__(self):
         return len(self._heap)
