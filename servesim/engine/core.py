@@ -20,8 +20,11 @@ Ranks (§11) run in lockstep: every rank schedules its own batch at the
 worker's decision and the worker's pass ends when its slowest rank's does.
 """
 
+from collections import deque
+
 from servesim.engine.config import EngineConfig
 from servesim.engine.events import DECIDE, PASS_END, EventLoop
+from servesim.engine.launch import launch_end
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
 from servesim.kvcache.manager import KVCacheManager
@@ -42,6 +45,7 @@ class Rank:
                                  config.kv_cache.block_size)
         self.num_passes = 0
         self.num_requests = 0
+        self.tokens_scheduled = 0
         self.usage_area = 0.0  # integral of KV usage over time
         self.usage_max = 0.0
         self._usage = 0.0
@@ -55,6 +59,9 @@ class Rank:
         if self._usage > self.usage_max:
             self.usage_max = self._usage
 
+    def cpu_tier_blocks(self) -> int:
+        return 0
+
     def usage_mean(self, end: float) -> float:
         area = self.usage_area + self._usage * (end - self._usage_since)
         return area / end if end > 0 else 0.0
@@ -62,15 +69,17 @@ class Rank:
 
 class Pass:
     """One lockstep pass of a worker: each rank's `SchedulerOutput` and its
-    index on that rank (-1 for a rank with an empty batch)."""
+    index on that rank (-1 for a rank with an empty batch), and its instants:
+    decided, launch end (§8), GPU start and end."""
 
-    __slots__ = ("outputs", "indices", "finished", "decided_ms", "start_ms", "end_ms")
+    __slots__ = ("outputs", "indices", "finished", "decided_ms", "launch_end_ms",
+                 "start_ms", "end_ms")
 
     def __init__(self, outputs, decided_ms):
         self.outputs = outputs
         self.indices = [-1] * len(outputs)
         self.finished = [()] * len(outputs)  # per rank, once outputs are processed
-        self.decided_ms = decided_ms
+        self.decided_ms = self.launch_end_ms = decided_ms
         self.start_ms = self.end_ms = decided_ms
 
 
@@ -87,10 +96,10 @@ class EngineCore:
         self.loop = loop
         self.observer = observer
         self.async_scheduling = config.scheduler.async_scheduling
+        self.launch = config.launch
         self.ranks = [Rank(index, r, config, num_identities)
                       for r in range(data_parallel_size)]
-        self.gpu_pass = None  # on the GPU, outputs not processed yet
-        self.queued_pass = None  # decided (async), waiting for the GPU
+        self.in_flight = deque()  # decided passes whose outputs are not processed
         self._decide_scheduled = False
         self.busy_ms = 0.0
         self.num_passes = 0
@@ -109,7 +118,7 @@ class EngineCore:
 
     def _wake(self):
         """An idle engine decides at this instant, after every arrival at it."""
-        if self.gpu_pass is None and not self._decide_scheduled:
+        if not self.in_flight and not self._decide_scheduled:
             self._decide_scheduled = True
             self.loop.schedule(self.loop.now, DECIDE, self._on_decide)
 
@@ -119,7 +128,7 @@ class EngineCore:
 
     # -- decisions -----------------------------------------------------------
 
-    def _decide(self):
+    def _decide(self, _=None):
         now = self.loop.now
         while True:
             outputs = [rank.scheduler.schedule() for rank in self.ranks]
@@ -131,15 +140,9 @@ class EngineCore:
             # Nothing to run. A decision that only preempted decides again at
             # once when idle; with a pass in flight the empty-pass rule waits
             # for its end (`_on_pass_end` wakes the engine).
-            if self.gpu_pass is not None or not any(out.preempted for out in outputs):
+            if self.in_flight or not any(out.preempted for out in outputs):
                 return
-        p = Pass(outputs, now)
-        if self.gpu_pass is None:
-            self._start(p, now)
-            if self.async_scheduling:
-                self._decide()
-        else:
-            self.queued_pass = p
+        self._launch(Pass(outputs, now))
 
     def _take_out_unfinishable(self):
         for rank in self.ranks:
@@ -148,29 +151,49 @@ class EngineCore:
                     self.observer.on_done(request)
                 rank.scheduler.unfinishable.clear()
 
-    def _start(self, p: Pass, now: float):
-        """Put a decided pass on the GPU; it lasts as long as its slowest rank."""
+    def _launch(self, p: Pass):
+        """Price a decided pass and fix its instants: it starts on the GPU when
+        the pass before it ends, lasts as long as its slowest rank, and its
+        launch ends by its kind (§8). Under async scheduling the next decision
+        is due at `max(launch_end(k), end(k-1))`; it is scheduled before this
+        pass's end so that, at one instant, it runs after pass k-1's outputs
+        and before pass k's, and before arrivals at that instant (§7, Ties)."""
         duration = 0.0
+        prefill_tokens = total_tokens = 0
+        previous = self.in_flight[-1] if self.in_flight else None
+        start = max(p.decided_ms, previous.end_ms) if previous else p.decided_ms
         for i, (rank, out) in enumerate(zip(self.ranks, p.outputs)):
             if out.scheduled:
                 p.indices[i] = rank.num_passes
                 rank.num_passes += 1
+                rank.tokens_scheduled += out.total_tokens
+                prefill_tokens += out.prefill_tokens
+                total_tokens += out.total_tokens
                 duration = max(duration, rank.pricer.price(out))
                 for entry in out.scheduled:
                     if entry.request.first_scheduled_ms != entry.request.first_scheduled_ms:
-                        entry.request.first_scheduled_ms = now
-        p.start_ms = now
-        p.end_ms = now + duration
+                        entry.request.first_scheduled_ms = start
+        p.start_ms = start
+        p.end_ms = start + duration
+        p.launch_end_ms = launch_end(self.launch, total_tokens, prefill_tokens,
+                                     p.decided_ms, start, p.end_ms)
         self.busy_ms += duration
         self.num_passes += 1
-        self.gpu_pass = p
+        self.in_flight.append(p)
+        if self.async_scheduling:
+            next_decision = max(p.launch_end_ms, previous.end_ms) if previous else p.launch_end_ms
+            self.loop.schedule(next_decision, PASS_END, self._decide)
         self.loop.schedule(p.end_ms, PASS_END, self._on_pass_end, p)
 
     # -- outputs -------------------------------------------------------------
 
     def _on_pass_end(self, p: Pass):
+        """Process a pass's outputs at its end. They leave the engine once the
+        next pass is launched (§8): at `max(end(k), launch_end(k+1))`, or at
+        `end(k)` when no pass k+1 was decided."""
         now = self.loop.now
-        self.gpu_pass = None
+        self.in_flight.popleft()
+        release = max(now, self.in_flight[0].launch_end_ms) if self.in_flight else now
         observer = self.observer
         for i, (rank, out, index) in enumerate(zip(self.ranks, p.outputs, p.indices)):
             if not out.scheduled:
@@ -178,14 +201,10 @@ class EngineCore:
             sampled, finished = rank.scheduler.update_from_output(out)
             p.finished[i] = finished
             for request in sampled:
-                observer.on_token(request, index, now)
+                observer.on_token(request, index, release)
             for request in finished:
                 observer.on_done(request)
             rank.track_usage(now)
         observer.on_pass(self, p)
-        if self.queued_pass is not None:
-            queued, self.queued_pass = self.queued_pass, None
-            self._start(queued, now)
-            self._decide()
-        elif any(rank.scheduler.has_requests() for rank in self.ranks):
+        if not self.in_flight and any(rank.scheduler.has_requests() for rank in self.ranks):
             self._wake()

@@ -17,6 +17,7 @@ from servesim.replay.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UN
                                      RequestRecords, RunStats, SimulationResult,
                                      WorkerStats)
 from servesim.replay.router import Router
+from servesim.replay.telemetry import Telemetry
 from servesim.replay.workload import Workload
 from servesim.scheduler.request import Request, RequestStatus
 
@@ -58,6 +59,8 @@ class Replay:
         self.worker_of = np.full(n, -1, dtype=np.int64)
         self.rank_of = np.full(n, -1, dtype=np.int64)
         self.pass_log = [] if config.output.pass_log else None
+        interval = config.output.telemetry_interval_ms
+        self.telemetry = Telemetry(interval, self.workers) if interval else None
         self.num_done = 0
         self._next_release = 0  # closed loop: next request to release
         self._passes_seen = 0
@@ -125,16 +128,24 @@ class Replay:
         if self.progress is not None and self._passes_seen % _PROGRESS_EVERY == 0:
             self.progress(self.loop.now, self.num_done)
 
+    def _on_advance(self, t):
+        self.telemetry.advance(t)
+
     # -- run -----------------------------------------------------------------
 
     def run(self) -> SimulationResult:
         self._schedule_arrivals()
-        self.loop.run()
+        self.loop.run(self._on_advance if self.telemetry else None)
         result_warnings = self._close_unfinished()
         if self.progress is not None:
             self.progress(self.loop.now, self.num_done)
+        telemetry = None
+        if self.telemetry is not None:
+            self.telemetry.finish(self.loop.now)
+            telemetry = self.telemetry.samples
         return SimulationResult(records=self._records(), stats=self._stats(),
-                                pass_log=self.pass_log, warnings=result_warnings)
+                                pass_log=self.pass_log, telemetry=telemetry,
+                                warnings=result_warnings)
 
     def _close_unfinished(self):
         left = [r for r in self.requests
@@ -227,6 +238,8 @@ def _pass_record(worker, dp_rank, index, p, out, finished):
         "dp_rank": dp_rank,
         "start_ms": p.start_ms,
         "end_ms": p.end_ms,
+        "decided_ms": p.decided_ms,
+        "launch_end_ms": p.launch_end_ms,
         "scheduled": [{"id": e.request.request_id, "tokens": e.num_tokens,
                        "cached": e.cached, "kind": e.kind} for e in out.scheduled],
         "preempted": sorted(r.request_id for r in out.preempted),

@@ -1,0 +1,124 @@
+"""Small builders for engine-rule tests: a workload from a few dict rows, a
+config from engine overrides, and a run that returns the per-request records
+and the pass log.
+
+Rows are `{id, t, P, O, hash_ids=None, priority=0}`: `t` the arrival (ms), `P`
+the prompt length, `O` the output length. Without `hash_ids` a request gets
+`ceil(P / trace_block_size)` ids of its own (no prefix shared with anyone).
+"""
+
+import attrs
+import numpy as np
+
+from servesim.replay.config import config_from_dict
+from servesim.replay.driver import simulate
+from servesim.replay.records import STATUS_NAMES
+from servesim.replay.workload import Workload
+
+LINEAR_10MS = {"type": "linear", "base_ms": 10, "per_token_ms": 0}
+_UNIQUE_BASE = 1_000_000  # default hash ids start here, far from hand-written ones
+
+
+def make_workload(rows, trace_block_size=16) -> Workload:
+    """A Workload in the given row order (rows must be in arrival order)."""
+    ids, arrival, prompt, output, priority, flat, offsets = [], [], [], [], [], [], [0]
+    next_unique = _UNIQUE_BASE
+    for row in rows:
+        P = int(row["P"])
+        hash_ids = row.get("hash_ids")
+        if hash_ids is None:
+            n = -(-P // trace_block_size)
+            hash_ids = list(range(next_unique, next_unique + n))
+            next_unique += n
+        ids.append(str(row["id"]))
+        arrival.append(float(row["t"]))
+        prompt.append(P)
+        output.append(int(row["O"]))
+        priority.append(int(row.get("priority", 0)))
+        flat.extend(int(h) for h in hash_ids)
+        offsets.append(len(flat))
+    n = len(ids)
+    return Workload(
+        request_ids=ids,
+        arrival_ms=np.array(arrival, dtype=np.float64),
+        input_length=np.array(prompt, dtype=np.int64),
+        output_length=np.array(output, dtype=np.int64),
+        priority=np.array(priority, dtype=np.int64),
+        dp_rank=np.full(n, -1, dtype=np.int64),
+        hash_flat=np.array(flat, dtype=np.int64),
+        hash_offsets=np.array(offsets, dtype=np.int64),
+        trace_block_size=trace_block_size,
+    )
+
+
+def make_config(timing=None, **engine):
+    """A Config with the given engine keys (YAML layout), linear timing of 10 ms
+    per pass unless `timing` is given, and the pass log on. `max_num_seqs`
+    defaults to 16 (not vLLM's 256) so that small token budgets are valid. The
+    workload block is a placeholder: tests hand `run` a Workload built by
+    `make_workload`."""
+    engine = dict(engine)
+    engine.setdefault("max_num_seqs", 16)
+    engine["timing"] = dict(LINEAR_10MS if timing is None else timing)
+    data = {
+        "workload": {"synthetic": {"requests": 1}, "trace_block_size": 16},
+        "engine": engine,
+        "output": {"pass_log": True},
+    }
+    return config_from_dict(data, source="test")
+
+
+def run_result(config, workload):
+    """The whole SimulationResult (records, stats, pass log), pass log on."""
+    if not config.output.pass_log:
+        config = attrs.evolve(config, output=attrs.evolve(config.output, pass_log=True))
+    return simulate(config, workload)
+
+
+def run(config, workload):
+    """`(records, pass_log)` of one simulation."""
+    result = run_result(config, workload)
+    return result.records, result.pass_log
+
+
+# -- reading results ---------------------------------------------------------
+
+
+def sched(p):
+    """A logged pass's scheduled entries as `(id, tokens, cached, kind)`."""
+    return [(e["id"], e["tokens"], e["cached"], e["kind"]) for e in p["scheduled"]]
+
+
+def times(log):
+    """`(start_ms, end_ms)` of every logged pass."""
+    return [(p["start_ms"], p["end_ms"]) for p in log]
+
+
+def tokens(log):
+    """Per pass, `{id: tokens}`."""
+    return [{e["id"]: e["tokens"] for e in p["scheduled"]} for p in log]
+
+
+def free_blocks(log):
+    return [p["free_blocks_after_schedule"] for p in log]
+
+
+def req(records, request_id):
+    """One request's results as a dict (NaN times become None)."""
+    i = records.ids.index(request_id)
+
+    def ms(x):
+        x = float(x)
+        return None if x != x else x
+
+    return {
+        "status": STATUS_NAMES[int(records.status[i])],
+        "first_token_ms": ms(records.first_token_ms[i]),
+        "finish_ms": ms(records.finish_ms[i]),
+        "first_token_pass": int(records.first_token_pass[i]),
+        "finish_pass": int(records.finish_pass[i]),
+        "output_tokens": int(records.output_tokens[i]),
+        "num_preemptions": int(records.num_preemptions[i]),
+        "first_admission_cached_tokens": int(records.first_admission_cached_tokens[i]),
+        "recomputed_tokens": int(records.recomputed_tokens[i]),
+    }
