@@ -1,0 +1,153 @@
+"""Time `servesim run` end to end on the benchmark scenarios and append dated
+rows to benchmarks/RESULTS.md.
+
+Each measurement is a fresh process running `servesim run CONFIG` (reading the
+trace, simulating, writing the report), timed from outside. "warm" runs use a
+Numba cache filled by a first, unrecorded run; "cold" runs each start from an
+empty cache directory (NUMBA_CACHE_DIR), so they include compiling every
+kernel. The figure reported is the median.
+
+    python benchmarks/run.py                      # all scenarios, 5 warm + 3 cold runs
+    python benchmarks/run.py mooncake-full -n 7   # one scenario
+    python benchmarks/run.py --no-write           # print only
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CONFIGS = HERE / "configs"
+RESULTS = HERE / "RESULTS.md"
+
+# The child runs the real CLI entry point and reports its peak memory.
+CHILD = r"""
+import json, resource, sys
+from servesim.cli import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+finally:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    sys.stderr.write("\nMAXRSS_KB=%d\n" % rss)
+"""
+
+
+def scenarios():
+    return sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+
+
+def run_once(name, cache_dir, extra_args=()):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir))
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-c", CHILD, "run", str(CONFIGS / f"{name}.yaml"),
+               "-o", out, "--format", "json", *extra_args]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{name}: servesim failed:\n{proc.stderr}")
+    summary = json.loads(proc.stdout)
+    rss_kb = int(proc.stderr.rsplit("MAXRSS_KB=", 1)[1].split()[0])
+    return {"wall_s": wall, "sim_wall_s": summary["wall_time_s"], "passes": summary["passes"],
+            "requests": summary["requests"], "rss_mb": rss_kb / 1024}
+
+
+def measure(name, warm_runs, cold_runs):
+    rows = {}
+    with tempfile.TemporaryDirectory() as warm_cache:
+        run_once(name, warm_cache)  # fills the cache
+        rows["warm"] = [run_once(name, warm_cache) for _ in range(warm_runs)]
+    cold = []
+    for _ in range(cold_runs):
+        with tempfile.TemporaryDirectory() as cold_cache:
+            cold.append(run_once(name, cold_cache))
+    rows["cold"] = cold
+    return rows
+
+
+def help_time(runs=5):
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "servesim", "--help"], capture_output=True, check=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import numba
+    import numpy
+    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"NumPy {numpy.__version__}, Numba {numba.__version__}")
+
+
+def commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True).stdout.strip() or "-"
+    except OSError:
+        return "-"
+
+
+def table_rows(name, rows):
+    out = []
+    for kind in ("warm", "cold"):
+        runs = rows[kind]
+        if not runs:
+            continue
+        wall = statistics.median(r["wall_s"] for r in runs)
+        sim = statistics.median(r["sim_wall_s"] for r in runs)
+        passes = runs[0]["passes"]
+        rss = max(r["rss_mb"] for r in runs)
+        out.append(f"| {name} | {kind} | {len(runs)} | {runs[0]['requests']} | {passes} | "
+                   f"{wall:.2f} | {sim:.2f} | {passes / sim:,.0f} | {rss:.0f} |")
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help=f"scenarios (default all: {', '.join(scenarios())})")
+    parser.add_argument("-n", "--warm-runs", type=int, default=5)
+    parser.add_argument("--cold-runs", type=int, default=3)
+    parser.add_argument("--note", default="", help="a note for the results heading")
+    parser.add_argument("--no-write", action="store_true", help="print, do not append to RESULTS.md")
+    args = parser.parse_args()
+    names = args.names or scenarios()
+    lines = [f"### {datetime.date.today().isoformat()} — commit {commit()}"
+             + (f" — {args.note}" if args.note else ""), "",
+             f"Machine: {machine()}.", "",
+             "| scenario | cache | runs | requests | passes | wall s (median, end to end) "
+             "| simulate s | passes/s | peak RSS MB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in names:
+        rows = measure(name, args.warm_runs, args.cold_runs)
+        lines.extend(table_rows(name, rows))
+        print("\n".join(lines[-2:]), flush=True)
+    lines += ["", f"`servesim --help`: {help_time():.2f} s (median of 5).", ""]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_write:
+        with open(RESULTS, "a") as f:
+            f.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
