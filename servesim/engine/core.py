@@ -27,20 +27,18 @@ from servesim.engine.events import DECIDE, PASS_END, EventLoop
 from servesim.engine.launch import launch_end
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
-from servesim.kvcache.manager import KVCacheManager
-from servesim.scheduler.scheduler import Scheduler
 
 
 class Rank:
     """One attention-DP rank: its scheduler, G1 pool and pricing, plus the
     counters reported per rank."""
 
-    def __init__(self, worker: int, index: int, config: EngineConfig, num_identities: int):
+    def __init__(self, worker: int, index: int, config: EngineConfig, num_identities: int,
+                 make_scheduler):
         self.worker = worker
         self.index = index
         self.pool = BlockPool(config.kv_cache, num_identities)
-        self.kv = KVCacheManager(self.pool)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.scheduler = make_scheduler(config.scheduler, self.pool)
         self.pricer = PassPricer(config.timing, config.kv_cache.num_gpu_blocks,
                                  config.kv_cache.block_size)
         self.num_passes = 0
@@ -85,19 +83,19 @@ class Pass:
 
 class EngineCore:
     """One worker. `observer` receives `on_pass(core, p)` when a pass's outputs
-    are processed, `on_token(request, pass_index, release_ms)` for every token
-    released and `on_done(request)` when a request finishes or is taken out as
-    unfinishable."""
+    are processed and `on_done(request_index, finished)` when a request
+    finishes or is taken out as unfinishable. `make_scheduler(config, pool)`
+    builds each rank's scheduler (the reference or the fast implementation)."""
 
     def __init__(self, index: int, config: EngineConfig, data_parallel_size: int,
-                 loop: EventLoop, num_identities: int, observer):
+                 loop: EventLoop, num_identities: int, observer, make_scheduler):
         self.index = index
         self.config = config
         self.loop = loop
         self.observer = observer
         self.async_scheduling = config.scheduler.async_scheduling
         self.launch = config.launch
-        self.ranks = [Rank(index, r, config, num_identities)
+        self.ranks = [Rank(index, r, config, num_identities, make_scheduler)
                       for r in range(data_parallel_size)]
         self.in_flight = deque()  # decided passes whose outputs are not processed
         self._decide_scheduled = False
@@ -106,10 +104,11 @@ class EngineCore:
 
     # -- arrivals ------------------------------------------------------------
 
-    def add_request(self, rank: int, request) -> bool:
-        """A request arrives at `rank`; False if it can never fit (rejected)."""
+    def add_request(self, rank: int, request, num_prompt_tokens: int) -> bool:
+        """A request (the scheduler's handle for it) arrives at `rank`; False if
+        it can never fit (rejected)."""
         scheduler = self.ranks[rank].scheduler
-        if not scheduler.can_ever_fit(request.num_prompt_tokens):
+        if not scheduler.can_ever_fit(num_prompt_tokens):
             return False
         self.ranks[rank].num_requests += 1
         scheduler.add_request(request)
@@ -135,20 +134,20 @@ class EngineCore:
             self._take_out_unfinishable()
             for rank in self.ranks:
                 rank.track_usage(now)
-            if any(out.scheduled for out in outputs):
+            if any(out.num_scheduled for out in outputs):
                 break
             # Nothing to run. A decision that only preempted decides again at
             # once when idle; with a pass in flight the empty-pass rule waits
             # for its end (`_on_pass_end` wakes the engine).
-            if self.in_flight or not any(out.preempted for out in outputs):
+            if self.in_flight or not any(out.num_preempted for out in outputs):
                 return
         self._launch(Pass(outputs, now))
 
     def _take_out_unfinishable(self):
         for rank in self.ranks:
             if rank.scheduler.unfinishable:
-                for request in rank.scheduler.unfinishable:
-                    self.observer.on_done(request)
+                for index in rank.scheduler.unfinishable:
+                    self.observer.on_done(index, finished=False)
                 rank.scheduler.unfinishable.clear()
 
     def _launch(self, p: Pass):
@@ -163,16 +162,14 @@ class EngineCore:
         previous = self.in_flight[-1] if self.in_flight else None
         start = max(p.decided_ms, previous.end_ms) if previous else p.decided_ms
         for i, (rank, out) in enumerate(zip(self.ranks, p.outputs)):
-            if out.scheduled:
+            if out.num_scheduled:
                 p.indices[i] = rank.num_passes
                 rank.num_passes += 1
                 rank.tokens_scheduled += out.total_tokens
                 prefill_tokens += out.prefill_tokens
                 total_tokens += out.total_tokens
                 duration = max(duration, rank.pricer.price(out))
-                for entry in out.scheduled:
-                    if entry.request.first_scheduled_ms != entry.request.first_scheduled_ms:
-                        entry.request.first_scheduled_ms = start
+                rank.scheduler.mark_started(out, start)
         p.start_ms = start
         p.end_ms = start + duration
         p.launch_end_ms = launch_end(self.launch, total_tokens, prefill_tokens,
@@ -196,14 +193,12 @@ class EngineCore:
         release = max(now, self.in_flight[0].launch_end_ms) if self.in_flight else now
         observer = self.observer
         for i, (rank, out, index) in enumerate(zip(self.ranks, p.outputs, p.indices)):
-            if not out.scheduled:
+            if not out.num_scheduled:
                 continue
-            sampled, finished = rank.scheduler.update_from_output(out)
+            finished = rank.scheduler.update_from_output(out, release, index)
             p.finished[i] = finished
-            for request in sampled:
-                observer.on_token(request, index, release)
-            for request in finished:
-                observer.on_done(request)
+            for request_index in finished:
+                observer.on_done(request_index, finished=True)
             rank.track_usage(now)
         observer.on_pass(self, p)
         if not self.in_flight and any(rank.scheduler.has_requests() for rank in self.ranks):

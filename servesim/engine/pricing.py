@@ -65,9 +65,9 @@ class PassPricer:
 
     def price(self, out) -> float:
         """GPU time of the pass a `SchedulerOutput` describes (0 if empty)."""
-        if not out.scheduled:
+        if not out.num_scheduled:
             return 0.0
         return price_pass(self.model, self.params, out.prefill_tokens,
                           out.num_prefill_requests, out.decode_requests,
-                          out.decode_context, out.total_tokens, len(out.scheduled),
+                          out.decode_context, out.total_tokens, out.num_scheduled,
                           self.kv_capacity_tokens)

@@ -19,9 +19,57 @@ from servesim.replay.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UN
 from servesim.replay.router import Router
 from servesim.replay.telemetry import Telemetry
 from servesim.replay.workload import Workload
-from servesim.scheduler.request import Request, RequestStatus
+from servesim.kvcache.manager import KVCacheManager
+from servesim.scheduler.request import Request
+from servesim.scheduler.scheduler import Scheduler
 
 _PROGRESS_EVERY = 512  # passes between progress callbacks
+
+
+class ObjectRequests:
+    """The reference path's requests: one :class:`Request` object each, created
+    at arrival, scheduled by the reference :class:`Scheduler`."""
+
+    def __init__(self, replay):
+        self.replay = replay
+        self.objects = [None] * len(replay.workload)
+
+    def create(self, i):
+        r = self.replay
+        w = r.workload
+        request = Request(i, w.request_ids[i], float(r.arrival_ms[i]),
+                          int(w.input_length[i]), int(r.max_tokens[i]),
+                          r.idents[r.ident_offsets[i]:r.ident_offsets[i + 1]],
+                          int(w.priority[i]))
+        self.objects[i] = request
+        return request
+
+    def make_scheduler(self, config, pool):
+        return Scheduler(config, KVCacheManager(pool), self.replay.tokens)
+
+    def results(self):
+        """Per-request result arrays, in workload order."""
+        n = len(self.objects)
+        out = {name: np.zeros(n, dtype=np.int64) for name in _INT_RESULTS}
+        out["first_scheduled_ms"] = np.full(n, math.nan)
+        out["first_token_pass"] = np.full(n, -1, dtype=np.int64)
+        out["finish_pass"] = np.full(n, -1, dtype=np.int64)
+        for i, r in enumerate(self.objects):
+            if r is None:
+                continue
+            out["output_tokens"][i] = r.num_output_tokens
+            out["num_preemptions"][i] = r.num_preemptions
+            out["first_admission_cached_tokens"][i] = max(r.first_admission_cached_tokens, 0)
+            out["cpu_tier_cached_tokens"][i] = r.cpu_tier_cached_tokens
+            out["recomputed_tokens"][i] = r.recomputed_tokens
+            out["first_scheduled_ms"][i] = r.first_scheduled_ms
+            out["first_token_pass"][i] = r.first_token_pass
+            out["finish_pass"][i] = r.finish_pass
+        return out
+
+
+_INT_RESULTS = ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
+                "cpu_tier_cached_tokens", "recomputed_tokens")
 
 
 class Replay:
@@ -43,19 +91,20 @@ class Replay:
         self.idents, self.ident_offsets, num_identities = block_identities(
             workload.hash_flat, workload.hash_offsets, workload.trace_block_size,
             prompt, num_blocks, block_size)
+        self.arrival_ms = workload.arrival_ms.astype(np.float64).copy()
+        self.tokens = TokenLog(self.max_tokens, engine.detokenize_ms)
+        self.store = ObjectRequests(self)
 
         self.loop = EventLoop()
         cluster = config.cluster
         self.workers = [EngineCore(w, engine, cluster.data_parallel_size, self.loop,
-                                   num_identities, self)
+                                   num_identities, self, self.store.make_scheduler)
                         for w in range(cluster.workers)]
         self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
-        self.tokens = TokenLog(self.max_tokens, engine.detokenize_ms)
 
         n = len(workload)
-        self.requests = [None] * n
-        self.arrival_ms = workload.arrival_ms.astype(np.float64).copy()
         self.status = np.full(n, STATUS_UNFINISHED, dtype=np.int8)
+        self.arrived = np.zeros(n, dtype=bool)
         self.worker_of = np.full(n, -1, dtype=np.int64)
         self.rank_of = np.full(n, -1, dtype=np.int64)
         self.pass_log = [] if config.output.pass_log else None
@@ -83,34 +132,25 @@ class Replay:
 
     def _on_arrival(self, i):
         w = self.workload
-        request = Request(i, w.request_ids[i], float(self.arrival_ms[i]),
-                          int(w.input_length[i]), int(self.max_tokens[i]),
-                          self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]],
-                          int(w.priority[i]))
-        self.requests[i] = request
-        worker, rank = self.router.route(request, int(w.dp_rank[i]))
+        self.arrived[i] = True
+        prompt = int(w.input_length[i])
+        worker, rank = self.router.route(
+            w.request_ids[i], prompt, self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]],
+            int(w.dp_rank[i]))
         self.worker_of[i] = worker
         self.rank_of[i] = rank
-        if not self.workers[worker].add_request(rank, request):
-            request.status = RequestStatus.REJECTED
-            self.on_done(request)
+        if not self.workers[worker].add_request(rank, self.store.create(i), prompt):
+            self.status[i] = STATUS_REJECTED
+            self._release_next()
 
     # -- engine observer -----------------------------------------------------
 
-    def on_token(self, request, pass_index, release_ms):
-        self.tokens.release(request, release_ms)
-        if request.first_token_pass < 0:
-            request.first_token_pass = pass_index
-        request.finish_pass = pass_index
+    def on_done(self, i, finished):
+        self.status[i] = STATUS_FINISHED if finished else STATUS_UNFINISHED
+        self._release_next()
 
-    def on_done(self, request):
-        i = request.index
-        if request.status == RequestStatus.FINISHED:
-            self.status[i] = STATUS_FINISHED
-        elif request.status == RequestStatus.REJECTED:
-            self.status[i] = STATUS_REJECTED
-        else:
-            self.status[i] = STATUS_UNFINISHED
+    def _release_next(self):
+        """A request left the system: closed loop releases the next one now."""
         self.num_done += 1
         if self._next_release < len(self.workload):
             j = self._next_release
@@ -120,10 +160,13 @@ class Replay:
 
     def on_pass(self, core, p):
         if self.pass_log is not None:
+            ids = self.workload.request_ids
             for rank, out, index, finished in zip(core.ranks, p.outputs, p.indices, p.finished):
-                if out.scheduled:
-                    self.pass_log.append(_pass_record(core.index, rank.index, index, p, out,
-                                                      finished))
+                if out.num_scheduled:
+                    scheduled, preempted = rank.scheduler.log_entries(out)
+                    self.pass_log.append(_pass_record(
+                        core.index, rank.index, index, p, out, scheduled, preempted,
+                        sorted(ids[i] for i in finished)))
         self._passes_seen += 1
         if self.progress is not None and self._passes_seen % _PROGRESS_EVERY == 0:
             self.progress(self.loop.now, self.num_done)
@@ -148,12 +191,10 @@ class Replay:
                                 warnings=result_warnings)
 
     def _close_unfinished(self):
-        left = [r for r in self.requests
-                if r is not None and r.status not in (RequestStatus.FINISHED,
-                                                      RequestStatus.REJECTED)]
-        if not left:
+        left = np.flatnonzero(self.arrived & (self.status == STATUS_UNFINISHED))
+        if not len(left):
             return []
-        ids = ", ".join(r.request_id for r in left[:5])
+        ids = ", ".join(self.workload.request_ids[i] for i in left[:5])
         more = f" and {len(left) - 5} more" if len(left) > 5 else ""
         message = (f"{len(left)} request(s) could never finish (their prompt plus output "
                    f"outgrows the KV cache, or they queue behind one that does): {ids}{more}")
@@ -163,31 +204,13 @@ class Replay:
     def _records(self) -> RequestRecords:
         w = self.workload
         n = len(w)
-        tokens = self.tokens
-        produced = np.zeros(n, dtype=np.int64)
-        fields = {name: np.full(n, math.nan) for name in ("first_scheduled_ms",)}
-        ints = {name: np.zeros(n, dtype=np.int64) for name in (
-            "num_preemptions", "first_admission_cached_tokens", "cpu_tier_cached_tokens",
-            "recomputed_tokens")}
-        first_token_pass = np.full(n, -1, dtype=np.int64)
-        finish_pass = np.full(n, -1, dtype=np.int64)
-        for i, r in enumerate(self.requests):
-            if r is None:
-                continue
-            produced[i] = r.num_output_tokens
-            fields["first_scheduled_ms"][i] = r.first_scheduled_ms
-            ints["num_preemptions"][i] = r.num_preemptions
-            ints["first_admission_cached_tokens"][i] = max(r.first_admission_cached_tokens, 0)
-            ints["cpu_tier_cached_tokens"][i] = r.cpu_tier_cached_tokens
-            ints["recomputed_tokens"][i] = r.recomputed_tokens
-            first_token_pass[i] = r.first_token_pass
-            finish_pass[i] = r.finish_pass
+        results = self.store.results()
+        produced = results.pop("output_tokens")
         # compact the token log to the tokens really produced
-        starts = tokens.offsets[:-1]
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(produced, out=offsets[1:])
-        take = np.repeat(starts, produced) + (np.arange(offsets[-1]) - np.repeat(offsets[:-1], produced))
-        client = tokens.client_ms[take]
+        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], produced)
+        client = self.tokens.client_ms[np.repeat(self.tokens.offsets[:-1], produced) + within]
         has_tokens = produced > 0
         first_token_ms = np.full(n, math.nan)
         finish_ms = np.full(n, math.nan)
@@ -195,13 +218,11 @@ class Replay:
         finish_ms[has_tokens] = client[offsets[1:][has_tokens] - 1]
         return RequestRecords(
             ids=list(w.request_ids), arrival_ms=self.arrival_ms,
-            first_scheduled_ms=fields["first_scheduled_ms"],
             first_token_ms=first_token_ms, finish_ms=finish_ms,
             input_length=w.input_length.astype(np.int64),
             output_length=w.output_length.astype(np.int64), output_tokens=produced,
             worker=self.worker_of, dp_rank=self.rank_of, status=self.status,
-            first_token_pass=first_token_pass, finish_pass=finish_pass,
-            token_offsets=offsets, token_client_ms=client, **ints)
+            token_offsets=offsets, token_client_ms=client, **results)
 
     def _stats(self) -> RunStats:
         end = self.loop.now
@@ -230,7 +251,7 @@ class Replay:
         return stats
 
 
-def _pass_record(worker, dp_rank, index, p, out, finished):
+def _pass_record(worker, dp_rank, index, p, out, scheduled, preempted, finished):
     """One line of `passes.jsonl` (spec README §6)."""
     return {
         "pass": index,
@@ -240,10 +261,9 @@ def _pass_record(worker, dp_rank, index, p, out, finished):
         "end_ms": p.end_ms,
         "decided_ms": p.decided_ms,
         "launch_end_ms": p.launch_end_ms,
-        "scheduled": [{"id": e.request.request_id, "tokens": e.num_tokens,
-                       "cached": e.cached, "kind": e.kind} for e in out.scheduled],
-        "preempted": sorted(r.request_id for r in out.preempted),
-        "finished": sorted(r.request_id for r in finished),
+        "scheduled": scheduled,
+        "preempted": preempted,
+        "finished": finished,
         "free_blocks_after_schedule": out.free_blocks_after_schedule,
     }
 

@@ -30,10 +30,11 @@ class Router:
         self._next_pinned = [0] * data_parallel_size
         self._scratch = np.zeros(64, dtype=np.int64)
 
-    def route(self, request, pinned_rank: int):
+    def route(self, request_id: str, num_prompt_tokens: int, idents, pinned_rank: int):
+        """The (worker, rank) for a request with these prompt block identities."""
         if pinned_rank >= self.dp:
             raise InputError(
-                f"request {request.request_id!r}: dp_rank {pinned_rank} is out of range "
+                f"request {request_id!r}: dp_rank {pinned_rank} is out of range "
                 f"(cluster.data_parallel_size is {self.dp})")
         if pinned_rank >= 0:
             candidates = [(w, pinned_rank) for w in range(len(self.workers))]
@@ -43,7 +44,8 @@ class Router:
             return self._round_robin(candidates, pinned_rank)
         if self.policy == "least_loaded":
             return min(candidates, key=lambda t: self._load(t) + (t,))
-        return max(candidates, key=lambda t: (self._kv_score(t, request), -t[0], -t[1]))
+        return max(candidates, key=lambda t: (self._kv_score(t, num_prompt_tokens, idents),
+                                              -t[0], -t[1]))
 
     def _round_robin(self, candidates, pinned_rank):
         if pinned_rank >= 0:
@@ -61,15 +63,15 @@ class Router:
         rank = self._rank(target)
         scheduler = rank.scheduler
         used = rank.pool.num_gpu_blocks - 1 - rank.pool.num_free_blocks
-        return (len(scheduler.running) + len(scheduler.waiting), used)
+        return (scheduler.num_running + scheduler.num_waiting, used)
 
-    def _kv_score(self, target, request):
+    def _kv_score(self, target, num_prompt_tokens, idents):
         rank = self._rank(target)
         hit = 0
         if rank.pool.enable_caching:
-            max_blocks = (request.num_prompt_tokens - 1) // rank.pool.block_size
+            max_blocks = (num_prompt_tokens - 1) // rank.pool.block_size
             if max_blocks > len(self._scratch):
                 self._scratch = np.zeros(max_blocks, dtype=np.int64)
             hit = bp.find_cached_prefix(rank.pool.blocks, rank.pool.idmap,
-                                        request.idents, max_blocks, self._scratch)
+                                        idents, max_blocks, self._scratch)
         return hit - self._load(target)[0]

@@ -51,8 +51,8 @@ class Telemetry:
                 pool = rank.pool
                 sample = {
                     "t_ms": t, "worker": worker.index, "dp_rank": rank.index,
-                    "running": len(rank.scheduler.running),
-                    "waiting": len(rank.scheduler.waiting),
+                    "running": rank.scheduler.num_running,
+                    "waiting": rank.scheduler.num_waiting,
                     "kv_usage": round(float(pool.usage), 6),
                     "cached_blocks": pool.num_cached_blocks(),
                     "cpu_tier_blocks": rank.cpu_tier_blocks(),

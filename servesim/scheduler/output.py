@@ -45,5 +45,9 @@ class SchedulerOutput:
         self.total_tokens = 0
 
     @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+    def num_scheduled(self) -> int:
+        return len(self.scheduled)
+
+    @property
+    def num_preempted(self) -> int:
+        return len(self.preempted)

@@ -1,7 +1,12 @@
 """vLLM's V1 scheduler for one rank (vllm/v1/core/sched/scheduler.py, and
 async_scheduler.py for `async_scheduling`). It knows nothing about time: the
 engine core calls `schedule()` at each decision and `update_from_output()` when
-a pass's outputs are processed.
+a pass's outputs are processed, with the instant they are released; released
+tokens go to `tokens` (an object with `release(request, release_ms)`).
+
+This is the reference implementation, over one Python object per request;
+`servesim.scheduler.fast` implements the same rules as Numba kernels over
+arrays, and tests hold the two to identical results.
 
 One `schedule()` (vllm-engine.md §3):
 1. the running loop serves `running` in list order, preempting on allocation
@@ -41,8 +46,9 @@ class PrefixCacheStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, tokens):
         self.config = config
+        self.tokens = tokens
         self.kv = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
         self.num_gpu_blocks = kv_cache_manager.pool.num_gpu_blocks
@@ -54,7 +60,7 @@ class Scheduler:
         self.running = []
         self.prefix_cache_stats = PrefixCacheStats()
         self.num_preemptions = 0
-        self.unfinishable = []  # requests taken out by _abort_unfinishable
+        self.unfinishable = []  # indices of requests taken out by _abort_unfinishable
 
     # -- requests in and out -------------------------------------------------
 
@@ -232,14 +238,12 @@ class Scheduler:
 
     # -- outputs -------------------------------------------------------------
 
-    def update_from_output(self, out: SchedulerOutput):
+    def update_from_output(self, out: SchedulerOutput, release_ms: float, pass_index: int):
         """Process a pass's outputs (`update_from_output`): every entry that
         samples appends one token — also for a request preempted since, whose
-        in-flight token still lands — and a request with `max_tokens` tokens
-        or at `max_model_len` finishes and frees its blocks. Returns
-        `(sampled, finished)`: the requests that got a token, and those of
-        them that finished."""
-        sampled = []
+        in-flight token still lands — released at `release_ms`; a request with
+        `max_tokens` tokens or at `max_model_len` finishes and frees its
+        blocks. Returns the indices of the requests that finished."""
         finished = []
         for entry in out.scheduled:
             if not entry.samples:
@@ -250,13 +254,40 @@ class Scheduler:
             request.num_tokens += 1
             if request.num_output_placeholders:
                 request.num_output_placeholders -= 1
-            sampled.append(request)
+            self.tokens.release(request, release_ms)
+            if request.first_token_pass < 0:
+                request.first_token_pass = pass_index
+            request.finish_pass = pass_index
             if (request.num_tokens - request.num_prompt_tokens >= request.max_tokens
                     or request.num_tokens >= self.max_model_len):
                 finished.append(request)
         if finished:
             self._finish(finished)
-        return sampled, finished
+        return [r.index for r in finished]
+
+    # -- what the engine reads of a pass --------------------------------------
+
+    @staticmethod
+    def mark_started(out: SchedulerOutput, start_ms: float):
+        """The GPU start of the pass that first schedules a request."""
+        for entry in out.scheduled:
+            if entry.kind == KIND_NEW:
+                entry.request.first_scheduled_ms = start_ms
+
+    @staticmethod
+    def log_entries(out: SchedulerOutput):
+        """`(scheduled, preempted ids)` in the format of `passes.jsonl`."""
+        scheduled = [{"id": e.request.request_id, "tokens": e.num_tokens,
+                      "cached": e.cached, "kind": e.kind} for e in out.scheduled]
+        return scheduled, sorted(r.request_id for r in out.preempted)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
 
     def _finish(self, finished):
         done = set(id(r) for r in finished)
@@ -274,4 +305,4 @@ class Scheduler:
         itself forever. Take it out as `unfinished` (vllm-engine.md §3)."""
         self.waiting.remove(request)
         request.status = RequestStatus.UNFINISHED
-        self.unfinishable.append(request)
+        self.unfinishable.append(request.index)
