@@ -16,13 +16,13 @@ class TokenLog:
         np.cumsum(np.maximum(counts, 0), out=self.offsets[1:])
         self.client_ms = np.full(int(self.offsets[-1]), np.nan)
         self.detokenize_ms = detokenize_ms
-        self._last_client = np.full(len(counts), -np.inf)
+        self.last_client = np.full(len(counts), -np.inf)
 
     def release(self, request, release_ms: float):
         """Record the request's newest token (its `num_output_tokens`-th)."""
         i = request.index
-        client = max(release_ms, self._last_client[i]) + self.detokenize_ms
-        self._last_client[i] = client
+        client = max(release_ms, self.last_client[i]) + self.detokenize_ms
+        self.last_client[i] = client
         self.client_ms[self.offsets[i] + request.num_output_tokens - 1] = client
         return client
 

@@ -20,6 +20,8 @@ from servesim.replay.router import Router
 from servesim.replay.telemetry import Telemetry
 from servesim.replay.workload import Workload
 from servesim.kvcache.manager import KVCacheManager
+from servesim.scheduler.fast import FastScheduler
+from servesim.scheduler import fast_table
 from servesim.scheduler.request import Request
 from servesim.scheduler.scheduler import Scheduler
 
@@ -68,6 +70,32 @@ class ObjectRequests:
         return out
 
 
+class ArrayRequests:
+    """The fast path's requests: columns of a :class:`RequestTable`, scheduled
+    by the compiled :class:`FastScheduler`."""
+
+    def __init__(self, replay):
+        self.replay = replay
+        w = replay.workload
+        self.table = fast_table.RequestTable(w.request_ids, w.input_length, replay.max_tokens,
+                                  w.priority, replay.idents, replay.ident_offsets)
+
+    def create(self, i):
+        self.table.F[i, fast_table.ARRIVAL] = self.replay.arrival_ms[i]
+        return i
+
+    def make_scheduler(self, config, pool):
+        return FastScheduler(config, pool, self.table, self.replay.tokens)
+
+    def results(self):
+        return self.table.results()
+
+
+def fast_path_supports(config: Config) -> bool:
+    """The compiled scheduler covers every rule except the CPU tier."""
+    return config.engine.kv_offloading is None
+
+
 _INT_RESULTS = ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
                 "cpu_tier_cached_tokens", "recomputed_tokens")
 
@@ -75,7 +103,7 @@ _INT_RESULTS = ("output_tokens", "num_preemptions", "first_admission_cached_toke
 class Replay:
     """One simulation run; `run()` returns its :class:`SimulationResult`."""
 
-    def __init__(self, config: Config, workload: Workload, progress=None):
+    def __init__(self, config: Config, workload: Workload, progress=None, path="auto"):
         self.config = config
         self.workload = workload
         self.progress = progress
@@ -93,7 +121,12 @@ class Replay:
             prompt, num_blocks, block_size)
         self.arrival_ms = workload.arrival_ms.astype(np.float64).copy()
         self.tokens = TokenLog(self.max_tokens, engine.detokenize_ms)
-        self.store = ObjectRequests(self)
+        if path == "auto":
+            path = "fast" if fast_path_supports(config) else "reference"
+        if path == "fast" and not fast_path_supports(config):
+            raise ValueError("the fast path does not support this config")
+        self.path = path
+        self.store = ArrayRequests(self) if path == "fast" else ObjectRequests(self)
 
         self.loop = EventLoop()
         cluster = config.cluster
@@ -268,7 +301,10 @@ def _pass_record(worker, dp_rank, index, p, out, scheduled, preempted, finished)
     }
 
 
-def simulate(config: Config, workload: Workload, progress=None) -> SimulationResult:
+def simulate(config: Config, workload: Workload, progress=None,
+             path: str = "auto") -> SimulationResult:
     """Replay `workload` under `config`. `progress(sim_time_ms, requests_done)`
-    is called now and then when given."""
-    return Replay(config, workload, progress).run()
+    is called now and then when given. `path` picks the scheduler: "fast"
+    (compiled), "reference" (one Python object per request), or "auto" (fast
+    whenever it supports the config); both give identical results."""
+    return Replay(config, workload, progress, path).run()

@@ -1,0 +1,443 @@
+"""The compiled scheduler: the rules of the reference
+:class:`~servesim.scheduler.scheduler.Scheduler` (vllm/v1/core/sched/scheduler.py,
+async_scheduler.py; vllm-engine.md §3-7) as Numba kernels over the arrays of a
+:class:`~servesim.scheduler.fast_table.RequestTable`, so that a pass costs a few
+microseconds of Python whatever its batch size.
+
+It is the engine's fast path; the reference scheduler stays the readable
+statement of the rules, and tests hold the two to identical pass logs and
+request records (tests/test_fast_path.py). Each kernel below mirrors the
+reference method of the same name; the block pool kernels are shared.
+
+A pass's output is `out[ROW, e]` for its scheduled entries e (request, tokens,
+cached, kind, flags) plus the preempted and unfinishable requests, and
+`feats[...]` for its counts and pricing features.
+"""
+
+import numpy as np
+
+from servesim.jit import njit
+from servesim.kvcache import block_pool as bp
+from servesim.scheduler.fast_queue import (WQ_LEN, wq_add, wq_peek, wq_pop, wq_prepend,
+                                           wq_remove)
+from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINISHED,
+                                           FIRST_CACHED, FIRST_SCHEDULED, FIRST_TOKEN_PASS,
+                                           MAX_COMPUTED, MAX_TOKENS, NUM_BLOCKS, NUM_CACHED,
+                                           NUM_TOKENS, OFFSET, CAPACITY, PLACEHOLDERS,
+                                           PREEMPTED, PREEMPTIONS, PREFILL_TARGET, PRIORITY,
+                                           PROMPT, RECOMPUTED, RUNNING, STATUS, UNFINISHED)
+from servesim.scheduler.output import KIND_NEW, KIND_RESUMED, KIND_RUNNING
+
+# cfg
+(C_MAX_SEQS, C_BUDGET, C_MAX_MODEL_LEN, C_CHUNKED, C_THRESHOLD, C_PRIORITY, C_RESERVE,
+ C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING) = range(11)
+# S (after the waiting queue's two slots)
+(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS) = range(2, 8)
+NUM_SCALARS = 8
+# out rows
+O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_PRE, O_UNFIN = range(7)
+NUM_OUT_ROWS = 7
+K_NEW, K_RESUMED, K_RUNNING = 0, 1, 2
+KIND_NAMES = (KIND_NEW, KIND_RESUMED, KIND_RUNNING)
+F_SAMPLES, F_PREFILL = 1, 2
+# feats
+(N_SCHED, N_PRE, N_UNFIN, PREFILL_TOKENS, NUM_PREFILL, DECODE_REQS, DECODE_CTX,
+ TOTAL_TOKENS, FREE_BLOCKS) = range(9)
+NUM_FEATS = 9
+
+
+@njit
+def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, num_hit,
+              reserve_tokens, extra_blocks):
+    """`KVCacheManager.allocate_slots` (kvcache/manager.py) over the table."""
+    bs = cfg[C_BLOCK_SIZE]
+    off = R[i, OFFSET]
+    cap = R[i, CAPACITY]
+    table = tables[off:off + cap]
+    total = R[i, COMPUTED] + num_hit * bs + num_new
+    needed = -(-total // bs)
+    checked = max(needed, -(-reserve_tokens // bs)) + extra_blocks
+    if num_hit > 0 or checked > R[i, NUM_BLOCKS]:
+        held = bp.allocate_slots(blocks, idmap, pscal, table, R[i, NUM_BLOCKS], hits,
+                                 num_hit, needed, checked)
+        if held < 0:
+            return False
+        R[i, NUM_BLOCKS] = held
+    # else: the blocks it holds cover the tokens and the check (most decodes)
+    if num_hit > 0:
+        R[i, NUM_CACHED] = num_hit
+    if cfg[C_CACHING]:
+        num_full = min(total, R[i, NUM_TOKENS]) // bs
+        if num_full > R[i, NUM_CACHED]:
+            bp.cache_full_blocks(blocks, idmap, table, idents[off:off + cap],
+                                 R[i, NUM_CACHED], num_full)
+            R[i, NUM_CACHED] = num_full
+    return True
+
+
+@njit
+def _free(R, tables, blocks, pscal, i):
+    off = R[i, OFFSET]
+    bp.free_blocks(blocks, pscal, tables[off:off + R[i, CAPACITY]], R[i, NUM_BLOCKS])
+    R[i, NUM_BLOCKS] = 0
+    R[i, NUM_CACHED] = 0
+
+
+@njit
+def _victim_index(R, F, running, n, priority):
+    if not priority:
+        return n - 1
+    best = 0
+    for k in range(1, n):
+        a, b = running[k], running[best]
+        if (R[a, PRIORITY] > R[b, PRIORITY]
+                or (R[a, PRIORITY] == R[b, PRIORITY] and F[a, ARRIVAL] > F[b, ARRIVAL])):
+            best = k
+    return best
+
+
+@njit
+def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i):
+    _free(R, tables, blocks, pscal, i)
+    R[i, STATUS] = PREEMPTED
+    R[i, COMPUTED] = 0
+    R[i, PLACEHOLDERS] = 0
+    R[i, PREEMPTIONS] += 1
+    S[S_PREEMPTIONS] += 1
+    wq_prepend(R, F, S, wq, priority, i)
+
+
+@njit
+def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+                      out, feats, budget, threshold):
+    """The running loop (vllm-engine.md §3 steps 1-4, §6)."""
+    priority = cfg[C_PRIORITY]
+    index = 0
+    no_hits = np.zeros(0, dtype=np.int64)
+    while index < S[S_RUN_N] and budget > 0:
+        i = running[index]
+        placeholders = R[i, PLACEHOLDERS]
+        computed = R[i, COMPUTED]
+        if (placeholders > 0 and computed + 2 - placeholders
+                >= R[i, PROMPT] + R[i, MAX_TOKENS]):
+            index += 1
+            continue
+        num_new = R[i, NUM_TOKENS] + placeholders - computed
+        if 0 < threshold < num_new:
+            num_new = threshold
+        num_new = min(num_new, budget, cfg[C_MAX_MODEL_LEN] - 1 - computed)
+        if num_new <= 0:
+            index += 1
+            continue
+        scheduled = True
+        while not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
+                            no_hits, 0, 0, 0):
+            n_run = S[S_RUN_N]
+            v = _victim_index(R, F, running, n_run, priority)
+            victim = running[v]
+            for k in range(v, n_run - 1):
+                running[k] = running[k + 1]
+            S[S_RUN_N] = n_run - 1
+            if v < index:
+                index -= 1
+            for e in range(feats[N_SCHED]):  # the victim leaves this pass
+                if out[O_REQ, e] == victim:
+                    budget += out[O_TOK, e]
+                    n = feats[N_SCHED]
+                    for k in range(e, n - 1):
+                        for row in range(O_PRE):
+                            out[row, k] = out[row, k + 1]
+                    feats[N_SCHED] = n - 1
+                    break
+            _preempt(R, F, tables, blocks, pscal, S, wq, priority, victim)
+            out[O_PRE, feats[N_PRE]] = victim
+            feats[N_PRE] += 1
+            if victim == i:
+                if S[S_RUN_N] == 0:  # alone and still too big: it never fits
+                    wq_remove(R, F, S, wq, priority, i)
+                    R[i, STATUS] = UNFINISHED
+                    out[O_UNFIN, feats[N_UNFIN]] = i
+                    feats[N_UNFIN] += 1
+                scheduled = False
+                break
+        if scheduled:
+            e = feats[N_SCHED]
+            out[O_REQ, e] = i
+            out[O_TOK, e] = num_new
+            out[O_CACHED, e] = 0
+            out[O_KIND, e] = K_RUNNING
+            feats[N_SCHED] = e + 1
+            budget -= num_new
+            index += 1
+        elif not priority:
+            break
+    return budget
+
+
+@njit
+def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+                      out, feats, budget, threshold):
+    """Admission, strict head of line (vllm-engine.md §3, waiting loop)."""
+    priority = cfg[C_PRIORITY]
+    bs = cfg[C_BLOCK_SIZE]
+    while S[WQ_LEN] > 0 and budget > 0 and S[S_RUN_N] < cfg[C_MAX_SEQS]:
+        i = wq_peek(S, wq, priority)
+        num_tokens = R[i, NUM_TOKENS]
+        num_hit = 0
+        hits = np.zeros(0, dtype=np.int64)
+        if cfg[C_CACHING]:
+            max_blocks = (num_tokens - 1) // bs
+            hits = np.empty(max_blocks, dtype=np.int64)
+            off = R[i, OFFSET]
+            num_hit = bp.find_cached_prefix(blocks, idmap, idents[off:off + R[i, CAPACITY]],
+                                            max_blocks, hits)
+        hit = num_hit * bs
+        num_new = num_tokens - hit
+        if 0 < threshold < num_new:
+            num_new = threshold
+        if not cfg[C_CHUNKED] and num_new > budget:
+            break
+        num_new = min(num_new, budget)
+        reserve = num_tokens if cfg[C_RESERVE] else 0
+        extra = cfg[C_WATERMARK_BLOCKS] if S[S_RUN_N] > 0 else 0
+        if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
+                         hits[:num_hit], num_hit, reserve, extra):
+            break
+        wq_pop(R, F, S, wq, priority)
+        resumed = R[i, STATUS] == PREEMPTED
+        if resumed:
+            S[S_PQUERIES] += num_tokens
+            S[S_PHITS] += hit
+        else:
+            S[S_QUERIES] += num_tokens
+            S[S_HITS] += hit
+        if R[i, FIRST_CACHED] < 0:
+            R[i, FIRST_CACHED] = hit
+        R[i, STATUS] = RUNNING
+        R[i, COMPUTED] = hit
+        R[i, PREFILL_TARGET] = num_tokens
+        running[S[S_RUN_N]] = i
+        S[S_RUN_N] += 1
+        e = feats[N_SCHED]
+        out[O_REQ, e] = i
+        out[O_TOK, e] = num_new
+        out[O_CACHED, e] = hit
+        out[O_KIND, e] = K_RESUMED if resumed else K_NEW
+        feats[N_SCHED] = e + 1
+        budget -= num_new
+
+
+@njit
+def _update_after_schedule(R, cfg, out, feats):
+    for e in range(feats[N_SCHED]):
+        i = out[O_REQ, e]
+        n = out[O_TOK, e]
+        before = R[i, COMPUTED]
+        after = before + n
+        R[i, COMPUTED] = after
+        high = R[i, MAX_COMPUTED]
+        if before < high:
+            R[i, RECOMPUTED] += min(after, high) - before
+        if after > high:
+            R[i, MAX_COMPUTED] = after
+        flags = 0
+        if after >= R[i, NUM_TOKENS] + R[i, PLACEHOLDERS]:
+            flags |= F_SAMPLES
+            if cfg[C_ASYNC]:
+                R[i, PLACEHOLDERS] += 1
+        feats[TOTAL_TOKENS] += n
+        if before < R[i, PREFILL_TARGET]:
+            flags |= F_PREFILL
+            feats[PREFILL_TOKENS] += n
+            feats[NUM_PREFILL] += 1
+        else:
+            feats[DECODE_REQS] += 1
+            feats[DECODE_CTX] += R[i, NUM_TOKENS]
+        out[O_FLAGS, e] = flags
+
+
+@njit
+def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats):
+    """One `Scheduler.schedule()`; fills `out` and `feats`."""
+    threshold = cfg[C_THRESHOLD]
+    if S[S_RUN_N] + S[WQ_LEN] <= 1:
+        threshold = 0
+    budget = _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running,
+                               wq, out, feats, cfg[C_BUDGET], threshold)
+    if feats[N_PRE] == 0:
+        _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+                          out, feats, budget, threshold)
+    _update_after_schedule(R, cfg, out, feats)
+    feats[FREE_BLOCKS] = pscal[bp.NUM_FREE]
+
+
+@njit
+def update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq, out, n_sched,
+                       release_ms, pass_index, detokenize_ms, client_ms, token_offsets,
+                       last_client, finished):
+    """`Scheduler.update_from_output`: append sampled tokens (released at
+    `release_ms`, reaching the client after detokenization), finish requests
+    and free their blocks. Fills `finished` and returns how many."""
+    num_finished = 0
+    max_model_len = cfg[C_MAX_MODEL_LEN]
+    for e in range(n_sched):
+        if not out[O_FLAGS, e] & F_SAMPLES:
+            continue
+        i = out[O_REQ, e]
+        if R[i, STATUS] >= FINISHED:
+            continue
+        R[i, NUM_TOKENS] += 1
+        if R[i, PLACEHOLDERS] > 0:
+            R[i, PLACEHOLDERS] -= 1
+        produced = R[i, NUM_TOKENS] - R[i, PROMPT]
+        client = max(release_ms, last_client[i]) + detokenize_ms
+        last_client[i] = client
+        client_ms[token_offsets[i] + produced - 1] = client
+        if R[i, FIRST_TOKEN_PASS] < 0:
+            R[i, FIRST_TOKEN_PASS] = pass_index
+        R[i, FINISH_PASS] = pass_index
+        if produced >= R[i, MAX_TOKENS] or R[i, NUM_TOKENS] >= max_model_len:
+            finished[num_finished] = i
+            num_finished += 1
+    if num_finished:
+        for k in range(num_finished):
+            i = finished[k]
+            if R[i, STATUS] == RUNNING:
+                _free(R, tables, blocks, pscal, i)
+            else:  # preempted with its last token in flight
+                wq_remove(R, F, S, wq, cfg[C_PRIORITY], i)
+            R[i, STATUS] = FINISHED
+        kept = 0
+        for k in range(S[S_RUN_N]):
+            i = running[k]
+            if R[i, STATUS] != FINISHED:
+                running[kept] = i
+                kept += 1
+        S[S_RUN_N] = kept
+    return num_finished
+
+
+@njit
+def mark_started(F, out, n_sched, start_ms):
+    for e in range(n_sched):
+        if out[O_KIND, e] == K_NEW:
+            F[out[O_REQ, e], FIRST_SCHEDULED] = start_ms
+
+
+@njit
+def add_request(R, F, S, wq, priority, i):
+    wq_add(R, F, S, wq, priority, i)
+
+
+class FastOutput:
+    """A pass decided by :class:`FastScheduler`: the protocol of
+    :class:`~servesim.scheduler.output.SchedulerOutput` over `out`/`feats`."""
+
+    __slots__ = ("out", "feats")
+
+    def __init__(self, out, feats):
+        self.out = out
+        self.feats = feats
+
+    num_scheduled = property(lambda self: int(self.feats[N_SCHED]))
+    num_preempted = property(lambda self: int(self.feats[N_PRE]))
+    prefill_tokens = property(lambda self: int(self.feats[PREFILL_TOKENS]))
+    num_prefill_requests = property(lambda self: int(self.feats[NUM_PREFILL]))
+    decode_requests = property(lambda self: int(self.feats[DECODE_REQS]))
+    decode_context = property(lambda self: int(self.feats[DECODE_CTX]))
+    total_tokens = property(lambda self: int(self.feats[TOTAL_TOKENS]))
+    free_blocks_after_schedule = property(lambda self: int(self.feats[FREE_BLOCKS]))
+
+
+class _PrefixCacheStats:
+    def __init__(self, S):
+        self._S = S
+
+    queries = property(lambda self: int(self._S[S_QUERIES]))
+    hits = property(lambda self: int(self._S[S_HITS]))
+    preempted_queries = property(lambda self: int(self._S[S_PQUERIES]))
+    preempted_hits = property(lambda self: int(self._S[S_PHITS]))
+
+
+class FastScheduler:
+    """One rank's compiled scheduler, with the reference scheduler's interface
+    toward the engine core; requests are indices into the shared table."""
+
+    def __init__(self, config, pool, table, tokens):
+        self.config = config
+        self.pool = pool
+        self.table = table
+        self.tokens = tokens
+        self.block_size = pool.block_size
+        self.num_gpu_blocks = pool.num_gpu_blocks
+        self.max_model_len = config.max_model_len or (1 << 62)
+        self.priority = config.scheduling_policy == "priority"
+        self.cfg = np.zeros(11, dtype=np.int64)
+        self.cfg[C_MAX_SEQS] = config.max_num_seqs
+        self.cfg[C_BUDGET] = config.max_num_batched_tokens
+        self.cfg[C_MAX_MODEL_LEN] = self.max_model_len
+        self.cfg[C_CHUNKED] = config.enable_chunked_prefill
+        self.cfg[C_THRESHOLD] = config.long_prefill_token_threshold
+        self.cfg[C_PRIORITY] = self.priority
+        self.cfg[C_RESERVE] = config.reserve_full_isl
+        self.cfg[C_WATERMARK_BLOCKS] = int(config.watermark * pool.num_gpu_blocks)
+        self.cfg[C_ASYNC] = config.async_scheduling
+        self.cfg[C_BLOCK_SIZE] = pool.block_size
+        self.cfg[C_CACHING] = pool.enable_caching
+        self.S = np.zeros(NUM_SCALARS, dtype=np.int64)
+        self.running = np.zeros(config.max_num_seqs + 1, dtype=np.int64)
+        self.wq = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
+        self._out_width = config.max_num_seqs + 1
+        self._finished = np.zeros(config.max_num_seqs + 1, dtype=np.int64)
+        self.prefix_cache_stats = _PrefixCacheStats(self.S)
+        self.unfinishable = []
+
+    # -- requests in ---------------------------------------------------------
+
+    def can_ever_fit(self, num_prompt_tokens) -> bool:
+        return (-(-num_prompt_tokens // self.block_size) <= self.num_gpu_blocks - 1
+                and num_prompt_tokens < self.max_model_len)
+
+    def add_request(self, i):
+        add_request(self.table.R, self.table.F, self.S, self.wq, self.priority, i)
+
+    def has_requests(self) -> bool:
+        return bool(self.S[S_RUN_N] or self.S[WQ_LEN])
+
+    num_running = property(lambda self: int(self.S[S_RUN_N]))
+    num_waiting = property(lambda self: int(self.S[WQ_LEN]))
+    num_preemptions = property(lambda self: int(self.S[S_PREEMPTIONS]))
+
+    # -- passes --------------------------------------------------------------
+
+    def schedule(self) -> FastOutput:
+        t = self.table
+        p = self.pool
+        out = np.empty((NUM_OUT_ROWS, self._out_width), dtype=np.int64)
+        feats = np.zeros(NUM_FEATS, dtype=np.int64)
+        schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
+                 self.S, self.running, self.wq, out, feats)
+        if feats[N_UNFIN]:
+            self.unfinishable.extend(int(i) for i in out[O_UNFIN, :feats[N_UNFIN]])
+        return FastOutput(out, feats)
+
+    def mark_started(self, out: FastOutput, start_ms: float):
+        mark_started(self.table.F, out.out, out.feats[N_SCHED], start_ms)
+
+    def update_from_output(self, out: FastOutput, release_ms: float, pass_index: int):
+        t = self.table
+        tok = self.tokens
+        n = update_from_output(t.R, t.F, t.tables, self.pool.blocks, self.pool.scalars,
+                               self.cfg, self.S, self.running, self.wq, out.out,
+                               out.feats[N_SCHED], release_ms, pass_index,
+                               tok.detokenize_ms, tok.client_ms, tok.offsets,
+                               tok.last_client, self._finished)
+        return self._finished[:n].tolist() if n else []
+
+    def log_entries(self, out: FastOutput):
+        ids = self.table.request_ids
+        o = out.out
+        scheduled = [{"id": ids[o[O_REQ, e]], "tokens": int(o[O_TOK, e]),
+                      "cached": int(o[O_CACHED, e]), "kind": KIND_NAMES[o[O_KIND, e]]}
+                     for e in range(out.num_scheduled)]
+        return scheduled, sorted(ids[i] for i in o[O_PRE, :out.num_preempted])

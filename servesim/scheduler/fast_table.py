@@ -1,0 +1,67 @@
+"""Request state as a structure of arrays, for the compiled scheduler
+(`servesim.scheduler.fast`): one column per request, indexed by its position in
+the workload; all ranks share one table (a request lives on one rank).
+
+`R[i, FIELD]` holds the integer state of request i (the fields of
+:class:`~servesim.scheduler.request.Request`), `F[i, FIELD]` its times; rows
+are requests so one request's state shares a cache line or two.
+`idents[offset:offset + capacity]` are its block identities and
+`tables[offset:offset + capacity]` its block table, where `offset =
+R[i, OFFSET]` and the capacity covers its prompt plus its output cap.
+"""
+
+import numpy as np
+
+from servesim.scheduler.request import RequestStatus
+
+(PROMPT, MAX_TOKENS, NUM_TOKENS, COMPUTED, PLACEHOLDERS, PREEMPTIONS, STATUS,
+ PREFILL_TARGET, MAX_COMPUTED, RECOMPUTED, FIRST_CACHED, NUM_BLOCKS, NUM_CACHED,
+ PRIORITY, ID_RANK, FIRST_TOKEN_PASS, FINISH_PASS, OFFSET, CAPACITY) = range(19)
+NUM_INT_FIELDS = 19
+ARRIVAL, FIRST_SCHEDULED = range(2)
+NUM_FLOAT_FIELDS = 2
+
+WAITING = int(RequestStatus.WAITING)
+RUNNING = int(RequestStatus.RUNNING)
+PREEMPTED = int(RequestStatus.PREEMPTED)
+FINISHED = int(RequestStatus.FINISHED)
+UNFINISHED = int(RequestStatus.UNFINISHED)
+
+
+class RequestTable:
+    def __init__(self, request_ids, prompt, max_tokens, priority, idents, ident_offsets):
+        n = len(request_ids)
+        R = np.zeros((n, NUM_INT_FIELDS), dtype=np.int64)
+        R[:, PROMPT] = prompt
+        R[:, MAX_TOKENS] = max_tokens
+        R[:, NUM_TOKENS] = prompt
+        R[:, STATUS] = WAITING
+        R[:, PREFILL_TARGET] = prompt
+        R[:, FIRST_CACHED] = -1
+        R[:, PRIORITY] = priority
+        # vLLM's priority queue breaks ties on the request id, as a string
+        order = sorted(range(n), key=request_ids.__getitem__)
+        R[order, ID_RANK] = np.arange(n)
+        R[:, FIRST_TOKEN_PASS] = -1
+        R[:, FINISH_PASS] = -1
+        R[:, OFFSET] = ident_offsets[:-1]
+        R[:, CAPACITY] = np.diff(ident_offsets)
+        self.R = R
+        self.F = np.full((n, NUM_FLOAT_FIELDS), np.nan)
+        self.idents = idents
+        self.tables = np.zeros(len(idents), dtype=np.int64)
+        self.request_ids = request_ids
+
+    def results(self):
+        """Per-request result arrays (the driver's record columns)."""
+        R = self.R
+        return {
+            "output_tokens": R[:, NUM_TOKENS] - R[:, PROMPT],
+            "num_preemptions": R[:, PREEMPTIONS].copy(),
+            "first_admission_cached_tokens": np.maximum(R[:, FIRST_CACHED], 0),
+            "cpu_tier_cached_tokens": np.zeros(len(R), dtype=np.int64),
+            "recomputed_tokens": R[:, RECOMPUTED].copy(),
+            "first_scheduled_ms": self.F[:, FIRST_SCHEDULED].copy(),
+            "first_token_pass": R[:, FIRST_TOKEN_PASS].copy(),
+            "finish_pass": R[:, FINISH_PASS].copy(),
+        }
