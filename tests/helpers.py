@@ -7,6 +7,8 @@ the prompt length, `O` the output length. Without `hash_ids` a request gets
 `ceil(P / trace_block_size)` ids of its own (no prefix shared with anyone).
 """
 
+import inspect
+
 import attrs
 import numpy as np
 
@@ -17,6 +19,14 @@ from servesim.replay.workload import Workload
 
 LINEAR_10MS = {"type": "linear", "base_ms": 10, "per_token_ms": 0}
 _UNIQUE_BASE = 1_000_000  # default hash ids start here, far from hand-written ones
+
+# The scheduler implementations `simulate` can run (its `path` argument), or
+# [None] when it has no choice. Tests run on every one of them.
+if "path" in inspect.signature(simulate).parameters:
+    PATHS = ["reference", "fast"]
+else:
+    PATHS = [None]
+current_path = None  # set per test by the `scheduler_path` fixture
 
 
 def make_workload(rows, trace_block_size=16) -> Workload:
@@ -68,16 +78,20 @@ def make_config(timing=None, **engine):
     return config_from_dict(data, source="test")
 
 
-def run_result(config, workload):
-    """The whole SimulationResult (records, stats, pass log), pass log on."""
+def run_result(config, workload, path=None):
+    """The whole SimulationResult (records, stats, pass log), pass log on, on
+    scheduler `path` (default: the current test's, see PATHS)."""
     if not config.output.pass_log:
         config = attrs.evolve(config, output=attrs.evolve(config.output, pass_log=True))
-    return simulate(config, workload)
+    path = path or current_path
+    if path is None:
+        return simulate(config, workload)
+    return simulate(config, workload, path=path)
 
 
-def run(config, workload):
+def run(config, workload, path=None):
     """`(records, pass_log)` of one simulation."""
-    result = run_result(config, workload)
+    result = run_result(config, workload, path)
     return result.records, result.pass_log
 
 
