@@ -176,3 +176,12 @@ def example(name):
         raise InputError(f"unknown example {name!r}; available: {', '.join(names)}")
     text = example_text(name)
     click.echo(text, nl=not text.endswith("\n"))
+
+def _register_fitting_commands():
+    from servesim.fitting.commands import evaluate_command, fit_command
+
+    main.add_command(fit_command, "fit")
+    main.add_command(evaluate_command, "evaluate")
+
+
+_register_fitting_commands()
