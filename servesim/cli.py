@@ -122,12 +122,18 @@ def format_table(summary: dict, out_dir) -> str:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Print a table or the summary JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no table.")
-def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet):
+@click.option("--report", "html_report", is_flag=True,
+              help="Also write report.html (plots; needs servesim[report]).")
+def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet, html_report):
     """Replay CONFIG and write its report (summary.json, requests.jsonl, ...)."""
     import json
 
     from servesim.replay.api import run as api_run
 
+    if html_report:
+        from servesim.replay.report import require_matplotlib
+
+        require_matplotlib()  # before the run, not after it
     progress = None
     if fmt == "table" and not quiet and sys.stdout.isatty():
         progress = _Progress()
@@ -146,6 +152,10 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
     for warning in report.result.warnings:
         click.echo(f"warning: {warning}", err=True)
     out = report.write(output_dir)
+    if html_report:
+        from servesim.replay.report import write_report
+
+        write_report(out)
     if fmt == "json":
         click.echo(json.dumps(report.summary, indent=2))
     elif not quiet:
@@ -176,6 +186,68 @@ def example(name):
         raise InputError(f"unknown example {name!r}; available: {', '.join(names)}")
     text = example_text(name)
     click.echo(text, nl=not text.endswith("\n"))
+
+
+@main.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.option("--grid", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="YAML grid: {dotted.key: [values, ...]} (cartesian product) or a list of points.")
+@click.option("-o", "--output-dir", default="sweep-out", show_default=True, type=click.Path(file_okay=False),
+              help="Directory for sweep.csv, sweep.json and points/NNN-*/.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), metavar="N",
+              help="Points run at once (default 1; with --ray-address, all the cluster takes).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Run points in local processes or as Ray tasks (needs servesim[ray]).")
+@click.option("--ray-address", metavar="ADDR", help="Ray cluster to use, e.g. ray://head:10001 or auto.")
+def sweep(config, grid, output_dir, jobs, executor, ray_address):
+    """Run CONFIG for every point of a grid file.
+
+    Each point runs in its own process (or Ray task) and writes its report
+    into OUTPUT_DIR/points/NNN-*/; sweep.csv and sweep.json gather them.
+    Points already done (their folder holds a complete summary.json of the
+    same config) are not run again. Exits 1 if any point failed.
+    """
+    from servesim.replay.sweep import SWEEP_CSV, sweep as run_sweep
+
+    bar = None
+    progress = None
+    if sys.stdout.isatty():
+
+        def progress(done, total):
+            nonlocal bar
+            if bar is None:
+                bar = click.progressbar(length=total, label="points", show_pos=True)
+                bar.__enter__()
+            bar.update(done - bar.pos)
+
+    try:
+        result = run_sweep(config, grid, output_dir, jobs=jobs, executor=executor,
+                           ray_address=ray_address, progress=progress)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    points, failed, resumed = result.points, result.failed, result.resumed
+    note = f", {len(resumed)} already done" if resumed else ""
+    click.echo(f"{len(points)} points: {len(points) - len(failed)} ok, {len(failed)} failed{note}; "
+               f"results in {result.out_dir / SWEEP_CSV}")
+    if failed:
+        for p in failed:
+            click.echo(f"failed: point {p.index} ({p.dir}): {p.error}", err=True)
+        click.get_current_context().exit(1)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+def report(directory):
+    """Write DIRECTORY/report.html for a run or a sweep.
+
+    DIRECTORY is a run's output folder (summary.json, requests.jsonl,
+    telemetry.jsonl) or a sweep's (sweep.csv). Needs servesim[report].
+    """
+    from servesim.replay.report import write_report
+
+    click.echo(str(write_report(directory)))
+
 
 def _register_fitting_commands():
     from servesim.fitting.commands import evaluate_command, fit_command

@@ -1,0 +1,107 @@
+"""Where a sweep's points run: local worker processes or Ray tasks.
+
+An executor is a generator `executor(fn, tasks, jobs=, address=)` over
+`tasks`, a list of `(index, args)`: it runs `fn(*args)` for each task, each in
+a process other than the caller's, and yields `(index, result)` as tasks
+complete (in completion order). A task whose worker dies yields a failed
+result instead of raising, so the other tasks go on.
+
+- `local`: a `concurrent.futures.ProcessPoolExecutor` of `jobs` processes
+  (default 1) started with "forkserver" (or "spawn" where there is none):
+  never plain fork, which is unsafe after Numba or threads are loaded.
+- `ray`: one Ray task per point (`num_cpus=1`), on the cluster at `address`
+  (`ray.init(address=...)`; at most `jobs` in flight when given) or on a local
+  instance with `jobs` CPUs. The config, its trace and the output folder must
+  be on a filesystem the Ray workers share. Ray is an optional extra,
+  imported only here.
+"""
+
+import logging
+import multiprocessing
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+from servesim.errors import InputError
+
+RAY_HINT = "pip install 'servesim[ray]'"
+
+
+def _crashed(exc: BaseException) -> dict:
+    return {"status": "failed", "error": f"worker crashed: {type(exc).__name__}: {exc}", "summary": None}
+
+
+def _start_method() -> str:
+    methods = multiprocessing.get_all_start_methods()
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def local_executor(fn, tasks, jobs=None, address=None):
+    """Run the tasks in a pool of `jobs` worker processes."""
+    if address is not None:
+        raise InputError("--ray-address applies only to --executor ray")
+    jobs = max(1, min(jobs or 1, len(tasks)))
+    context = multiprocessing.get_context(_start_method())
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    try:
+        futures = {pool.submit(fn, *args): index for index, args in tasks}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=futures.get):
+                try:
+                    result = future.result()
+                except Exception as exc:  # e.g. BrokenProcessPool: a worker died
+                    result = _crashed(exc)
+                yield futures[future], result
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise InputError(f"--executor ray needs Ray, which is not installed: {RAY_HINT}") from None
+    return ray
+
+
+def ray_executor(fn, tasks, jobs=None, address=None):
+    """Run each task as a Ray task, on the cluster at `address` or on a local
+    Ray instance with `jobs` CPUs (default 1). A Ray instance this function
+    started is shut down at the end; one already initialised is reused."""
+    ray = import_ray()
+    started = False
+    if not ray.is_initialized():
+        options = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False}
+        try:
+            if address:
+                ray.init(address=address, **options)
+            else:
+                ray.init(num_cpus=jobs or 1, **options)
+        except ConnectionError as exc:
+            raise InputError(f"--ray-address {address}: cannot connect to Ray: {exc}") from None
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+        limit = jobs if address and jobs else len(tasks)
+        queue = list(tasks)
+        in_flight = {}
+        while queue or in_flight:
+            while queue and len(in_flight) < limit:
+                index, args = queue.pop(0)
+                in_flight[remote.remote(*args)] = index
+            done, _ = ray.wait(list(in_flight), num_returns=1)
+            for ref in done:
+                index = in_flight.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except Exception as exc:  # the task's worker died
+                    result = _crashed(exc)
+                yield index, result
+    finally:
+        if started:
+            ray.shutdown()
+
+
+EXECUTORS = {"local": local_executor, "ray": ray_executor}

@@ -1,0 +1,259 @@
+"""`servesim sweep` (spec README §2): grid files, one process per point,
+sweep.csv / sweep.json, failed points, resuming, the Ray executor."""
+
+import csv
+import json
+import shutil
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from servesim.cli import main
+from servesim.errors import InputError
+from servesim.replay.sweep import FIGURES, load_grid, point_dir_names
+
+# 20 requests, 20 ms apart, fixed pass times: a run takes milliseconds.
+TINY = """\
+workload:
+  synthetic:
+    requests: 20
+    input_tokens: 256
+    output_tokens: 16
+    arrival: constant
+    rate: 50
+engine:
+  block_size: 16
+  num_gpu_blocks: 64
+  max_num_seqs: 8
+  max_num_batched_tokens: 512
+  timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}
+cluster:
+  workers: 2
+output:
+  telemetry_interval_ms: 50
+"""
+
+GRID_2X2 = """\
+engine.num_gpu_blocks: [64, 512]
+engine.async_scheduling: [false, true]
+"""
+POINTS_2X2 = [
+    {"engine.num_gpu_blocks": 64, "engine.async_scheduling": False},
+    {"engine.num_gpu_blocks": 64, "engine.async_scheduling": True},
+    {"engine.num_gpu_blocks": 512, "engine.async_scheduling": False},
+    {"engine.num_gpu_blocks": 512, "engine.async_scheduling": True},
+]
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def read_rows(out):
+    with open(out / "sweep.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def without_wall_time(rows):
+    return [{k: v for k, v in row.items() if k != "wall_time_s"} for row in rows]
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    (tmp_path / "grid.yaml").write_text(GRID_2X2)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """The 2x2 grid swept once with the local executor (2 processes), shared by
+    the tests that only read it (they copy it before changing anything)."""
+    base = tmp_path_factory.mktemp("swept")
+    (base / "tiny.yaml").write_text(TINY)
+    (base / "grid.yaml").write_text(GRID_2X2)
+    result = invoke("sweep", base / "tiny.yaml", "--grid", base / "grid.yaml", "-o", base / "out", "--jobs", 2)
+    assert result.exit_code == 0, result.output
+    return base, result
+
+
+# ---------------------------------------------------------------- grid files
+
+
+def test_grid_mapping_is_the_product_keys_in_file_order_values_in_list_order(files):
+    grid = load_grid(files / "grid.yaml")
+    assert grid.keys == ("engine.num_gpu_blocks", "engine.async_scheduling")
+    assert list(grid.points) == POINTS_2X2
+    assert point_dir_names(grid) == [
+        "000-num_gpu_blocks=64-async_scheduling=false",
+        "001-num_gpu_blocks=64-async_scheduling=true",
+        "002-num_gpu_blocks=512-async_scheduling=false",
+        "003-num_gpu_blocks=512-async_scheduling=true",
+    ]
+
+
+def test_grid_list_forms_give_one_point_per_item(tmp_path):
+    points = tmp_path / "points.yaml"
+    points.write_text("points:\n  - {engine.num_gpu_blocks: 64}\n"
+                      "  - {engine.num_gpu_blocks: 512, engine.async_scheduling: true}\n")
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("- {engine.num_gpu_blocks: 64}\n- {engine.num_gpu_blocks: 512, engine.async_scheduling: true}\n")
+    for path in (points, bare):
+        grid = load_grid(path)
+        assert grid.keys == ("engine.num_gpu_blocks", "engine.async_scheduling")
+        assert list(grid.points) == [{"engine.num_gpu_blocks": 64},
+                                     {"engine.num_gpu_blocks": 512, "engine.async_scheduling": True}]
+
+
+@pytest.mark.parametrize("grid_text, expected", [
+    # a typo is caught against the config, before anything runs, at its grid line
+    ("engine.async_scheduling: [false]\nengine.num_gpu_blocs: [64]\n",
+     [":2: engine.num_gpu_blocs: point 0", "unknown key", "did you mean 'num_gpu_blocks'"]),
+    ("engine.num_gpu_blocks: [64, -3]\n", [":1: engine.num_gpu_blocks: point 1", "must be an integer >= 2"]),
+    ("engine.num_gpu_blocks: 64\n", [":1: engine.num_gpu_blocks: must be a non-empty list"]),
+    ("engine.num_gpu_blocks: [64, 64]\n", [":1: engine.num_gpu_blocks: value 64 appears twice"]),
+    ("points:\n  - {engine.num_gpu_blocks: 64}\n  - {engine.num_gpu_blocks: 64}\n", [":3: point 1: the same as point 0"]),
+    ("points: [{engine.num_gpu_blocks: 64}]\nengine.max_num_seqs: [4]\n", [":2: engine.max_num_seqs: a grid with points:"]),
+    ("{}\n", ["empty grid"]),
+    ("42\n", ["the grid must be a mapping"]),
+    ("engine.num gpu: [1]\n", [":1: 'engine.num gpu': not a dotted config key"]),
+])
+def test_bad_grid_exits_2_naming_the_grid_file_and_key_and_runs_nothing(files, grid_text, expected):
+    (files / "grid.yaml").write_text(grid_text)
+    result = invoke("sweep", files / "tiny.yaml", "--grid", files / "grid.yaml", "-o", files / "out")
+    assert result.exit_code == 2, result.output
+    message = result.stderr
+    assert message.startswith(f"error: {files / 'grid.yaml'}") and message.count("\n") == 1
+    for part in expected:
+        assert part in message
+    assert "Traceback" not in result.output
+    assert not (files / "out").exists()
+
+
+# ---------------------------------------------------------------- running
+
+
+def test_sweep_2x2_gives_4_rows_equal_to_4_single_runs(swept):
+    import servesim
+
+    base, result = swept
+    out = base / "out"
+    assert "4 points: 4 ok, 0 failed" in result.output
+    rows = read_rows(out)
+    assert [(r["point"], r["engine.num_gpu_blocks"], r["engine.async_scheduling"], r["status"], r["error"])
+            for r in rows] == [("0", "64", "false", "ok", ""), ("1", "64", "true", "ok", ""),
+                               ("2", "512", "false", "ok", ""), ("3", "512", "true", "ok", "")]
+    assert list(rows[0]) == ["point", "engine.num_gpu_blocks", "engine.async_scheduling", "status", "error",
+                             *FIGURES, "dir"]
+    for row, point in zip(rows, POINTS_2X2):
+        overrides = [f"{k}={json.dumps(v)}" for k, v in point.items()]
+        summary = servesim.run(base / "tiny.yaml", overrides=overrides).summary
+        for column, (key, sub) in FIGURES.items():
+            if column == "wall_time_s":
+                continue
+            expected = summary[key] if sub is None else summary[key][sub]
+            assert float(row[column]) == expected, column
+        written = json.loads((out / row["dir"] / "summary.json").read_text())
+        assert {k: v for k, v in written.items() if k != "wall_time_s" and k != "passes_per_s"} == {
+            k: v for k, v in summary.items() if k != "wall_time_s" and k != "passes_per_s"}
+        assert (out / row["dir"] / "telemetry.jsonl").is_file()
+    # the async points do differ: the sweep really applied the overrides
+    assert rows[0]["ttft_ms_mean"] != rows[1]["ttft_ms_mean"]
+    doc = json.loads((out / "sweep.json").read_text())
+    assert doc["keys"] == ["engine.num_gpu_blocks", "engine.async_scheduling"]
+    assert [p["values"] for p in doc["points"]] == POINTS_2X2
+    assert [p["status"] for p in doc["points"]] == ["ok"] * 4 and doc["failed"] == 0
+
+
+def test_resumed_sweep_does_not_rerun_finished_points(swept, tmp_path):
+    base, _ = swept
+    out = tmp_path / "out"
+    shutil.copytree(base / "out", out)
+    shutil.copy(base / "tiny.yaml", tmp_path)
+    shutil.copy(base / "grid.yaml", tmp_path)
+    before_rows = read_rows(out)
+    summaries = [out / r["dir"] / "summary.json" for r in before_rows]
+    mtimes = [p.stat().st_mtime_ns for p in summaries]
+    shutil.rmtree(summaries[2].parent)  # point 2 never finished
+    stale = json.loads(summaries[0].read_text())  # point 0 holds another config's summary
+    stale["config"]["engine"]["num_gpu_blocks"] = 999
+    summaries[0].write_text(json.dumps(stale))
+
+    result = invoke("sweep", tmp_path / "tiny.yaml", "--grid", tmp_path / "grid.yaml", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "4 points: 4 ok, 0 failed, 2 already done" in result.output
+    assert [summaries[1].stat().st_mtime_ns, summaries[3].stat().st_mtime_ns] == [mtimes[1], mtimes[3]]
+    assert summaries[2].is_file()
+    assert json.loads(summaries[0].read_text())["config"]["engine"]["num_gpu_blocks"] == 64
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [p["resumed"] for p in doc["points"]] == [False, True, False, True]
+    assert without_wall_time(read_rows(out)) == without_wall_time(before_rows)
+
+
+def _mooncake_rows(n, bad_line=None):
+    rows = []
+    for i in range(n):
+        row = {"timestamp": 10 * i, "input_length": 600, "output_length": 8, "hash_ids": [2 * i, 2 * i + 1]}
+        if i + 1 == bad_line:
+            row["hash_ids"] = [2 * i]  # 600 tokens need 2 blocks of 512
+        rows.append(json.dumps(row))
+    return "\n".join(rows) + "\n"
+
+
+def test_a_failing_point_is_recorded_and_the_others_complete(tmp_path):
+    # The trace only turns out to be bad when the point loads it, at run time.
+    (tmp_path / "good.jsonl").write_text(_mooncake_rows(10))
+    (tmp_path / "bad.jsonl").write_text(_mooncake_rows(10, bad_line=4))
+    (tmp_path / "trace.yaml").write_text(
+        "workload: {trace: good.jsonl, trace_block_size: 512}\n"
+        "engine: {block_size: 16, num_gpu_blocks: 512, timing: {type: fixed, prefill_ms: 10, decode_ms: 5}}\n")
+    (tmp_path / "grid.yaml").write_text(
+        "points:\n  - {workload.trace: good.jsonl}\n  - {workload.trace: bad.jsonl}\n"
+        "  - {workload.trace: good.jsonl, engine.max_num_seqs: 2}\n")
+    out = tmp_path / "out"
+    result = invoke("sweep", tmp_path / "trace.yaml", "--grid", tmp_path / "grid.yaml", "-o", out, "-j", 2)
+    assert result.exit_code == 1, result.output
+    assert "3 points: 2 ok, 1 failed" in result.stdout
+    assert "failed: point 1 (points/001-trace=bad.jsonl)" in result.stderr
+    assert "bad.jsonl:4" in result.stderr
+    rows = read_rows(out)
+    assert [r["status"] for r in rows] == ["ok", "failed", "ok"]
+    assert "bad.jsonl:4" in rows[1]["error"] and rows[1]["requests"] == ""
+    assert rows[0]["finished"] == rows[2]["finished"] == "10"
+    assert rows[2]["engine.max_num_seqs"] == "2" and rows[0]["engine.max_num_seqs"] == ""
+    assert "bad.jsonl:4" in (out / rows[1]["dir"] / "error.txt").read_text()
+    assert not (out / rows[1]["dir"] / "summary.json").exists()
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [p["status"] for p in doc["points"]] == ["ok", "failed", "ok"] and doc["failed"] == 1
+
+
+# ---------------------------------------------------------------- Ray
+
+
+def test_ray_executor_gives_the_same_rows_as_the_local_one(swept, tmp_path):
+    pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'servesim[ray]'); not installed")
+    base, _ = swept
+    out = tmp_path / "out"
+    result = invoke("sweep", base / "tiny.yaml", "--grid", base / "grid.yaml", "-o", out,
+                    "--executor", "ray", "--jobs", 2)
+    assert result.exit_code == 0, result.output
+    assert without_wall_time(read_rows(out)) == without_wall_time(read_rows(base / "out"))
+    for row in read_rows(out):
+        assert (out / row["dir"] / "summary.json").is_file()
+
+
+def test_ray_executor_without_ray_exits_2_with_the_install_hint(files, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    result = invoke("sweep", files / "tiny.yaml", "--grid", files / "grid.yaml", "-o", files / "out",
+                    "--executor", "ray")
+    assert result.exit_code == 2
+    assert "pip install 'servesim[ray]'" in result.stderr
+    assert not (files / "out").exists()
+
+
+def test_ray_address_needs_the_ray_executor(files):
+    with pytest.raises(InputError, match="--ray-address"):
+        from servesim.replay.sweep import sweep
+
+        sweep(files / "tiny.yaml", files / "grid.yaml", files / "out", ray_address="auto")
