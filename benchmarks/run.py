@@ -10,6 +10,14 @@ kernel. The figure reported is the median.
     python benchmarks/run.py                      # all scenarios, 5 warm + 3 cold runs
     python benchmarks/run.py mooncake-full -n 7   # one scenario
     python benchmarks/run.py --no-write           # print only
+    python benchmarks/run.py --peer-python /path/to/venv/bin/python
+
+With `--peer-python` (an interpreter where `ai-dynamo-runtime` is installed;
+never a dependency of servesim), the scenarios that have a counterpart are also
+run through NVIDIA Dynamo's offline mocker replay
+(`dynamo._core.run_mocker_trace_replay`), each in a fresh process, timed the
+same way. The peer reads plain JSONL, so the trace is decompressed once
+beforehand, outside the timing.
 """
 
 import argparse
@@ -39,6 +47,47 @@ finally:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     sys.stderr.write("\nMAXRSS_KB=%d\n" % rss)
 """
+
+
+# scenario -> the peer's (num_workers, router_mode), same trace, block size,
+# blocks and (default) polynomial timing
+PEER_SCENARIOS = {"mooncake-full": (1, "round_robin"), "mooncake-full-4w-kv": (4, "kv_router")}
+
+PEER_CHILD = r"""
+import json, resource, sys
+from dynamo._core import run_mocker_trace_replay
+trace, workers, router = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+result = run_mocker_trace_replay([trace], extra_engine_args={"engine": {"block_size": 64,
+    "num_gpu_blocks": 16384}}, num_workers=workers, router_mode=router, trace_block_size=512)
+summary = result.summary
+print(json.dumps({"requests": summary["num_requests"], "duration_ms": summary["duration_ms"],
+                  "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def run_peer(python, name, plain_trace, runs):
+    workers, router = PEER_SCENARIOS[name]
+    walls = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.run([python, "-c", PEER_CHILD, plain_trace, str(workers), router],
+                              capture_output=True, text=True)
+        walls.append(time.perf_counter() - start)
+        if proc.returncode != 0:
+            raise SystemExit(f"peer failed on {name}:\n{proc.stderr[-2000:]}")
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    return (f"| {name} (Dynamo mocker replay, peer) | - | {runs} | {info['requests']} | - | "
+            f"{statistics.median(walls):.2f} | - | - | {info['rss_kb'] / 1024:.0f} |")
+
+
+def decompressed_trace(directory):
+    import gzip
+    import shutil
+    path = os.path.join(directory, "mooncake_conversation_trace.jsonl")
+    with gzip.open(HERE / "traces" / "mooncake_conversation_trace.jsonl.gz", "rb") as src, \
+            open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return path
 
 
 def scenarios():
@@ -129,6 +178,7 @@ def main():
     parser.add_argument("--cold-runs", type=int, default=3)
     parser.add_argument("--note", default="", help="a note for the results heading")
     parser.add_argument("--no-write", action="store_true", help="print, do not append to RESULTS.md")
+    parser.add_argument("--peer-python", help="an interpreter with ai-dynamo-runtime installed")
     args = parser.parse_args()
     names = args.names or scenarios()
     lines = [f"### {datetime.date.today().isoformat()} — commit {commit()}"
@@ -137,10 +187,14 @@ def main():
              "| scenario | cache | runs | requests | passes | wall s (median, end to end) "
              "| simulate s | passes/s | peak RSS MB |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name in names:
-        rows = measure(name, args.warm_runs, args.cold_runs)
-        lines.extend(table_rows(name, rows))
-        print("\n".join(lines[-2:]), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = decompressed_trace(tmp) if args.peer_python else None
+        for name in names:
+            rows = measure(name, args.warm_runs, args.cold_runs)
+            lines.extend(table_rows(name, rows))
+            if plain and name in PEER_SCENARIOS:
+                lines.append(run_peer(args.peer_python, name, plain, args.warm_runs))
+            print("\n".join(lines[-3:]), flush=True)
     lines += ["", f"`servesim --help`: {help_time():.2f} s (median of 5).", ""]
     text = "\n".join(lines) + "\n"
     print(text)

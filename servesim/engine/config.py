@@ -2,7 +2,7 @@
 
 import attrs
 
-from servesim.kvcache.config import KVCacheConfig
+from servesim.kvcache.config import KVCacheConfig, KVOffloadingConfig  # noqa: F401 (re-exported)
 from servesim.scheduler.config import SchedulerConfig
 
 
@@ -37,17 +37,6 @@ class LaunchConfig:
     eager_ms: float = 0.0
     eager_queue_fraction: float = 0.0
     max_cudagraph_capture_size: int = 512
-
-
-@attrs.frozen
-class KVOffloadingConfig:
-    """`engine.kv_offloading` (vllm-engine.md §9)."""
-
-    num_cpu_blocks: int
-    bytes_per_token: int
-    d2h_gbps: float
-    h2d_gbps: float
-    connector: str = "offloading"  # offloading | simple_cpu
 
 
 @attrs.frozen

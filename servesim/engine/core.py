@@ -18,20 +18,36 @@ idle engine would (the empty-pass rule).
 
 Ranks (§11) run in lockstep: every rank schedules its own batch at the
 worker's decision and the worker's pass ends when its slowest rank's does.
+
+The CPU tier's time side (§9; vLLM's connector worker reports finished
+transfers with a pass's outputs): transfers done by a decision take effect at
+that decision; loads and `simple_cpu` preemption stores go out at the decision
+that queues them, `offloading` stores at the end of their pass, and a
+`simple_cpu` finished request's store with its free (under async scheduling
+at the end of the pass in flight when it is freed). A pass that writes a G1
+block still read by a store in flight starts no earlier than that store's end.
+An idle engine whose requests wait on a transfer decides again when the next
+transfer completes.
 """
 
 from collections import deque
 
+import numpy as np
+
 from servesim.engine.config import EngineConfig
+from servesim.engine import fast_run
 from servesim.engine.events import DECIDE, PASS_END, EventLoop
 from servesim.engine.launch import launch_end
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
+from servesim.kvcache.cpu_tier import CPUOffloadConnector
+from servesim.scheduler.fast import FastScheduler
 
 
 class Rank:
-    """One attention-DP rank: its scheduler, G1 pool and pricing, plus the
-    counters reported per rank."""
+    """One attention-DP rank: its scheduler, G1 pool, CPU tier (`connector`,
+    None without `kv_offloading`) and pricing, plus the counters reported per
+    rank."""
 
     def __init__(self, worker: int, index: int, config: EngineConfig, num_identities: int,
                  make_scheduler):
@@ -39,30 +55,33 @@ class Rank:
         self.index = index
         self.pool = BlockPool(config.kv_cache, num_identities)
         self.scheduler = make_scheduler(config.scheduler, self.pool)
+        self.connector = None
+        if config.kv_offloading is not None:
+            self.connector = CPUOffloadConnector(config.kv_offloading,
+                                                 config.kv_cache.block_size)
+            self.scheduler.attach_connector(self.connector)
         self.pricer = PassPricer(config.timing, config.kv_cache.num_gpu_blocks,
                                  config.kv_cache.block_size)
-        self.num_passes = 0
         self.num_requests = 0
-        self.tokens_scheduled = 0
-        self.usage_area = 0.0  # integral of KV usage over time
-        self.usage_max = 0.0
-        self._usage = 0.0
-        self._usage_since = 0.0
+        # arrays, so that compiled runs of passes (engine/fast_run.py) keep them too
+        self.counters = np.zeros(2, dtype=np.int64)  # passes, tokens scheduled
+        self.usage = np.zeros(4, dtype=np.float64)  # KV usage: area, max, value, since
+
+    num_passes = property(lambda self: int(self.counters[fast_run.C_PASSES]))
+    tokens_scheduled = property(lambda self: int(self.counters[fast_run.C_TOKENS]))
+    usage_max = property(lambda self: float(self.usage[fast_run.U_MAX]))
 
     def track_usage(self, now: float):
         """Integrate KV usage up to `now` and take its new value."""
-        self.usage_area += self._usage * (now - self._usage_since)
-        self._usage_since = now
-        self._usage = self.pool.usage
-        if self._usage > self.usage_max:
-            self.usage_max = self._usage
+        fast_run.track_usage(self.usage, self.pool.scalars, self.pool.num_gpu_blocks, now)
 
     def cpu_tier_blocks(self) -> int:
-        return 0
+        return self.connector.num_blocks if self.connector is not None else 0
 
     def usage_mean(self, end: float) -> float:
-        area = self.usage_area + self._usage * (end - self._usage_since)
-        return area / end if end > 0 else 0.0
+        u = self.usage
+        area = u[fast_run.U_AREA] + u[fast_run.U_VALUE] * (end - u[fast_run.U_SINCE])
+        return float(area / end) if end > 0 else 0.0
 
 
 class Pass:
@@ -83,12 +102,15 @@ class Pass:
 
 class EngineCore:
     """One worker. `observer` receives `on_pass(core, p)` when a pass's outputs
-    are processed and `on_done(request_index, finished)` when a request
-    finishes or is taken out as unfinishable. `make_scheduler(config, pool)`
+    are processed, `on_done(request_index, finished)` when a request finishes
+    or is taken out as unfinishable, and — with `fast_runs` — is asked for
+    `horizon()`, the next instant at which something outside may touch the
+    worker. `make_scheduler(config, pool)`
     builds each rank's scheduler (the reference or the fast implementation)."""
 
     def __init__(self, index: int, config: EngineConfig, data_parallel_size: int,
-                 loop: EventLoop, num_identities: int, observer, make_scheduler):
+                 loop: EventLoop, num_identities: int, observer, make_scheduler,
+                 fast_runs: bool = False):
         self.index = index
         self.config = config
         self.loop = loop
@@ -98,9 +120,16 @@ class EngineCore:
         self.ranks = [Rank(index, r, config, num_identities, make_scheduler)
                       for r in range(data_parallel_size)]
         self.in_flight = deque()  # decided passes whose outputs are not processed
+        # compiled runs of synchronous passes between outside events
+        self.fast_runs = (fast_runs and not self.async_scheduling and data_parallel_size == 1
+                          and isinstance(self.ranks[0].scheduler, FastScheduler))
         self._decide_scheduled = False
-        self.busy_ms = 0.0
+        self.connectors = [rank.connector for rank in self.ranks if rank.connector is not None]
+        self._transfer_wake_ms = None  # an idle engine's wake at a transfer's end
+        self._busy = np.zeros(1)  # GPU time, an array for compiled runs
         self.num_passes = 0
+
+    busy_ms = property(lambda self: float(self._busy[0]))
 
     # -- arrivals ------------------------------------------------------------
 
@@ -129,19 +158,63 @@ class EngineCore:
 
     def _decide(self, _=None):
         now = self.loop.now
-        while True:
-            outputs = [rank.scheduler.schedule() for rank in self.ranks]
+        outputs = self._schedule_ranks(now)
+        for rank in self.ranks:
+            rank.track_usage(now)
+        self._settle(outputs, now)
+
+    def _schedule_ranks(self, now):
+        """Every rank's `schedule()`. With a CPU tier, transfers finished by
+        now take effect first, and the loads and preemption stores decided go
+        out at once."""
+        if not self.connectors:
+            return [rank.scheduler.schedule() for rank in self.ranks]
+        for connector in self.connectors:
+            connector.poll(now)
+        outputs = [rank.scheduler.schedule() for rank in self.ranks]
+        for rank, out in zip(self.ranks, outputs):
+            if rank.connector is not None:
+                for job in out.preemption_stores:
+                    rank.connector.submit(job, now)
+                for job in out.loads:
+                    rank.connector.submit(job, now)
+        return outputs
+
+    def _settle(self, outputs, now):
+        """Launch a decision's pass, or deal with a decision that scheduled
+        nothing: one that only preempted decides again at once when idle;
+        with a pass in flight the empty-pass rule waits for its end
+        (`_on_pass_end` wakes the engine)."""
+        self._take_out_unfinishable()
+        while not any(out.num_scheduled for out in outputs):
+            if self.in_flight or not any(out.num_preempted for out in outputs):
+                if self.connectors and not self.in_flight:
+                    self._wake_at_next_transfer()
+                return
+            outputs = self._schedule_ranks(now)
             self._take_out_unfinishable()
             for rank in self.ranks:
                 rank.track_usage(now)
-            if any(out.num_scheduled for out in outputs):
-                break
-            # Nothing to run. A decision that only preempted decides again at
-            # once when idle; with a pass in flight the empty-pass rule waits
-            # for its end (`_on_pass_end` wakes the engine).
-            if self.in_flight or not any(out.num_preempted for out in outputs):
-                return
         self._launch(Pass(outputs, now))
+
+    def _wake_at_next_transfer(self):
+        """An idle engine whose requests wait on a transfer (a load, or a store
+        a lookup waits for) decides again when the next transfer completes."""
+        if not any(rank.scheduler.has_requests() for rank in self.ranks):
+            return
+        times = [t for t in (c.next_completion_ms() for c in self.connectors) if t is not None]
+        if not times or (self._transfer_wake_ms is not None
+                         and self._transfer_wake_ms <= min(times)):
+            return
+        self._transfer_wake_ms = min(times)
+        self.loop.schedule(self._transfer_wake_ms, DECIDE, self._on_transfer_done,
+                           self._transfer_wake_ms)
+
+    def _on_transfer_done(self, t):
+        if self._transfer_wake_ms == t:
+            self._transfer_wake_ms = None
+        if not self.in_flight and not self._decide_scheduled:
+            self._decide()
 
     def _take_out_unfinishable(self):
         for rank in self.ranks:
@@ -161,11 +234,13 @@ class EngineCore:
         prefill_tokens = total_tokens = 0
         previous = self.in_flight[-1] if self.in_flight else None
         start = max(p.decided_ms, previous.end_ms) if previous else p.decided_ms
+        if self.connectors:
+            start = max(start, self._store_done_ms(p))
         for i, (rank, out) in enumerate(zip(self.ranks, p.outputs)):
             if out.num_scheduled:
                 p.indices[i] = rank.num_passes
-                rank.num_passes += 1
-                rank.tokens_scheduled += out.total_tokens
+                rank.counters[fast_run.C_PASSES] += 1
+                rank.counters[fast_run.C_TOKENS] += out.total_tokens
                 prefill_tokens += out.prefill_tokens
                 total_tokens += out.total_tokens
                 duration = max(duration, rank.pricer.price(out))
@@ -174,8 +249,10 @@ class EngineCore:
         p.end_ms = start + duration
         p.launch_end_ms = launch_end(self.launch, total_tokens, prefill_tokens,
                                      p.decided_ms, start, p.end_ms)
-        self.busy_ms += duration
+        self._busy[0] += duration
         self.num_passes += 1
+        if self.connectors:
+            self._submit_pass_stores(p)
         self.in_flight.append(p)
         if self.async_scheduling:
             next_decision = max(p.launch_end_ms, previous.end_ms) if previous else p.launch_end_ms
@@ -189,6 +266,8 @@ class EngineCore:
         next pass is launched (§8): at `max(end(k), launch_end(k+1))`, or at
         `end(k)` when no pass k+1 was decided."""
         now = self.loop.now
+        if self.fast_runs:
+            return self._run_fast(p, now)
         self.in_flight.popleft()
         release = max(now, self.in_flight[0].launch_end_ms) if self.in_flight else now
         observer = self.observer
@@ -197,9 +276,75 @@ class EngineCore:
                 continue
             finished = rank.scheduler.update_from_output(out, release, index)
             p.finished[i] = finished
+            if rank.connector is not None and rank.scheduler.finished_stores:
+                self._submit_finished_stores(rank, now)
             for request_index in finished:
                 observer.on_done(request_index, finished=True)
             rank.track_usage(now)
         observer.on_pass(self, p)
         if not self.in_flight and any(rank.scheduler.has_requests() for rank in self.ranks):
+            self._wake()
+
+    # -- CPU tier ------------------------------------------------------------
+
+    def _store_done_ms(self, p: Pass) -> float:
+        """A pass writing G1 blocks that a store in flight still reads starts
+        no earlier than that store's end (§9)."""
+        t = 0.0
+        for rank, out in zip(self.ranks, p.outputs):
+            if rank.connector is not None and out.new_blocks:
+                t = max(t, rank.connector.store_done_ms(out.new_blocks))
+        return t
+
+    def _submit_pass_stores(self, p: Pass):
+        """`offloading`: the store jobs of a pass go out at its end."""
+        for rank, out in zip(self.ranks, p.outputs):
+            if rank.connector is not None:
+                for job in out.stores:
+                    rank.connector.submit(job, p.end_ms)
+
+    def _submit_finished_stores(self, rank, now):
+        """`simple_cpu`: a finished request's store goes out with its free — at
+        once when synchronous; under async scheduling the pass in flight was
+        decided while the request still held its blocks, so at that pass's
+        end."""
+        at = self.in_flight[0].end_ms if self.in_flight else now
+        for job in rank.scheduler.finished_stores:
+            rank.connector.submit(job, at)
+        rank.scheduler.finished_stores.clear()
+
+    # -- compiled runs of passes ---------------------------------------------
+
+    def _run_fast(self, p: Pass, now: float):
+        """Process pass p's outputs and run the passes after it in one compiled
+        loop (engine/fast_run.py) up to the observer's horizon; then carry on
+        at the instant it reached, as the pass-by-pass path would."""
+        self.in_flight.popleft()
+        rank = self.ranks[0]
+        before = rank.num_passes
+        state, finished, times, out = fast_run.run_from(
+            rank.scheduler, p.outputs[0], p.end_ms, p.indices[0], self.observer.horizon(),
+            rank.usage, rank.counters, self._busy, rank.pricer)
+        self.num_passes += rank.num_passes - before
+        self.loop.schedule(times[0], PASS_END, self._after_fast_run,
+                           (p, state, finished, times, out))
+
+    def _after_fast_run(self, arg):
+        p, state, finished, times, out = arg
+        for request_index in finished:
+            self.observer.on_done(request_index, finished=True)
+        self.observer.on_pass(self, p)
+        if state == fast_run.IN_FLIGHT:
+            q = Pass([out], times[2])
+            q.indices[0] = self.ranks[0].num_passes - 1
+            q.start_ms = q.launch_end_ms = times[2]
+            q.end_ms = times[3]
+            self.in_flight.append(q)
+            self.loop.schedule(q.end_ms, PASS_END, self._on_pass_end, q)
+        elif state == fast_run.NEEDS_CORE:
+            self.ranks[0].scheduler.note_unfinishable(out)
+            self._settle([out], self.loop.now)
+        elif state == fast_run.STALLED:
+            self._decide()
+        elif self.ranks[0].scheduler.has_requests():
             self._wake()

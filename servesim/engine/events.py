@@ -40,5 +40,9 @@ class EventLoop:
             self.now = time
             handler(arg)
 
+    def next_time(self) -> float:
+        """The time of the next event (infinity if none)."""
+        return self._heap[0][0] if self._heap else float("inf")
+
     def __len__(self):
         return len(self._heap)

@@ -11,6 +11,7 @@ import numpy as np
 
 from servesim.engine.config import TimingConfig
 from servesim.jit import njit
+from servesim.scheduler import fast
 
 FIXED, LINEAR, POLYNOMIAL, FITTED = 0, 1, 2, 3
 _TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": FITTED}
@@ -44,6 +45,14 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
     t = (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
          + params[3] * decode_requests + params[4] * decode_context)
     return max(t, 0.0)
+
+
+@njit
+def price_features(model, params, feats, kv_capacity_tokens):
+    """`price_pass` over a compiled scheduler's feature array."""
+    return price_pass(model, params, feats[fast.PREFILL_TOKENS], feats[fast.NUM_PREFILL],
+                      feats[fast.DECODE_REQS], feats[fast.DECODE_CTX],
+                      feats[fast.TOTAL_TOKENS], feats[fast.N_SCHED], kv_capacity_tokens)
 
 
 class PassPricer:

@@ -1,4 +1,4 @@
-"""Configuration of one rank's G1 (GPU) KV block pool."""
+"""Configuration of one rank's G1 (GPU) KV block pool and of its CPU tier."""
 
 import attrs
 
@@ -18,3 +18,21 @@ class KVCacheConfig:
     @property
     def num_usable_blocks(self) -> int:
         return self.num_gpu_blocks - 1
+
+
+@attrs.frozen
+class KVOffloadingConfig:
+    """`engine.kv_offloading`: the CPU tier (vllm-engine.md §9).
+
+    `num_cpu_blocks` CPU blocks of `block_size` tokens, `bytes_per_token ·
+    block_size` bytes each; `d2h_gbps` / `h2d_gbps` are the bandwidths (GB/s)
+    of the device-to-host and host-to-device lanes. `connector` is
+    `offloading` (stores blocks as they fill) or `simple_cpu` (stores a
+    request's blocks when it finishes or is preempted).
+    """
+
+    num_cpu_blocks: int
+    bytes_per_token: int
+    d2h_gbps: float
+    h2d_gbps: float
+    connector: str = "offloading"  # offloading | simple_cpu

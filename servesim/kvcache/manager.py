@@ -41,11 +41,14 @@ class KVCacheManager:
         return bp.count_evictable(self.pool.blocks, hit_blocks, len(hit_blocks))
 
     def allocate_slots(self, request, num_new_tokens, hit_blocks=_NO_BLOCKS,
-                       num_hit_tokens=0, reserve_tokens=0, extra_blocks=0) -> bool:
+                       num_hit_tokens=0, reserve_tokens=0, extra_blocks=0,
+                       delay_cache=False) -> bool:
         """Blocks for `num_computed_tokens + num_hit_tokens + num_new_tokens`
         tokens; on success the full blocks among them (up to the request's
         known tokens) are registered in the prefix cache at once, so a request
-        admitted later in the same pass can hit them.
+        admitted later in the same pass can hit them — unless `delay_cache`
+        (blocks a CPU-tier load will fill: registered by `cache_blocks` once
+        the load is done, vLLM's `delay_cache_blocks`).
 
         The free-block check covers `max(those blocks, reserve_tokens' blocks)
         + extra_blocks` (the admission checks of `reserve_full_isl` and
@@ -65,13 +68,20 @@ class KVCacheManager:
         request.num_blocks = held
         if len(hit_blocks):  # hits are registered blocks already
             request.num_cached_blocks = len(hit_blocks)
+        if not delay_cache:
+            self.cache_blocks(request, total)
+        return True
+
+    def cache_blocks(self, request, num_tokens):
+        """Register the request's held blocks that are full within
+        `min(num_tokens, request.num_tokens)` tokens and not registered yet."""
         if self.enable_caching:
-            num_full = min(total, request.num_tokens) // bs
+            num_full = min(num_tokens, request.num_tokens) // self.block_size
             if num_full > request.num_cached_blocks:
+                pool = self.pool
                 bp.cache_full_blocks(pool.blocks, pool.idmap, request.block_table,
                                      request.idents, request.num_cached_blocks, num_full)
                 request.num_cached_blocks = num_full
-        return True
 
     def free(self, request):
         """Free all of a request's blocks, tail first (`KVCacheManager.free`)."""

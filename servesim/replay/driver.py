@@ -85,7 +85,9 @@ class ArrayRequests:
         return i
 
     def make_scheduler(self, config, pool):
-        return FastScheduler(config, pool, self.table, self.replay.tokens)
+        scheduler = FastScheduler(config, pool, self.table, self.replay.tokens)
+        scheduler.stop_on_finish = self.replay.workload.concurrency is not None
+        return scheduler
 
     def results(self):
         return self.table.results()
@@ -130,8 +132,11 @@ class Replay:
 
         self.loop = EventLoop()
         cluster = config.cluster
+        # compiled runs of passes need no per-pass Python: not with a pass log
+        fast_runs = path == "fast" and not config.output.pass_log
         self.workers = [EngineCore(w, engine, cluster.data_parallel_size, self.loop,
-                                   num_identities, self, self.store.make_scheduler)
+                                   num_identities, self, self.store.make_scheduler,
+                                   fast_runs)
                         for w in range(cluster.workers)]
         self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
 
@@ -146,6 +151,7 @@ class Replay:
         self.num_done = 0
         self._next_release = 0  # closed loop: next request to release
         self._passes_seen = 0
+        self._arrivals = 0  # arrivals so far; open loop: they come in workload order
 
     # -- arrivals ------------------------------------------------------------
 
@@ -166,6 +172,7 @@ class Replay:
     def _on_arrival(self, i):
         w = self.workload
         self.arrived[i] = True
+        self._arrivals += 1
         prompt = int(w.input_length[i])
         worker, rank = self.router.route(
             w.request_ids[i], prompt, self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]],
@@ -204,6 +211,19 @@ class Replay:
         if self.progress is not None and self._passes_seen % _PROGRESS_EVERY == 0:
             self.progress(self.loop.now, self.num_done)
 
+    def horizon(self) -> float:
+        """The next instant at which something outside a worker may touch it:
+        the next arrival (closed loop: the next event of any kind, since a
+        finish elsewhere releases one) or telemetry tick."""
+        if self.workload.concurrency is not None:
+            t = self.loop.next_time()
+        else:
+            t = (float(self.arrival_ms[self._arrivals])
+                 if self._arrivals < len(self.workload) else math.inf)
+        if self.telemetry is not None:
+            t = min(t, self.telemetry.next_tick())
+        return t
+
     def _on_advance(self, t):
         self.telemetry.advance(t)
 
@@ -230,7 +250,8 @@ class Replay:
         ids = ", ".join(self.workload.request_ids[i] for i in left[:5])
         more = f" and {len(left) - 5} more" if len(left) > 5 else ""
         message = (f"{len(left)} request(s) could never finish (their prompt plus output "
-                   f"outgrows the KV cache, or they queue behind one that does): {ids}{more}")
+                   f"outgrows the KV cache, or requests preempted each other without "
+                   f"progress): {ids}{more}")
         warnings.warn(message, stacklevel=2)
         return [message]
 
@@ -279,9 +300,22 @@ class Replay:
                 stats.prefix_cache_hits += pcs.hits
                 stats.preempted_prefix_cache_queries += pcs.preempted_queries
                 stats.preempted_prefix_cache_hits += pcs.preempted_hits
+                if rank.connector is not None:
+                    _add_cpu_tier_stats(stats, rank.connector)
         stats.kv_usage_mean = sum(usage_means) / len(usage_means)
         stats.kv_usage_max = max(w.kv_usage_max for w in stats.workers)
         return stats
+
+
+def _add_cpu_tier_stats(stats: RunStats, connector):
+    """One rank's CPU-tier counters into the run's (vllm-engine.md §9)."""
+    stats.cpu_tier = True
+    stats.cpu_tier_hit_tokens += connector.hit_tokens
+    stats.cpu_tier_loads += connector.num_loads
+    stats.cpu_tier_stores += connector.num_stores
+    stats.cpu_tier_bytes_loaded += connector.bytes_loaded
+    stats.cpu_tier_bytes_stored += connector.bytes_stored
+    stats.cpu_tier_blocks_max = max(stats.cpu_tier_blocks_max, connector.tier.max_blocks)
 
 
 def _pass_record(worker, dp_rank, index, p, out, scheduled, preempted, finished):

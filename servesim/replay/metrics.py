@@ -137,7 +137,7 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
     passes = int(stats.passes)
     wall_time_s = float(wall_time_s)
 
-    return {
+    summary = {
         "requests": int(status.size),
         "finished": n_finished,
         "rejected": int((status == STATUS_REJECTED).sum()),
@@ -165,3 +165,22 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
         "workers": [_worker_dict(w) for w in stats.workers],
         "config": config_dict,
     }
+    if stats.cpu_tier:
+        summary = _with_cpu_tier(summary, stats)
+    return summary
+
+
+def _with_cpu_tier(summary: dict, stats) -> dict:
+    """A run with a CPU tier also reports its transfers, right after
+    `cpu_tier_hit_tokens`: load and store jobs, bytes moved each way, and the
+    most blocks one rank's tier held. Runs without one keep the spec's keys."""
+    out = {}
+    for key, value in summary.items():
+        out[key] = value
+        if key == "cpu_tier_hit_tokens":
+            out["cpu_tier_loads"] = int(stats.cpu_tier_loads)
+            out["cpu_tier_stores"] = int(stats.cpu_tier_stores)
+            out["cpu_tier_bytes_loaded"] = int(stats.cpu_tier_bytes_loaded)
+            out["cpu_tier_bytes_stored"] = int(stats.cpu_tier_bytes_stored)
+            out["cpu_tier_blocks_max"] = int(stats.cpu_tier_blocks_max)
+    return out

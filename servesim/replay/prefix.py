@@ -19,6 +19,8 @@ Identities are dense integers, so the prefix cache can index arrays by them.
 
 import numpy as np
 
+from servesim.jit import njit
+
 
 def chain_ids(hash_flat: np.ndarray, hash_offsets: np.ndarray) -> np.ndarray:
     """For every trace block, a dense id of the whole chain of hash ids up to
@@ -45,35 +47,50 @@ def chain_ids(hash_flat: np.ndarray, hash_offsets: np.ndarray) -> np.ndarray:
     return chain
 
 
+@njit
+def _prompt_identities(chain, hash_offsets, input_length, offsets, block_size,
+                       trace_block_size, idents):
+    """Fill each request's slice: its full prompt blocks get the key (chain id
+    of the trace block holding their last token, that token's offset in it);
+    every other block gets -1."""
+    for r in range(len(input_length)):
+        base = offsets[r]
+        full = input_length[r] // block_size
+        for k in range(full):
+            last = (k + 1) * block_size - 1
+            chain_id = chain[hash_offsets[r] + last // trace_block_size]
+            idents[base + k] = chain_id * trace_block_size + last % trace_block_size
+        for k in range(base + full, offsets[r + 1]):
+            idents[k] = -1
+
+
 def block_identities(hash_flat, hash_offsets, trace_block_size, input_length,
                      num_blocks, block_size):
     """Identities of every engine block of every request.
 
     `num_blocks[r]` is how many blocks request r can ever hold (its prompt plus
     its output cap). Returns `(idents, offsets, num_identities)`, where
-    `idents[offsets[r]:offsets[r+1]]` are request r's block identities.
+    `idents[offsets[r]:offsets[r+1]]` are request r's block identities: its
+    full prompt blocks first, then blocks unique to it.
     """
     input_length = np.asarray(input_length, dtype=np.int64)
-    num_blocks = np.asarray(num_blocks, dtype=np.int64)
+    offsets = np.zeros(len(input_length) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(num_blocks, dtype=np.int64), out=offsets[1:])
     chain = chain_ids(hash_flat, hash_offsets)
-    full = input_length // block_size
-    num_full = int(full.sum())
-    request_of = np.repeat(np.arange(len(full)), full)
-    local = np.arange(num_full, dtype=np.int64) - np.repeat(np.cumsum(full) - full, full)
-    last_token = (local + 1) * block_size - 1
-    trace_block = hash_offsets[:-1][request_of] + last_token // trace_block_size
-    keys = chain[trace_block] * trace_block_size + last_token % trace_block_size
-    uniq, prompt_ids = np.unique(keys, return_inverse=True)
-    num_prompt_ids = len(uniq)
-
-    offsets = np.zeros(len(full) + 1, dtype=np.int64)
-    np.cumsum(num_blocks, out=offsets[1:])
     idents = np.empty(int(offsets[-1]), dtype=np.int64)
-    # Prompt blocks first in each request's slice, then its unique blocks.
-    is_prompt = np.zeros(len(idents), dtype=bool)
-    prompt_pos = np.repeat(offsets[:-1], full) + local
-    is_prompt[prompt_pos] = True
-    idents[prompt_pos] = prompt_ids
-    num_unique = len(idents) - num_full
-    idents[~is_prompt] = num_prompt_ids + np.arange(num_unique, dtype=np.int64)
+    _prompt_identities(chain, hash_offsets, input_length, offsets, block_size,
+                       trace_block_size, idents)
+    unique = idents < 0
+    prompt = ~unique
+    if trace_block_size % block_size == 0:
+        # a trace block holds a whole number of engine blocks: number them in it;
+        # key = chain * tbs + offset, and offset // block_size numbers the block
+        idents[prompt] //= block_size
+        num_prompt_ids = (int(chain.max()) + 1 if len(chain) else 0) * (trace_block_size // block_size)
+    else:
+        uniq, inverse = np.unique(idents[prompt], return_inverse=True)
+        idents[prompt] = inverse
+        num_prompt_ids = len(uniq)
+    num_unique = int(np.count_nonzero(unique))
+    idents[unique] = num_prompt_ids + np.arange(num_unique, dtype=np.int64)
     return idents, offsets, num_prompt_ids + num_unique

@@ -66,6 +66,15 @@ class RunStats:
     preempted_prefix_cache_queries: int = 0
     preempted_prefix_cache_hits: int = 0
     cpu_tier_hit_tokens: int = 0
+    # CPU tier (engine.kv_offloading; vllm-engine.md §9), summed over ranks:
+    # loads and stores are transfer jobs; cpu_tier_blocks_max is the largest
+    # block count any one rank's tier held
+    cpu_tier: bool = False  # whether the run had a CPU tier
+    cpu_tier_loads: int = 0
+    cpu_tier_stores: int = 0
+    cpu_tier_bytes_loaded: int = 0
+    cpu_tier_bytes_stored: int = 0
+    cpu_tier_blocks_max: int = 0
     kv_usage_mean: float = 0.0  # time-weighted over [0, end of the last pass]
     kv_usage_max: float = 0.0
     workers: list = attrs.Factory(list)  # WorkerStats

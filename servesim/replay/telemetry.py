@@ -27,6 +27,9 @@ class Telemetry:
                       for w in workers for r in w.ranks}
         self._last_t = 0.0
 
+    def next_tick(self) -> float:
+        return self._tick * self.interval
+
     def advance(self, t: float):
         """The clock moves to `t`: take every tick strictly before it."""
         while self._tick * self.interval < t:

@@ -27,13 +27,15 @@ from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINIS
                                            PREEMPTED, PREEMPTIONS, PREFILL_TARGET, PRIORITY,
                                            PROMPT, RECOMPUTED, RUNNING, STATUS, UNFINISHED)
 from servesim.scheduler.output import KIND_NEW, KIND_RESUMED, KIND_RUNNING
+from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
 
 # cfg
 (C_MAX_SEQS, C_BUDGET, C_MAX_MODEL_LEN, C_CHUNKED, C_THRESHOLD, C_PRIORITY, C_RESERVE,
- C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING) = range(11)
+ C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE) = range(12)
+NUM_CFG = 12
 # S (after the waiting queue's two slots)
-(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS) = range(2, 8)
-NUM_SCALARS = 8
+(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL) = range(2, 9)
+NUM_SCALARS = 9
 # out rows
 O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_PRE, O_UNFIN = range(7)
 NUM_OUT_ROWS = 7
@@ -104,6 +106,7 @@ def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i):
     R[i, PLACEHOLDERS] = 0
     R[i, PREEMPTIONS] += 1
     S[S_PREEMPTIONS] += 1
+    S[S_STALL] += 1
     wq_prepend(R, F, S, wq, priority, i)
 
 
@@ -183,6 +186,15 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
     while S[WQ_LEN] > 0 and budget > 0 and S[S_RUN_N] < cfg[C_MAX_SEQS]:
         i = wq_peek(S, wq, priority)
         num_tokens = R[i, NUM_TOKENS]
+        if -(-num_tokens // bs) > cfg[C_USABLE]:
+            # preempted after outgrowing the pool: it can never be admitted again
+            if feats[N_UNFIN] == out.shape[1]:
+                break
+            wq_pop(R, F, S, wq, priority)
+            R[i, STATUS] = UNFINISHED
+            out[O_UNFIN, feats[N_UNFIN]] = i
+            feats[N_UNFIN] += 1
+            continue
         num_hit = 0
         hits = np.zeros(0, dtype=np.int64)
         if cfg[C_CACHING]:
@@ -287,6 +299,7 @@ def update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq, out, n_
         if R[i, STATUS] >= FINISHED:
             continue
         R[i, NUM_TOKENS] += 1
+        S[S_STALL] = 0
         if R[i, PLACEHOLDERS] > 0:
             R[i, PLACEHOLDERS] -= 1
         produced = R[i, NUM_TOKENS] - R[i, PROMPT]
@@ -327,6 +340,27 @@ def mark_started(F, out, n_sched, start_ms):
 @njit
 def add_request(R, F, S, wq, priority, i):
     wq_add(R, F, S, wq, priority, i)
+
+
+@njit
+def take_out_all(R, F, tables, blocks, pscal, S, running, wq, priority, taken):
+    """Take every running and waiting request out as unfinished (a livelock:
+    see `Scheduler._take_out_livelocked`). Returns how many."""
+    n = 0
+    for k in range(S[S_RUN_N]):
+        i = running[k]
+        _free(R, tables, blocks, pscal, i)
+        R[i, STATUS] = UNFINISHED
+        taken[n] = i
+        n += 1
+    S[S_RUN_N] = 0
+    while S[WQ_LEN] > 0:
+        i = wq_pop(R, F, S, wq, priority)
+        R[i, STATUS] = UNFINISHED
+        taken[n] = i
+        n += 1
+    S[S_STALL] = 0
+    return n
 
 
 class FastOutput:
@@ -372,7 +406,8 @@ class FastScheduler:
         self.num_gpu_blocks = pool.num_gpu_blocks
         self.max_model_len = config.max_model_len or (1 << 62)
         self.priority = config.scheduling_policy == "priority"
-        self.cfg = np.zeros(11, dtype=np.int64)
+        self.cfg = np.zeros(NUM_CFG, dtype=np.int64)
+        self.cfg[C_USABLE] = pool.num_gpu_blocks - 1
         self.cfg[C_MAX_SEQS] = config.max_num_seqs
         self.cfg[C_BUDGET] = config.max_num_batched_tokens
         self.cfg[C_MAX_MODEL_LEN] = self.max_model_len
@@ -388,9 +423,10 @@ class FastScheduler:
         self.running = np.zeros(config.max_num_seqs + 1, dtype=np.int64)
         self.wq = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
         self._out_width = config.max_num_seqs + 1
-        self._finished = np.zeros(config.max_num_seqs + 1, dtype=np.int64)
+        self.finished_buffer = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
         self.prefix_cache_stats = _PrefixCacheStats(self.S)
         self.unfinishable = []
+        self.stop_on_finish = False  # closed loop: a finish releases the next request
 
     # -- requests in ---------------------------------------------------------
 
@@ -415,11 +451,21 @@ class FastScheduler:
         p = self.pool
         out = np.empty((NUM_OUT_ROWS, self._out_width), dtype=np.int64)
         feats = np.zeros(NUM_FEATS, dtype=np.int64)
+        if self.S[S_STALL] > LIVELOCK_PREEMPTIONS:
+            n = take_out_all(t.R, t.F, t.tables, p.blocks, p.scalars, self.S, self.running,
+                             self.wq, self.priority, self.finished_buffer)
+            self.unfinishable.extend(self.finished_buffer[:n].tolist())
+            return FastOutput(out, feats)
         schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
                  self.S, self.running, self.wq, out, feats)
-        if feats[N_UNFIN]:
-            self.unfinishable.extend(int(i) for i in out[O_UNFIN, :feats[N_UNFIN]])
-        return FastOutput(out, feats)
+        result = FastOutput(out, feats)
+        self.note_unfinishable(result)
+        return result
+
+    def note_unfinishable(self, out: FastOutput):
+        n = out.feats[N_UNFIN]
+        if n:
+            self.unfinishable.extend(int(i) for i in out.out[O_UNFIN, :n])
 
     def mark_started(self, out: FastOutput, start_ms: float):
         mark_started(self.table.F, out.out, out.feats[N_SCHED], start_ms)
@@ -431,8 +477,8 @@ class FastScheduler:
                                self.cfg, self.S, self.running, self.wq, out.out,
                                out.feats[N_SCHED], release_ms, pass_index,
                                tok.detokenize_ms, tok.client_ms, tok.offsets,
-                               tok.last_client, self._finished)
-        return self._finished[:n].tolist() if n else []
+                               tok.last_client, self.finished_buffer)
+        return self.finished_buffer[:n].tolist() if n else []
 
     def log_entries(self, out: FastOutput):
         ids = self.table.request_ids

@@ -28,11 +28,19 @@ class SchedulerOutput:
     """`scheduled` in vLLM's order (running requests in running-list order,
     then admissions); `preempted` requests preempted while scheduling;
     `free_blocks_after_schedule` counts free G1 blocks right after it; the
-    pricing features are sums over `scheduled`."""
+    pricing features are sums over `scheduled`.
+
+    With a CPU tier (vllm-engine.md §9) it also carries the transfers it
+    decided: `loads` queued at admission and `preemption_stores` (`simple_cpu`),
+    both going out at the decision instant; `stores`, the store jobs of blocks
+    full after this pass (`offloading`), going out at the pass end; and
+    `new_blocks`, the G1 blocks the scheduled requests took from the free
+    queue in this pass (the pass writes them)."""
 
     __slots__ = ("scheduled", "preempted", "free_blocks_after_schedule",
                  "prefill_tokens", "num_prefill_requests", "decode_requests",
-                 "decode_context", "total_tokens")
+                 "decode_context", "total_tokens",
+                 "loads", "preemption_stores", "stores", "new_blocks")
 
     def __init__(self):
         self.scheduled = []
@@ -43,6 +51,10 @@ class SchedulerOutput:
         self.decode_requests = 0
         self.decode_context = 0
         self.total_tokens = 0
+        self.loads = []
+        self.preemption_stores = []
+        self.stores = []
+        self.new_blocks = []
 
     @property
     def num_scheduled(self) -> int:

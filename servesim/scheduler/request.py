@@ -24,7 +24,10 @@ class Request:
     `idents` are the identities of its blocks (prompt, then output positions).
     `prefill_target` is its token count at its last admission: it is a prefill
     request in a pass while `num_computed_tokens` is below it (vllm-engine.md
-    §10).
+    §10). With a CPU tier, `kv_load` is the load it waits for
+    (WAITING_FOR_REMOTE_KVS), `cpu_store_cursor` the blocks the `offloading`
+    connector has considered for storing since its admission, and
+    `num_in_flight` the passes in flight that schedule it (async scheduling).
     """
 
     __slots__ = (
@@ -32,6 +35,8 @@ class Request:
         "max_tokens", "num_tokens", "num_computed_tokens", "num_output_placeholders",
         "num_preemptions", "status", "idents", "block_table", "num_blocks",
         "num_cached_blocks", "prefill_target", "sort_key",
+        # CPU tier (vllm-engine.md §7, §9)
+        "kv_load", "kv_load_g1_hit", "cpu_store_cursor", "num_in_flight",
         # results
         "first_admission_cached_tokens", "first_scheduled_ms", "recomputed_tokens",
         "max_computed_tokens",
@@ -58,6 +63,10 @@ class Request:
         self.prefill_target = num_prompt_tokens
         # vLLM's priority queue orders by (priority, arrival_time, request_id)
         self.sort_key = (priority, arrival_ms, request_id)
+        self.kv_load = None  # the CPU-tier load it waits for, if any
+        self.kv_load_g1_hit = 0  # its G1 hit (tokens) when that load was queued
+        self.cpu_store_cursor = 0  # blocks before it were considered for storing
+        self.num_in_flight = 0  # passes in flight that schedule it (async, CPU tier)
         self.first_admission_cached_tokens = -1
         self.first_scheduled_ms = float("nan")
         self.recomputed_tokens = 0

@@ -15,6 +15,13 @@ One `schedule()` (vllm-engine.md §3):
    request was preempted in this pass;
 3. every scheduled request's `num_computed_tokens` advances by its tokens, and
    under async scheduling a request that will sample gets a placeholder.
+
+With a CPU tier (`attach_connector`, vllm-engine.md §9; vLLM's KV connector
+hooks in the same file) admission also looks past the G1 hit into the tier:
+a request with blocks there has its G1 blocks allocated, queues a load and
+waits ahead of the waiting queue (WAITING_FOR_REMOTE_KVS) until the load is
+done; under async scheduling a request in the pass in flight is not preempted
+(§7); and the connector's store jobs are decided with each pass.
 """
 
 from servesim.kvcache.manager import KVCacheManager
@@ -25,6 +32,11 @@ from servesim.scheduler.queue import make_queue
 from servesim.scheduler.request import RequestStatus
 
 NO_LIMIT = 1 << 62
+# A rank that preempts this many times without sampling a single token is
+# livelocked (e.g. two prefills of equal priority preempting each other: vLLM
+# picks the victim with max(), the earliest of equals, which is the one that
+# has run longer): its requests are taken out as unfinished.
+LIVELOCK_PREEMPTIONS = 1000
 
 
 class PrefixCacheStats:
@@ -60,7 +72,16 @@ class Scheduler:
         self.running = []
         self.prefix_cache_stats = PrefixCacheStats()
         self.num_preemptions = 0
-        self.unfinishable = []  # indices of requests taken out by _abort_unfinishable
+        self.unfinishable = []  # indices of requests taken out as unfinished
+        self.preemptions_since_token = 0
+        self.connector = None  # the CPU tier's connector (attach_connector)
+        self.waiting_for_kv = []  # requests with a CPU-tier load queued, in queueing order
+        self.finished_stores = []  # simple_cpu store jobs of finished requests, for the engine
+
+    def attach_connector(self, connector):
+        """Use `connector` (a `servesim.kvcache.cpu_tier.CPUOffloadConnector`)
+        as this rank's CPU tier (vllm-engine.md §9)."""
+        self.connector = connector
 
     # -- requests in and out -------------------------------------------------
 
@@ -79,20 +100,25 @@ class Scheduler:
         self.waiting.add(request)
 
     def has_requests(self) -> bool:
-        return bool(self.running) or bool(len(self.waiting))
+        return bool(self.running) or bool(len(self.waiting)) or bool(self.waiting_for_kv)
 
     # -- schedule ------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.preemptions_since_token > LIVELOCK_PREEMPTIONS:
+            self._take_out_livelocked()
+            return out
         budget = self.config.max_num_batched_tokens
         threshold = self.config.long_prefill_token_threshold
-        if len(self.running) + len(self.waiting) <= 1:
+        if len(self.running) + self.num_waiting <= 1:
             threshold = 0
         budget = self._schedule_running(out, budget, threshold)
         if not out.preempted:
             self._schedule_waiting(out, budget, threshold)
         self._update_after_schedule(out)
+        if self.connector is not None:
+            self._connector_after_schedule(out)
         out.free_blocks_after_schedule = self.kv.pool.num_free_blocks
         return out
 
@@ -128,22 +154,40 @@ class Scheduler:
 
     def _allocate_or_preempt(self, out, request, num_new, index, budget):
         """Allocate slots for `request`, preempting victims until it fits or it
-        is the victim itself (vllm-engine.md §3 step 3, §6). Returns
-        `(scheduled, index, budget)` with the running-list index and budget
-        adjusted for victims taken out of this pass."""
-        while not self.kv.allocate_slots(request, num_new):
+        is the victim itself (vllm-engine.md §3 step 3, §6). With a CPU tier
+        under async scheduling a victim that the pass in flight runs would
+        free its blocks only after that pass: the loop stops there and
+        `request` waits a pass (§7). Returns `(scheduled, index, budget)` with
+        the running-list index and budget adjusted for victims taken out of
+        this pass."""
+        while not self._allocate(out, request, num_new):
             victim_index = self._victim_index()
-            victim = self.running.pop(victim_index)
+            victim = self.running[victim_index]
+            if victim.num_in_flight:  # only counted with a CPU tier, async
+                return False, index + 1, budget  # (priority goes on with the next)
+            del self.running[victim_index]
             if victim_index < index:
                 index -= 1
             budget += self._unschedule(out, victim)
-            self._preempt(victim)
+            self._preempt(victim, out)
             out.preempted.append(victim)
             if victim is request:
-                if not self.running:
+                if not self.running and not self.waiting_for_kv:
                     self._abort_unfinishable(request)
                 return False, index, budget
         return True, index, budget
+
+    def _allocate(self, out, request, num_new, reserve=0, extra=0) -> bool:
+        """`allocate_slots` for a request scheduled in this pass (no hit);
+        with a CPU tier, the blocks it takes from the free queue are noted in
+        `out.new_blocks` (the pass writes them)."""
+        held = request.num_blocks
+        if not self.kv.allocate_slots(request, num_new, reserve_tokens=reserve,
+                                      extra_blocks=extra):
+            return False
+        if self.connector is not None and request.num_blocks > held:
+            out.new_blocks.extend(request.block_table[held:request.num_blocks].tolist())
+        return True
 
     def _victim_index(self) -> int:
         """FCFS: the last running request. Priority: the largest
@@ -167,23 +211,48 @@ class Scheduler:
                 return entry.num_tokens
         return 0
 
-    def _preempt(self, request):
+    def _preempt(self, request, out):
         """Recompute preemption (`_preempt_request`): free every block, back to
-        the front of `waiting` (priority: back into the heap)."""
+        the front of `waiting` (priority: back into the heap). With the
+        `simple_cpu` connector its full blocks are stored first (§9)."""
+        job = self._store_on_free(request)
+        if job is not None:
+            out.preemption_stores.append(job)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self.preemptions_since_token += 1
         self.waiting.prepend(request)
 
     def _schedule_waiting(self, out, budget, threshold):
-        """Admission, strict head of line (vllm-engine.md §3, waiting loop)."""
+        """Admission, strict head of line (vllm-engine.md §3, waiting loop).
+        With a CPU tier, requests waiting for a load come first, and a head
+        with blocks in the tier queues a load instead (§9); a head that must
+        wait for a store or another load to finish is skipped this pass."""
         config = self.config
+        if self.waiting_for_kv:
+            budget = self._schedule_loaded(out, budget, threshold)
+        skipped = []
         while len(self.waiting) and budget > 0 and len(self.running) < config.max_num_seqs:
             request = self.waiting.peek()
+            if -(-request.num_tokens // self.block_size) > self.num_gpu_blocks - 1:
+                # preempted after outgrowing the pool: it can never be admitted
+                # again, and would block the queue behind it for ever
+                self._take_out(self.waiting.pop())
+                continue
             hit_blocks, hit = self.kv.get_computed_blocks(request)
+            if self.connector is not None:
+                num_loaded, wait = self.connector.lookup(request, len(hit_blocks))
+                if wait:
+                    skipped.append(self.waiting.pop())
+                    continue
+                if num_loaded:
+                    if not self._queue_load(out, request, hit_blocks, hit, num_loaded):
+                        break
+                    continue
             num_new = request.num_tokens - hit
             if 0 < threshold < num_new:
                 num_new = threshold
@@ -195,14 +264,91 @@ class Scheduler:
             if not self.kv.allocate_slots(request, num_new, hit_blocks, hit, reserve, extra):
                 break
             self.waiting.pop()
+            if self.connector is not None:  # blocks past the hit came from the free queue
+                table = request.block_table
+                out.new_blocks.extend(table[len(hit_blocks):request.num_blocks].tolist())
             self._admit(out, request, hit, num_new)
             budget -= num_new
+        for request in reversed(skipped):
+            self.waiting.prepend(request)
 
-    def _admit(self, out, request, hit, num_new):
+    def _queue_load(self, out, request, hit_blocks, hit, num_loaded) -> bool:
+        """Admission of a head whose blocks past its G1 hit are in the CPU tier
+        (vLLM's `load_kv_async`): with the admission checks of §3 step 4, it
+        takes its G1 blocks for the hit and the loaded blocks (registered in
+        the prefix cache only once loaded), queues the load and waits ahead of
+        the waiting queue, using no budget. False if it does not fit."""
+        config = self.config
+        reserve = request.num_tokens if config.reserve_full_isl else 0
+        extra = self.watermark_blocks if self.running else 0
+        if not self.kv.allocate_slots(request, num_loaded * self.block_size, hit_blocks, hit,
+                                      reserve, extra, delay_cache=True):
+            return False
+        self.waiting.pop()
+        request.kv_load = self.connector.prepare_load(request, len(hit_blocks), num_loaded)
+        request.kv_load_g1_hit = hit
+        out.loads.append(request.kv_load)
+        self.waiting_for_kv.append(request)
+        return True
+
+    def _schedule_loaded(self, out, budget, threshold) -> int:
+        """Requests waiting for a CPU-tier load, in the order their loads were
+        queued (vllm/v1/core/sched/scheduler.py, WAITING_FOR_REMOTE_KVS and
+        `_update_waiting_for_remote_kv`): one whose load is not done yet is
+        skipped; one whose load is done counts its blocks as computed (the
+        last token excepted), registers them in the prefix cache and is
+        admitted as a waiting head would be. Returns the budget left, or 0
+        when a loaded request does not fit (strict head of line)."""
+        config = self.config
+        waiting = self.waiting_for_kv
+        i = 0
+        while i < len(waiting) and budget > 0 and len(self.running) < config.max_num_seqs:
+            request = waiting[i]
+            if request.kv_load is not None:
+                if not request.kv_load.done:
+                    i += 1
+                    continue
+                self._finish_load(request)
+            num_new = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if not config.enable_chunked_prefill and num_new > budget:
+                return 0
+            num_new = min(num_new, budget)
+            reserve = request.num_tokens if config.reserve_full_isl else 0
+            extra = self.watermark_blocks if self.running else 0
+            if not self._allocate(out, request, num_new, reserve, extra):
+                return 0
+            del waiting[i]
+            self._admit(out, request, request.num_computed_tokens, num_new,
+                        request.kv_load_g1_hit)
+            budget -= num_new
+        return budget
+
+    def _finish_load(self, request):
+        """A done load: the request's blocks count as computed, all but the
+        last token (`_update_waiting_for_remote_kv`), and are registered in the
+        prefix cache."""
+        computed = min(request.num_blocks * self.block_size, request.num_tokens)
+        if computed == request.num_tokens:
+            computed -= 1
+        self.kv.cache_blocks(request, computed)
+        request.num_computed_tokens = computed
+        request.kv_load = None
+
+    def _admit(self, out, request, hit, num_new, g1_hit=None):
+        """Move a request to `running` with `hit` tokens cached, `g1_hit` of
+        them from G1 (all by default) and the rest loaded from the CPU tier."""
         resumed = request.status == RequestStatus.PREEMPTED
-        self.prefix_cache_stats.record(request.num_tokens, hit, resumed)
+        if g1_hit is None:
+            g1_hit = hit
+        self.prefix_cache_stats.record(request.num_tokens, g1_hit, resumed)
         if request.first_admission_cached_tokens < 0:
             request.first_admission_cached_tokens = hit
+        if hit > g1_hit:
+            request.cpu_tier_cached_tokens += hit - g1_hit
+            self.connector.hit_tokens += hit - g1_hit
+        request.cpu_store_cursor = 0
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = hit
         request.prefill_target = request.num_tokens
@@ -236,6 +382,39 @@ class Scheduler:
                 out.decode_requests += 1
                 out.decode_context += request.num_tokens
 
+    def _connector_after_schedule(self, out):
+        """CPU-tier bookkeeping of a decided pass (vllm-engine.md §7, §9): under
+        async scheduling its requests are now in flight; with the `offloading`
+        connector each scheduled request's blocks full after this pass (known
+        tokens only) and not yet in the tier become one store job, going out
+        at the pass end (OffloadingConnectorScheduler `_get_reqs_to_store`). A
+        job the tier has no room for is dropped and tried again next pass."""
+        connector = self.connector
+        for entry in out.scheduled:
+            request = entry.request
+            if self.async_scheduling:
+                request.num_in_flight += 1
+            if not connector.stores_as_blocks_fill:
+                continue
+            full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+            if full > request.cpu_store_cursor:
+                job = connector.prepare_store(request, request.cpu_store_cursor, full)
+                if job is not None:
+                    request.cpu_store_cursor = full
+                    if job.num_blocks:
+                        out.stores.append(job)
+
+    def _store_on_free(self, request):
+        """`simple_cpu`: the store job of a finishing or preempted request's
+        full computed blocks not yet in the tier (None if nothing to store or
+        no room)."""
+        connector = self.connector
+        if connector is None or connector.stores_as_blocks_fill:
+            return None
+        full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        job = connector.prepare_store(request, 0, full)
+        return job if job is not None and job.num_blocks else None
+
     # -- outputs -------------------------------------------------------------
 
     def update_from_output(self, out: SchedulerOutput, release_ms: float, pass_index: int):
@@ -245,6 +424,9 @@ class Scheduler:
         `max_tokens` tokens or at `max_model_len` finishes and frees its
         blocks. Returns the indices of the requests that finished."""
         finished = []
+        if self.connector is not None and self.async_scheduling:
+            for entry in out.scheduled:
+                entry.request.num_in_flight -= 1
         for entry in out.scheduled:
             if not entry.samples:
                 continue
@@ -252,6 +434,7 @@ class Scheduler:
             if request.status >= RequestStatus.FINISHED:
                 continue
             request.num_tokens += 1
+            self.preemptions_since_token = 0
             if request.num_output_placeholders:
                 request.num_output_placeholders -= 1
             self.tokens.release(request, release_ms)
@@ -287,12 +470,15 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.waiting_for_kv)
 
     def _finish(self, finished):
         done = set(id(r) for r in finished)
         for request in finished:
             if request.status == RequestStatus.RUNNING:
+                job = self._store_on_free(request)
+                if job is not None:
+                    self.finished_stores.append(job)
                 self.kv.free(request)
             else:  # preempted with its last token in flight
                 self.waiting.remove(request)
@@ -304,5 +490,19 @@ class Scheduler:
         blocks than the pool has, and its need only grows: it would preempt
         itself forever. Take it out as `unfinished` (vllm-engine.md §3)."""
         self.waiting.remove(request)
+        self._take_out(request)
+
+    def _take_out(self, request):
         request.status = RequestStatus.UNFINISHED
         self.unfinishable.append(request.index)
+
+    def _take_out_livelocked(self):
+        """Take every request of the rank out as unfinished: it preempted
+        LIVELOCK_PREEMPTIONS times without sampling a token."""
+        for request in self.running:
+            self.kv.free(request)
+            self._take_out(request)
+        self.running = []
+        while len(self.waiting):
+            self._take_out(self.waiting.pop())
+        self.preemptions_since_token = 0
