@@ -380,26 +380,25 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @invariant()
     def cache_map_is_consistent(self):
         """Every cached block is on its identity's list exactly once; every
-        list entry carries that identity; FIRST/LAST and DPREV/DNEXT agree."""
+        list entry carries that identity; DPREV/DNEXT agree along the list
+        that `idmap[identity]` heads."""
         pool = self.pool
         blocks, idmap = pool.blocks, pool.idmap
         cached = {b for b in range(1, self.n) if blocks[bp.IDENT, b] != bp.NONE}
         if not pool.enable_caching:
             assert not cached
         seen = set()
-        for ident in np.flatnonzero(idmap[bp.FIRST] != bp.NONE):
+        for ident in np.flatnonzero(idmap != bp.NONE):
             entries = []
             prev = bp.NONE
-            b = int(idmap[bp.FIRST, ident])
+            b = int(idmap[ident])
             while b != bp.NONE:
                 assert blocks[bp.IDENT, b] == ident, f"block {b} on the list of identity {ident}"
                 assert blocks[bp.DPREV, b] == prev
                 entries.append(b)
                 prev, b = b, int(blocks[bp.DNEXT, b])
-            assert idmap[bp.LAST, ident] == prev
             assert not seen.intersection(entries)
             seen.update(entries)
-        assert np.all((idmap[bp.FIRST] == bp.NONE) == (idmap[bp.LAST] == bp.NONE))
         assert seen == cached
         for b in range(self.n):
             if b not in cached:
@@ -437,7 +436,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         idents = [None if x == bp.NONE else int(x) for x in pool.blocks[bp.IDENT, :self.n]]
         assert idents == model.ident
         for ident, entries in model.cache.items():
-            first = int(pool.idmap[bp.FIRST, ident])
+            first = int(pool.idmap[ident])
             assert first == (entries[0] if entries else bp.NONE)
         for r in self.running:
             assert r.block_table[:r.num_blocks].tolist() == r.model_table

@@ -329,25 +329,29 @@ def test_synthetic_determinism():
     assert not np.array_equal(a.input_length, c.input_length)
     assert not np.array_equal(a.arrival_ms, c.arrival_ms)
     assert a.priority.tolist() == [0] * 200 and a.dp_rank.tolist() == [-1] * 200
-    assert a.trace_block_size == 16 and a.source is None
+    assert a.trace_block_size == 512 and a.source is None  # 32 blocks of 16, no shared prefix
 
 
 def test_synthetic_shared_prefix_ids():
     cfg = synth(requests=50, input_tokens=LengthDistribution("uniform", min=1, max=200),
                 shared_prefix_tokens=64)
     w = synthetic_workload(cfg, 16)
-    k = 4
+    # one id per 64 tokens: the largest unit of up to 32 engine blocks that
+    # divides the 64-token shared prefix; the prefix is its first k = 1 ids
+    assert w.trace_block_size == 64
+    k = 1
     fresh = []
     for i in range(len(w)):
         ids = w.hash_flat[w.hash_offsets[i]:w.hash_offsets[i + 1]].tolist()
-        assert len(ids) == -(-int(w.input_length[i]) // 16)
+        assert len(ids) == -(-int(w.input_length[i]) // 64)
         s = min(k, len(ids))
         assert ids[:s] == list(range(s))  # a short prompt takes only the first shared ids
         fresh += ids[s:]
     assert len(set(fresh)) == len(fresh) and min(fresh) >= k
     assert w.input_length.min() < 64  # the short-prompt case was exercised
     none = synthetic_workload(synth(requests=10, shared_prefix_tokens=0), 16)
-    assert none.hash_flat.tolist() == list(range(10 * 64))
+    assert none.trace_block_size == 512  # 32 blocks of 16
+    assert none.hash_flat.tolist() == list(range(10 * 2))  # 1,024-token prompts, all unique
 
 
 def test_synthetic_arrivals():

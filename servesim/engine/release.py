@@ -8,6 +8,20 @@ stored in one flat array (a slice per request), not per-token objects.
 
 import numpy as np
 
+from servesim.jit import njit
+
+
+@njit
+def _compact(client_ms, offsets, produced, new_offsets):
+    """Move each request's produced tokens left, in place (new_offsets[r] <=
+    offsets[r] always)."""
+    for r in range(len(produced)):
+        src = offsets[r]
+        dst = new_offsets[r]
+        if src != dst:
+            for k in range(produced[r]):
+                client_ms[dst + k] = client_ms[src + k]
+
 
 class TokenLog:
     def __init__(self, max_tokens_per_request, detokenize_ms: float):
@@ -26,6 +40,12 @@ class TokenLog:
         self.client_ms[self.offsets[i] + request.num_output_tokens - 1] = client
         return client
 
-    def first_token_ms(self, i: int) -> float:
-        start, stop = self.offsets[i], self.offsets[i + 1]
-        return float(self.client_ms[start]) if stop > start else float("nan")
+    def compact(self, produced):
+        """`(offsets, client times)` of the tokens really produced (fewer than
+        the cap when `max_model_len` or the end of the run cut a request
+        short), packed in place: the log is consumed."""
+        offsets = np.zeros(len(produced) + 1, dtype=np.int64)
+        np.cumsum(produced, out=offsets[1:])
+        if not np.array_equal(offsets, self.offsets):
+            _compact(self.client_ms, self.offsets, np.asarray(produced, dtype=np.int64), offsets)
+        return offsets, self.client_ms[:offsets[-1]]

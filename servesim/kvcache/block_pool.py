@@ -18,8 +18,9 @@ Rules (vllm/v1/core/block_pool.py, kv_cache_utils.py, kv_cache_manager.py):
   entry, and lookups take the first entry still cached.
 
 State layout: `blocks[ROW, b]` for b in 0..N-1 plus two queue sentinels
-(HEAD = N, TAIL = N + 1); `idmap[FIRST|LAST, identity]` heads the list of cached
-blocks of one identity; `scalars[NUM_FREE]`.
+(HEAD = N, TAIL = N + 1); `idmap[identity]` is the first of the cached blocks of
+one identity, linked through DPREV/DNEXT in the order they were cached (a
+duplicate is rare, so appending walks the list); `scalars[NUM_FREE]`.
 """
 
 import numpy as np
@@ -28,7 +29,6 @@ from servesim.kvcache.config import KVCacheConfig
 from servesim.jit import njit
 
 REF, IDENT, PREV, NEXT, DPREV, DNEXT = range(6)
-FIRST, LAST = 0, 1
 NUM_FREE = 0
 NONE = -1
 
@@ -59,12 +59,10 @@ def _uncache(blocks, idmap, b):
     p = blocks[DPREV, b]
     n = blocks[DNEXT, b]
     if p == NONE:
-        idmap[FIRST, ident] = n
+        idmap[ident] = n
     else:
         blocks[DNEXT, p] = n
-    if n == NONE:
-        idmap[LAST, ident] = p
-    else:
+    if n != NONE:
         blocks[DPREV, n] = p
     blocks[IDENT, b] = NONE
     blocks[DPREV, b] = NONE
@@ -78,7 +76,7 @@ def init_pool(blocks, idmap, scalars):
     tail = num_blocks + 1
     blocks[:, :] = NONE
     blocks[REF, :] = 0
-    idmap[:, :] = NONE
+    idmap[:] = NONE
     blocks[NEXT, head] = tail
     blocks[PREV, tail] = head
     for b in range(1, num_blocks):
@@ -93,7 +91,7 @@ def find_cached_prefix(blocks, idmap, idents, max_blocks, out):
     those blocks (first entry of each identity) and returns the run length."""
     n = 0
     for i in range(max_blocks):
-        b = idmap[FIRST, idents[i]]
+        b = idmap[idents[i]]
         if b == NONE:
             break
         out[i] = b
@@ -155,15 +153,16 @@ def cache_full_blocks(blocks, idmap, table, idents, num_cached, num_full):
     for i in range(num_cached, num_full):
         b = table[i]
         ident = idents[i]
-        last = idmap[LAST, ident]
+        last = idmap[ident]
         blocks[IDENT, b] = ident
-        blocks[DPREV, b] = last
         blocks[DNEXT, b] = NONE
         if last == NONE:
-            idmap[FIRST, ident] = b
+            idmap[ident] = b
         else:
+            while blocks[DNEXT, last] != NONE:
+                last = blocks[DNEXT, last]
             blocks[DNEXT, last] = b
-        idmap[LAST, ident] = b
+        blocks[DPREV, b] = last
 
 
 @njit
@@ -199,7 +198,8 @@ class BlockPool:
         self.num_gpu_blocks = config.num_gpu_blocks
         self.enable_caching = config.enable_prefix_caching
         self.blocks = np.empty((6, config.num_gpu_blocks + 2), dtype=np.int64)
-        self.idmap = np.empty((2, max(num_identities, 1)), dtype=np.int64)
+        # int32: the cache map is as long as the workload has block identities
+        self.idmap = np.empty(max(num_identities, 1), dtype=np.int32)
         self.scalars = np.zeros(1, dtype=np.int64)
         init_pool(self.blocks, self.idmap, self.scalars)
 

@@ -159,8 +159,10 @@ class Replay:
         concurrency = self.workload.concurrency
         n = len(self.workload)
         if concurrency is None:
-            for i in range(n):
-                self.loop.schedule(float(self.arrival_ms[i]), ARRIVAL, self._on_arrival, i)
+            # one arrival in the heap at a time: each schedules the next (the
+            # heap stays small; arrivals keep their workload order)
+            if n:
+                self.loop.schedule(float(self.arrival_ms[0]), ARRIVAL, self._on_open_arrival, 0)
             self._next_release = n
         else:
             first = min(concurrency, n)
@@ -168,6 +170,11 @@ class Replay:
                 self.arrival_ms[i] = 0.0
                 self.loop.schedule(0.0, ARRIVAL, self._on_arrival, i)
             self._next_release = first
+
+    def _on_open_arrival(self, i):
+        if i + 1 < len(self.workload):
+            self.loop.schedule(float(self.arrival_ms[i + 1]), ARRIVAL, self._on_open_arrival, i + 1)
+        self._on_arrival(i)
 
     def _on_arrival(self, i):
         w = self.workload
@@ -260,11 +267,7 @@ class Replay:
         n = len(w)
         results = self.store.results()
         produced = results.pop("output_tokens")
-        # compact the token log to the tokens really produced
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(produced, out=offsets[1:])
-        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], produced)
-        client = self.tokens.client_ms[np.repeat(self.tokens.offsets[:-1], produced) + within]
+        offsets, client = self.tokens.compact(produced)
         has_tokens = produced > 0
         first_token_ms = np.full(n, math.nan)
         finish_ms = np.full(n, math.nan)

@@ -68,12 +68,15 @@ def _ids(ids) -> list:
     return out
 
 
-def request_lines(result: SimulationResult) -> list:
-    """One JSON text per request, fields in the order of REQUEST_FIELDS.
+def request_lines(result: SimulationResult, chunk: int = 8192):
+    """One JSON text per request, fields in the order of REQUEST_FIELDS, as
+    lists of at most `chunk` lines (so a run of 100,000 requests never holds
+    all its texts at once).
 
     ttft/e2e/tpot are null unless the request finished; tpot is also null
     with fewer than 2 output tokens. Each column is converted to JSON texts
-    once, then rows are joined column-wise (no per-row dict or json.dumps).
+    once per chunk, then rows are joined column-wise (no per-row dict or
+    json.dumps).
     """
     r = result.records
     finished = r.status == STATUS_FINISHED
@@ -87,21 +90,24 @@ def request_lines(result: SimulationResult) -> list:
             (r.finish_ms - r.first_token_ms) / np.maximum(ntok - 1, 1),
             nan,
         )
-    status = ['"%s"' % STATUS_NAMES[s] for s in r.status.tolist()]
-    columns = (
-        _ids(r.ids), _floats(r.arrival_ms), _floats(r.first_scheduled_ms),
-        _floats(r.first_token_ms), _floats(r.finish_ms), _floats(ttft),
-        _floats(tpot), _floats(e2e), _ints(r.input_length), _ints(r.output_length),
-        _ints(ntok), _ints(r.num_preemptions), _ints(r.first_admission_cached_tokens),
-        _ints(r.cpu_tier_cached_tokens), _ints(r.recomputed_tokens), _ints(r.worker),
-        _ints(r.dp_rank), status, _passes(r.first_token_pass), _passes(r.finish_pass),
-    )
-    parts = []
-    for i, (name, column) in enumerate(zip(REQUEST_FIELDS, columns)):
-        parts.append(repeat(('{"%s": ' if i == 0 else ', "%s": ') % name))
-        parts.append(column)
-    parts.append(repeat("}"))
-    return list(map("".join, zip(*parts)))
+    for start in range(0, len(r.ids), chunk):
+        s = slice(start, start + chunk)
+        status = ['"%s"' % STATUS_NAMES[x] for x in r.status[s].tolist()]
+        columns = (
+            _ids(r.ids[s]), _floats(r.arrival_ms[s]), _floats(r.first_scheduled_ms[s]),
+            _floats(r.first_token_ms[s]), _floats(r.finish_ms[s]), _floats(ttft[s]),
+            _floats(tpot[s]), _floats(e2e[s]), _ints(r.input_length[s]),
+            _ints(r.output_length[s]), _ints(ntok[s]), _ints(r.num_preemptions[s]),
+            _ints(r.first_admission_cached_tokens[s]), _ints(r.cpu_tier_cached_tokens[s]),
+            _ints(r.recomputed_tokens[s]), _ints(r.worker[s]), _ints(r.dp_rank[s]), status,
+            _passes(r.first_token_pass[s]), _passes(r.finish_pass[s]),
+        )
+        parts = []
+        for i, (name, column) in enumerate(zip(REQUEST_FIELDS, columns)):
+            parts.append(repeat(('{"%s": ' if i == 0 else ', "%s": ') % name))
+            parts.append(column)
+        parts.append(repeat("}"))
+        yield list(map("".join, zip(*parts)))
 
 
 def dict_lines(rows) -> list:
@@ -110,11 +116,13 @@ def dict_lines(rows) -> list:
     return [dumps(row) for row in rows]
 
 
-def _write_text(path: Path, lines: list) -> None:
+def _write_text(path: Path, chunks) -> None:
+    """Write lists of lines, each line ending in a newline."""
     with open(path, "w", encoding="utf-8", newline="\n") as f:
-        if lines:
-            f.write("\n".join(lines))
-            f.write("\n")
+        for lines in chunks:
+            if lines:
+                f.write("\n".join(lines))
+                f.write("\n")
 
 
 def _tmp_name(name: str) -> str:
@@ -140,10 +148,10 @@ def write_outputs(
     if per_request:
         contents[REQUESTS] = lambda: request_lines(result)
     if pass_log and result.pass_log is not None:
-        contents[PASSES] = lambda: dict_lines(result.pass_log)
+        contents[PASSES] = lambda: [dict_lines(result.pass_log)]
     if telemetry and result.telemetry is not None:
-        contents[TELEMETRY] = lambda: dict_lines(result.telemetry)
-    contents[SUMMARY] = lambda: [json.dumps(summary, indent=2, allow_nan=False)]
+        contents[TELEMETRY] = lambda: [dict_lines(result.telemetry)]
+    contents[SUMMARY] = lambda: [[json.dumps(summary, indent=2, allow_nan=False)]]
 
     written = []
     try:

@@ -93,4 +93,7 @@ def block_identities(hash_flat, hash_offsets, trace_block_size, input_length,
         num_prompt_ids = len(uniq)
     num_unique = int(np.count_nonzero(unique))
     idents[unique] = num_prompt_ids + np.arange(num_unique, dtype=np.int64)
-    return idents, offsets, num_prompt_ids + num_unique
+    num_identities = num_prompt_ids + num_unique
+    if num_identities < 2**31:  # halves the largest per-block array of a run
+        idents = idents.astype(np.int32)
+    return idents, offsets, num_identities

@@ -1,9 +1,12 @@
 """Synthetic workloads (spec README §3-4): seeded lengths and arrivals.
 
 Every prompt is unique except a prefix of `shared_prefix_tokens` common to
-all requests. Prompts are encoded as hash ids with one id per engine block
-(`trace_block_size = block_size`): ids 0..k-1 (k = shared_prefix_tokens //
-block_size) are the shared prefix blocks, every other block gets a fresh id.
+all requests. Prompts are encoded as hash ids with one id per trace block of
+up to 32 engine blocks (the largest such unit that divides the shared prefix,
+see `synthetic_trace_block_size`): ids 0..k-1 (k = shared_prefix_tokens //
+trace_block_size) are the shared prefix blocks, every other block gets a fresh
+id. A large unit keeps the ids small: 100,000 prompts of 1,024 tokens take
+4 ids each, not 64.
 All arrays are built vectorised (no Python object per request besides its
 id string), so 100,000 requests of ~1024 tokens stay far below the memory
 target (spec README §9).
@@ -37,7 +40,9 @@ def synthetic_workload(cfg: SyntheticConfig, block_size: int) -> Workload:
     input_length = draw_lengths(rng, cfg.input_tokens, n, f"{_KEY}.input_tokens")
     output_length = draw_lengths(rng, cfg.output_tokens, n, f"{_KEY}.output_tokens")
     arrival_ms = draw_arrivals(rng, cfg.arrival, cfg.rate, n)
-    hash_flat, hash_offsets = prefix_hash_ids(input_length, block_size, cfg.shared_prefix_tokens)
+    trace_block_size = synthetic_trace_block_size(block_size, cfg.shared_prefix_tokens)
+    hash_flat, hash_offsets = prefix_hash_ids(input_length, trace_block_size,
+                                              cfg.shared_prefix_tokens)
     return Workload(
         request_ids=[str(i) for i in range(n)],
         arrival_ms=arrival_ms,
@@ -47,7 +52,7 @@ def synthetic_workload(cfg: SyntheticConfig, block_size: int) -> Workload:
         dp_rank=np.full(n, -1, dtype=np.int64),
         hash_flat=hash_flat,
         hash_offsets=hash_offsets,
-        trace_block_size=block_size,
+        trace_block_size=trace_block_size,
         concurrency=cfg.concurrency,
         source=None,
     )
@@ -98,6 +103,16 @@ def draw_arrivals(rng: np.random.Generator, arrival: str, rate, n: int) -> np.nd
     out = np.zeros(n, dtype=np.float64)
     np.cumsum(rng.exponential(gap, size=n - 1), out=out[1:])
     return out
+
+
+def synthetic_trace_block_size(block_size: int, shared_prefix_tokens: int,
+                               max_blocks: int = 32) -> int:
+    """The largest multiple of `block_size`, up to `max_blocks` blocks, that
+    divides the shared prefix (any, without one)."""
+    for m in range(max_blocks, 0, -1):
+        if shared_prefix_tokens % (block_size * m) == 0:
+            return block_size * m
+    return block_size
 
 
 def prefix_hash_ids(input_length: np.ndarray, block_size: int, shared_prefix_tokens: int):

@@ -49,7 +49,7 @@ class RequestTable:
         self.R = R
         self.F = np.full((n, NUM_FLOAT_FIELDS), np.nan)
         self.idents = idents
-        self.tables = np.zeros(len(idents), dtype=np.int64)
+        self.tables = np.zeros(len(idents), dtype=np.int32)  # block ids
         self.request_ids = request_ids
 
     def results(self):

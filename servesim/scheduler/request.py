@@ -57,7 +57,7 @@ class Request:
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.idents = idents
-        self.block_table = np.zeros(len(idents), dtype=np.int64)
+        self.block_table = np.zeros(len(idents), dtype=np.int32)
         self.num_blocks = 0
         self.num_cached_blocks = 0
         self.prefill_target = num_prompt_tokens
