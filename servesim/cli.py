@@ -101,6 +101,14 @@ def format_table(summary: dict, out_dir) -> str:
     ]
     if s["cpu_tier_hit_tokens"]:
         lines.append(f"cpu tier        {s['cpu_tier_hit_tokens']} hit tokens")
+    if "pools" in s:  # disaggregated prefill/decode
+        for name, pool in s["pools"].items():
+            lines.append(f"{name + ' pool':<16}{pool['workers']} worker(s), {pool['passes']} passes, "
+                         f"{_pct(pool['kv_usage_mean'])} KV usage mean")
+        t = s["kv_transfer"]
+        lines.append(f"KV transfer     {t['handoffs']} handoffs, {t['transferred_tokens']} tokens, "
+                     f"{_fmt(t['kv_transfer_ms']['mean'])} ms mean, "
+                     f"{_fmt(t['kv_transfer_ms']['p90'])} ms p90")
     lines += [
         f"KV usage        {_pct(s['kv_usage_mean'])} mean, {_pct(s['kv_usage_max'])} max",
         f"passes          {s['passes']}",

@@ -47,3 +47,16 @@ class EngineConfig:
     launch: LaunchConfig | None = None
     detokenize_ms: float = 0.0
     kv_offloading: KVOffloadingConfig | None = None
+
+
+@attrs.frozen
+class KVTransferConfig:
+    """`cluster.kv_transfer`: the link a prefill worker sends KV over to the
+    decode workers (disaggregated mode; servesim/engine/disagg.py).
+
+    Moving `n` tokens takes `latency_ms + n · bytes_per_token / (bandwidth_gbps
+    · 1e9)` s, in ms; the bytes occupy the link, the latency does not."""
+
+    bytes_per_token: int
+    bandwidth_gbps: float
+    latency_ms: float = 0.0

@@ -28,6 +28,11 @@ at the end of the pass in flight when it is freed). A pass that writes a G1
 block still read by a store in flight starts no earlier than that store's end.
 An idle engine whose requests wait on a transfer decides again when the next
 transfer completes.
+
+In disaggregated mode (servesim/engine/disagg.py) a rank's `transfers` are its
+side of the KV handoffs instead — a prefill rank's sender, a decode rank's
+receiver — polled at each decision like the CPU tier, the decode worker's
+pulls submitted at the decision that queues them.
 """
 
 from collections import deque
@@ -47,7 +52,9 @@ from servesim.scheduler.fast import FastScheduler
 class Rank:
     """One attention-DP rank: its scheduler, G1 pool, CPU tier (`connector`,
     None without `kv_offloading`) and pricing, plus the counters reported per
-    rank."""
+    rank. `transfers` is what the engine polls for finished transfers and
+    submits the decided loads to: the CPU tier's connector, or in
+    disaggregated mode the rank's side of the KV handoffs."""
 
     def __init__(self, worker: int, index: int, config: EngineConfig, num_identities: int,
                  make_scheduler):
@@ -60,6 +67,7 @@ class Rank:
             self.connector = CPUOffloadConnector(config.kv_offloading,
                                                  config.kv_cache.block_size)
             self.scheduler.attach_connector(self.connector)
+        self.transfers = self.connector
         self.pricer = PassPricer(config.timing, config.kv_cache.num_gpu_blocks,
                                  config.kv_cache.block_size)
         self.num_requests = 0
@@ -106,12 +114,15 @@ class EngineCore:
     or is taken out as unfinishable, and — with `fast_runs` — is asked for
     `horizon()`, the next instant at which something outside may touch the
     worker. `make_scheduler(config, pool)`
-    builds each rank's scheduler (the reference or the fast implementation)."""
+    builds each rank's scheduler (the reference or the fast implementation).
+    `pool` names the worker's pool in disaggregated mode ("prefill" or
+    "decode"; None for an aggregated worker)."""
 
     def __init__(self, index: int, config: EngineConfig, data_parallel_size: int,
                  loop: EventLoop, num_identities: int, observer, make_scheduler,
-                 fast_runs: bool = False):
+                 fast_runs: bool = False, pool: str | None = None):
         self.index = index
+        self.pool = pool
         self.config = config
         self.loop = loop
         self.observer = observer
@@ -124,12 +135,25 @@ class EngineCore:
         self.fast_runs = (fast_runs and not self.async_scheduling and data_parallel_size == 1
                           and isinstance(self.ranks[0].scheduler, FastScheduler))
         self._decide_scheduled = False
-        self.connectors = [rank.connector for rank in self.ranks if rank.connector is not None]
+        self.connectors = [rank.transfers for rank in self.ranks if rank.transfers is not None]
         self._transfer_wake_ms = None  # an idle engine's wake at a transfer's end
         self._busy = np.zeros(1)  # GPU time, an array for compiled runs
         self.num_passes = 0
 
     busy_ms = property(lambda self: float(self._busy[0]))
+
+    def attach_transfers(self, rank, transfers):
+        """Disaggregated mode: `transfers` (engine/disagg.py) is `rank`'s side
+        of the KV handoffs, polled and fed like a CPU tier's connector."""
+        rank.transfers = transfers
+        self.connectors.append(transfers)
+
+    def transfer_pending(self):
+        """A transfer this worker waits for was submitted elsewhere (a decode
+        worker pulling this prefill worker's blocks): an idle engine decides
+        again when it completes."""
+        if not self.in_flight and not self._decide_scheduled:
+            self._wake_at_next_transfer()
 
     # -- arrivals ------------------------------------------------------------
 
@@ -137,9 +161,9 @@ class EngineCore:
         """A request (the scheduler's handle for it) arrives at `rank`; False if
         it can never fit (rejected)."""
         scheduler = self.ranks[rank].scheduler
+        self.ranks[rank].num_requests += 1  # routed here, rejected or not
         if not scheduler.can_ever_fit(num_prompt_tokens):
             return False
-        self.ranks[rank].num_requests += 1
         scheduler.add_request(request)
         self._wake()
         return True
@@ -173,11 +197,11 @@ class EngineCore:
             connector.poll(now)
         outputs = [rank.scheduler.schedule() for rank in self.ranks]
         for rank, out in zip(self.ranks, outputs):
-            if rank.connector is not None:
+            if rank.transfers is not None:
                 for job in out.preemption_stores:
-                    rank.connector.submit(job, now)
+                    rank.transfers.submit(job, now)
                 for job in out.loads:
-                    rank.connector.submit(job, now)
+                    rank.transfers.submit(job, now)
         return outputs
 
     def _settle(self, outputs, now):

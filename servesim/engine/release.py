@@ -40,6 +40,15 @@ class TokenLog:
         self.client_ms[self.offsets[i] + request.num_output_tokens - 1] = client
         return client
 
+    def with_detokenize(self, detokenize_ms: float) -> "TokenLog":
+        """The same log (arrays shared) detokenizing at `detokenize_ms`: the
+        pools of a disaggregated run release into one log, each with its own
+        `detokenize_ms`."""
+        view = object.__new__(TokenLog)
+        view.__dict__.update(self.__dict__)
+        view.detokenize_ms = detokenize_ms
+        return view
+
     def compact(self, produced):
         """`(offsets, client times)` of the tokens really produced (fewer than
         the cap when `max_model_len` or the end of the run cut a request

@@ -26,6 +26,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from servesim.engine.config import (
     EngineConfig,
     KVOffloadingConfig,
+    KVTransferConfig,
     LaunchConfig,
     TimingConfig,
 )
@@ -74,6 +75,14 @@ _KV_CACHE_KEYS = tuple(f.name for f in attrs.fields(KVCacheConfig))
 _SCHEDULER_KEYS = tuple(f.name for f in attrs.fields(SchedulerConfig))
 _ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "timing")
 _TOP_KEYS = ("workload", "engine", "cluster", "output")
+_AGGREGATED_KEYS = ("workers", "data_parallel_size", "router")
+_DISAGGREGATED_KEYS = ("mode", "prefill_workers", "decode_workers", "data_parallel_size",
+                       "router", "prefill", "decode", "kv_transfer")
+_CLUSTER_KEYS = ("mode", "workers", "prefill_workers", "decode_workers", "data_parallel_size",
+                 "router", "prefill", "decode", "kv_transfer")
+_POOLS = ("prefill", "decode")
+# engine keys both pools must share: one model, one block layout
+_SHARED_ENGINE_KEYS = ("block_size", "max_model_len")
 
 
 # --------------------------------------------------------------------------- public API
@@ -125,8 +134,17 @@ def config_to_dict(cfg: Config) -> dict:
         synthetic["input_tokens"] = _lengths_to_data(cfg.workload.synthetic.input_tokens)
         synthetic["output_tokens"] = _lengths_to_data(cfg.workload.synthetic.output_tokens)
         workload["synthetic"] = synthetic
-    engine = cfg.engine
-    engine_data = {
+    return {
+        "workload": workload,
+        "engine": _engine_to_data(cfg.engine),
+        "cluster": _cluster_to_data(cfg.cluster, cfg.engine),
+        "output": attrs.asdict(cfg.output),
+    }
+
+
+def _engine_to_data(engine: EngineConfig) -> dict:
+    """An engine block: flat keys, every default filled."""
+    return {
         **attrs.asdict(engine.kv_cache),
         **attrs.asdict(engine.scheduler),
         "launch": None if engine.launch is None else attrs.asdict(engine.launch),
@@ -134,12 +152,21 @@ def config_to_dict(cfg: Config) -> dict:
         "kv_offloading": None if engine.kv_offloading is None else attrs.asdict(engine.kv_offloading),
         "timing": _timing_to_data(engine.timing),
     }
-    return {
-        "workload": workload,
-        "engine": engine_data,
-        "cluster": attrs.asdict(cfg.cluster),
-        "output": attrs.asdict(cfg.output),
-    }
+
+
+def _cluster_to_data(cluster: ClusterConfig, engine: EngineConfig) -> dict:
+    """The cluster block: an aggregated cluster's three keys as ever; a
+    disaggregated one's keys with each pool's engine keys that differ from
+    `engine` (so an override of an `engine` key still reaches both pools)."""
+    if not cluster.disaggregated:
+        return {key: getattr(cluster, key) for key in _AGGREGATED_KEYS}
+    data = {key: getattr(cluster, key) for key in _DISAGGREGATED_KEYS}
+    base = _engine_to_data(engine)
+    for pool in _POOLS:
+        resolved = _engine_to_data(getattr(cluster, pool))
+        data[pool] = {key: value for key, value in resolved.items() if base[key] != value}
+    data["kv_transfer"] = attrs.asdict(cluster.kv_transfer)
+    return data
 
 
 def read_fitted_model(model_path: str) -> tuple:
@@ -337,19 +364,20 @@ class _Section:
     """One mapping of the config at a dotted path: typed access to its keys,
     unknown keys rejected when it is opened."""
 
-    def __init__(self, ctx: _Ctx, data, path: str, keys):
+    def __init__(self, ctx: _Ctx, data, path: str, keys, path_of=None):
         if data is None:
             data = {}
         if not isinstance(data, dict):
             ctx.fail(path, f"must be a mapping, got {_show(data)}")
+        self.ctx, self.data, self.path, self.keys = ctx, data, path, keys
+        self._path_of = path_of  # key -> its dotted path, for merged sections
         for key in data:
             if key not in keys:
-                ctx.fail(_join(path, key), "unknown key" + _did_you_mean(key, keys, list_all=True))
-        self.ctx, self.data, self.path, self.keys = ctx, data, path, keys
+                ctx.fail(self.sub(key), "unknown key" + _did_you_mean(key, keys, list_all=True))
 
     def get(self, key: str, kind: _Kind, default=_REQUIRED, *bounds, nullable=False):
         """The checked value of `key`, or `default` when it is absent."""
-        path = _join(self.path, key)
+        path = self.sub(key)
         if key not in self.data:
             if default is _REQUIRED:
                 self.ctx.fail(path, f"required key is missing ({_accepted(kind, bounds)})")
@@ -360,6 +388,8 @@ class _Section:
         return self.data.get(key) is not None
 
     def sub(self, key: str) -> str:
+        if self._path_of is not None:
+            return self._path_of(key)
         return _join(self.path, key)
 
 
@@ -386,7 +416,7 @@ def _build(ctx: _Ctx, data: dict) -> Config:
     """The validated Config of plain data in the YAML layout."""
     top = _Section(ctx, data, "", _TOP_KEYS)
     engine = _engine(ctx, top.data.get("engine"))
-    cluster = _cluster(ctx, top.data.get("cluster"))
+    cluster = _cluster(ctx, top.data.get("cluster"), top.data.get("engine"), engine)
     if engine.launch is not None and cluster.data_parallel_size != 1:
         ctx.fail(
             "engine.launch",
@@ -497,21 +527,24 @@ def _lengths(ctx: _Ctx, s: _Section, key: str) -> LengthDistribution:
     return LengthDistribution(distribution=kind, mean=mean, sigma=sigma, min=low, max=high or 0)
 
 
-def _engine(ctx: _Ctx, data) -> EngineConfig:
-    """`engine`: flat keys split into the KV cache, scheduler and engine configs."""
-    s = _Section(ctx, data, "engine", _ENGINE_KEYS)
+def _engine(ctx: _Ctx, data, path_of=None) -> EngineConfig:
+    """`engine`: flat keys split into the KV cache, scheduler and engine configs.
+    `path_of(key)` names where each key came from when `data` merges a
+    pool's overrides into `engine` (messages then say `cluster.prefill.KEY`
+    or `engine.KEY`)."""
+    s = _Section(ctx, data, "engine", _ENGINE_KEYS, path_of)
     kv_cache = _kv_cache(s)
     scheduler = _scheduler(ctx, s)
-    launch = _launch(ctx, s.data.get("launch"))
+    launch = _launch(ctx, s.data.get("launch"), s.sub("launch"))
     if launch is not None and not scheduler.async_scheduling:
-        ctx.fail("engine.launch", "requires engine.async_scheduling: true")
+        ctx.fail(s.sub("launch"), f"requires {s.sub('async_scheduling')}: true")
     return EngineConfig(
         kv_cache=kv_cache,
         scheduler=scheduler,
-        timing=_timing(ctx, s.data.get("timing")),
+        timing=_timing(ctx, s.data.get("timing"), s.sub("timing")),
         launch=launch,
         detokenize_ms=s.get("detokenize_ms", _NUMBER, 0.0, _ge(0)),
-        kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading")),
+        kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading"), s.sub("kv_offloading")),
     )
 
 
@@ -540,19 +573,18 @@ def _scheduler(ctx: _Ctx, s: _Section) -> SchedulerConfig:
     )
     budget = cfg.max_num_batched_tokens
     if budget < cfg.max_num_seqs:
-        ctx.fail(s.sub("max_num_batched_tokens"), f"must be >= engine.max_num_seqs ({cfg.max_num_seqs}), got {budget}")
+        ctx.fail(s.sub("max_num_batched_tokens"), f"must be >= {s.sub('max_num_seqs')} ({cfg.max_num_seqs}), got {budget}")
     if not cfg.enable_chunked_prefill and cfg.max_model_len is not None and budget < cfg.max_model_len:
         ctx.fail(
             s.sub("max_num_batched_tokens"),
-            f"must be >= engine.max_model_len ({cfg.max_model_len}) when enable_chunked_prefill "
+            f"must be >= {s.sub('max_model_len')} ({cfg.max_model_len}) when enable_chunked_prefill "
             f"is false (vLLM's rule: a prompt is scheduled whole), got {budget}",
         )
     return cfg
 
 
-def _timing(ctx: _Ctx, data) -> TimingConfig:
+def _timing(ctx: _Ctx, data, path="engine.timing") -> TimingConfig:
     """`engine.timing`: a type and that type's parameters (vllm-engine.md §10)."""
-    path = "engine.timing"
     if data is None:
         return TimingConfig()
     kind, s = _tagged_section(ctx, data, path, "type", "polynomial", _TIMING_PARAMS)
@@ -565,12 +597,12 @@ def _timing(ctx: _Ctx, data) -> TimingConfig:
     return TimingConfig(type=kind, **params)
 
 
-def _launch(ctx: _Ctx, data) -> LaunchConfig | None:
+def _launch(ctx: _Ctx, data, path="engine.launch") -> LaunchConfig | None:
     """`engine.launch` (vllm-engine.md §8), or None."""
     if data is None:
         return None
     d = _defaults(LaunchConfig)
-    s = _Section(ctx, data, "engine.launch", list(d))
+    s = _Section(ctx, data, path, list(d))
     costs = {key: s.get(key, _NUMBER, d[key], _ge(0)) for key in ("decode_ms", "piecewise_ms", "eager_ms")}
     return LaunchConfig(
         **costs,
@@ -579,12 +611,12 @@ def _launch(ctx: _Ctx, data) -> LaunchConfig | None:
     )
 
 
-def _kv_offloading(ctx: _Ctx, data) -> KVOffloadingConfig | None:
+def _kv_offloading(ctx: _Ctx, data, path="engine.kv_offloading") -> KVOffloadingConfig | None:
     """`engine.kv_offloading`: the CPU tier (vllm-engine.md §9), or None."""
     if data is None:
         return None
     keys = [f.name for f in attrs.fields(KVOffloadingConfig)]
-    s = _Section(ctx, data, "engine.kv_offloading", keys)
+    s = _Section(ctx, data, path, keys)
     return KVOffloadingConfig(
         num_cpu_blocks=s.get("num_cpu_blocks", _INT, _REQUIRED, _ge(1)),
         bytes_per_token=s.get("bytes_per_token", _INT, _REQUIRED, _ge(1)),
@@ -594,13 +626,97 @@ def _kv_offloading(ctx: _Ctx, data) -> KVOffloadingConfig | None:
     )
 
 
-def _cluster(ctx: _Ctx, data) -> ClusterConfig:
+def _cluster(ctx: _Ctx, data, engine_data, engine: EngineConfig) -> ClusterConfig:
+    """`cluster`: aggregated workers (the default), or disaggregated prefill
+    and decode pools (servesim/engine/disagg.py)."""
     d = _defaults(ClusterConfig)
-    s = _Section(ctx, data, "cluster", list(d))
-    return ClusterConfig(
-        workers=s.get("workers", _INT, d["workers"], _ge(1)),
+    if isinstance(data, dict):
+        disaggregated = data.get("mode") == "disaggregated"
+        for key in data:
+            if key not in _CLUSTER_KEYS:
+                close = _did_you_mean(key, _CLUSTER_KEYS)
+                if close:
+                    ctx.fail(_join("cluster", key), "unknown key" + close)
+                if disaggregated:
+                    message = f"unknown key (accepted: {', '.join(_DISAGGREGATED_KEYS)})"
+                else:
+                    extra = ", ".join(k for k in _DISAGGREGATED_KEYS if k != "mode")
+                    message = (f"unknown key (accepted: {', '.join(_AGGREGATED_KEYS)}); "
+                               f"with mode: disaggregated: {extra}")
+                ctx.fail(_join("cluster", key), message)
+    s = _Section(ctx, data, "cluster", _CLUSTER_KEYS)
+    mode = s.get("mode", _enum("aggregated", "disaggregated"), d["mode"])
+    common = dict(
         data_parallel_size=s.get("data_parallel_size", _INT, d["data_parallel_size"], _ge(1)),
         router=s.get("router", _enum("round_robin", "least_loaded", "kv_aware"), d["router"]),
+    )
+    if mode == "aggregated":
+        for key in _DISAGGREGATED_KEYS:
+            if key not in _AGGREGATED_KEYS and key != "mode" and key in s.data:
+                ctx.fail(s.sub(key), "applies only to cluster.mode: disaggregated")
+        return ClusterConfig(workers=s.get("workers", _INT, d["workers"], _ge(1)), **common)
+    if "workers" in s.data:
+        ctx.fail(s.sub("workers"), "applies only to cluster.mode: aggregated; a disaggregated "
+                 "cluster has cluster.prefill_workers and cluster.decode_workers")
+    pools = {pool: _pool_engine(ctx, s, pool, engine_data, engine) for pool in _POOLS}
+    return ClusterConfig(
+        mode=mode,
+        prefill_workers=s.get("prefill_workers", _INT, 1, _ge(1)),
+        decode_workers=s.get("decode_workers", _INT, 1, _ge(1)),
+        prefill=pools["prefill"],
+        decode=pools["decode"],
+        kv_transfer=_kv_transfer(ctx, s),
+        **common,
+    )
+
+
+def _pool_engine(ctx: _Ctx, s: _Section, pool: str, engine_data, engine: EngineConfig) -> EngineConfig:
+    """`cluster.prefill` / `cluster.decode`: `engine` with the pool's keys
+    replacing its own (a mapping such as `timing` is replaced whole), checked
+    like `engine`; a message names the key where it was given. Launch timing
+    and the CPU tier are not modelled on disaggregated workers, and both pools
+    share `block_size` and `max_model_len` (one model, whole blocks moved)."""
+    overrides = s.data.get(pool)
+    path = s.sub(pool)
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, dict):
+        ctx.fail(path, f"must be a mapping of engine keys (overrides of engine for the {pool} "
+                 f"workers), got {_show(overrides)}")
+    merged = {**(engine_data if isinstance(engine_data, dict) else {}), **overrides}
+
+    def path_of(key):
+        return _join(path, key) if key in overrides else _join("engine", key)
+
+    for key, reason in (("launch", "launch timing models one-GPU aggregated workers"),
+                        ("kv_offloading", "the CPU tier does not combine with the KV "
+                         "transfer connector in servesim (vLLM would need a MultiConnector)")):
+        if merged.get(key) is not None:
+            ctx.fail(path_of(key), f"is not supported on disaggregated {pool} workers "
+                     f"(cluster.mode: disaggregated): {reason}; remove it")
+    config = _engine(ctx, merged, path_of)
+    for key in _SHARED_ENGINE_KEYS:
+        if key in overrides:
+            ours = getattr(config.kv_cache if key == "block_size" else config.scheduler, key)
+            theirs = getattr(engine.kv_cache if key == "block_size" else engine.scheduler, key)
+            if ours != theirs:
+                ctx.fail(path_of(key), f"must equal engine.{key} ({_show(theirs)}), got "
+                         f"{_show(ours)}: both pools serve one model and move whole blocks "
+                         f"between them; set engine.{key} instead")
+    return config
+
+
+def _kv_transfer(ctx: _Ctx, s: _Section) -> KVTransferConfig:
+    """`cluster.kv_transfer`: the prefill-to-decode link (required)."""
+    if s.data.get("kv_transfer") is None:
+        ctx.fail(s.sub("kv_transfer"), "required key is missing in disaggregated mode (a mapping "
+                 "{bytes_per_token, bandwidth_gbps, latency_ms})")
+    t = _Section(ctx, s.data["kv_transfer"], s.sub("kv_transfer"),
+                 [f.name for f in attrs.fields(KVTransferConfig)])
+    return KVTransferConfig(
+        bytes_per_token=t.get("bytes_per_token", _INT, _REQUIRED, _ge(1)),
+        bandwidth_gbps=t.get("bandwidth_gbps", _NUMBER, _REQUIRED, _gt(0)),
+        latency_ms=t.get("latency_ms", _NUMBER, 0.0, _ge(0)),
     )
 
 

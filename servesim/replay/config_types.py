@@ -4,7 +4,7 @@
 
 import attrs
 
-from servesim.engine.config import EngineConfig
+from servesim.engine.config import EngineConfig, KVTransferConfig
 
 
 @attrs.frozen
@@ -50,9 +50,27 @@ class WorkloadConfig:
 
 @attrs.frozen
 class ClusterConfig:
+    """`cluster`. Aggregated (the default): `workers` engines, each running
+    prompts and decodes. Disaggregated: `prefill_workers` and `decode_workers`
+    engines whose configs (`prefill`, `decode`) are `engine:` with the pool's
+    overrides, resolved; prompts' KV moves over `kv_transfer` links
+    (servesim/engine/disagg.py). `data_parallel_size` and `router` apply to
+    every pool (the router picks the prefill worker at arrival and the decode
+    worker at handoff)."""
+
     workers: int = 1
     data_parallel_size: int = 1
     router: str = "round_robin"  # round_robin | least_loaded | kv_aware
+    mode: str = "aggregated"  # aggregated | disaggregated
+    prefill_workers: int = 0
+    decode_workers: int = 0
+    prefill: EngineConfig | None = None
+    decode: EngineConfig | None = None
+    kv_transfer: KVTransferConfig | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.mode == "disaggregated"
 
 
 @attrs.frozen

@@ -94,8 +94,10 @@ class ArrayRequests:
 
 
 def fast_path_supports(config: Config) -> bool:
-    """The compiled scheduler covers every rule except the CPU tier."""
-    return config.engine.kv_offloading is None
+    """The compiled scheduler covers every rule except the CPU tier and
+    disaggregated prefill/decode (both use the reference scheduler's
+    remote-KV admission)."""
+    return config.engine.kv_offloading is None and not config.cluster.disaggregated
 
 
 _INT_RESULTS = ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
@@ -128,19 +130,10 @@ class Replay:
         if path == "fast" and not fast_path_supports(config):
             raise ValueError("the fast path does not support this config")
         self.path = path
-        self.store = ArrayRequests(self) if path == "fast" else ObjectRequests(self)
-
         self.loop = EventLoop()
-        cluster = config.cluster
-        # compiled runs of passes need no per-pass Python: not with a pass log
-        fast_runs = path == "fast" and not config.output.pass_log
-        self.workers = [EngineCore(w, engine, cluster.data_parallel_size, self.loop,
-                                   num_identities, self, self.store.make_scheduler,
-                                   fast_runs)
-                        for w in range(cluster.workers)]
-        self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
-
         n = len(workload)
+        self._build_workers(num_identities)
+
         self.status = np.full(n, STATUS_UNFINISHED, dtype=np.int8)
         self.arrived = np.zeros(n, dtype=bool)
         self.worker_of = np.full(n, -1, dtype=np.int64)
@@ -152,6 +145,19 @@ class Replay:
         self._next_release = 0  # closed loop: next request to release
         self._passes_seen = 0
         self._arrivals = 0  # arrivals so far; open loop: they come in workload order
+
+    def _build_workers(self, num_identities):
+        """The request store, the workers and the router."""
+        config = self.config
+        self.store = ArrayRequests(self) if self.path == "fast" else ObjectRequests(self)
+        cluster = config.cluster
+        # compiled runs of passes need no per-pass Python: not with a pass log
+        fast_runs = self.path == "fast" and not config.output.pass_log
+        self.workers = [EngineCore(w, config.engine, cluster.data_parallel_size, self.loop,
+                                   num_identities, self, self.store.make_scheduler,
+                                   fast_runs)
+                        for w in range(cluster.workers)]
+        self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
 
     # -- arrivals ------------------------------------------------------------
 
@@ -212,7 +218,7 @@ class Replay:
                 if out.num_scheduled:
                     scheduled, preempted = rank.scheduler.log_entries(out)
                     self.pass_log.append(_pass_record(
-                        core.index, rank.index, index, p, out, scheduled, preempted,
+                        core, rank.index, index, p, out, scheduled, preempted,
                         sorted(ids[i] for i in finished)))
         self._passes_seen += 1
         if self.progress is not None and self._passes_seen % _PROGRESS_EVERY == 0:
@@ -263,9 +269,13 @@ class Replay:
         return [message]
 
     def _records(self) -> RequestRecords:
+        return self._make_records(self.store.results(), self.worker_of, self.rank_of)
+
+    def _make_records(self, results, worker, dp_rank, **extra) -> RequestRecords:
+        """The records from per-request result arrays (`results`, as
+        `ObjectRequests.results` gives them) and placements."""
         w = self.workload
         n = len(w)
-        results = self.store.results()
         produced = results.pop("output_tokens")
         offsets, client = self.tokens.compact(produced)
         has_tokens = produced > 0
@@ -278,8 +288,8 @@ class Replay:
             first_token_ms=first_token_ms, finish_ms=finish_ms,
             input_length=w.input_length.astype(np.int64),
             output_length=w.output_length.astype(np.int64), output_tokens=produced,
-            worker=self.worker_of, dp_rank=self.rank_of, status=self.status,
-            token_offsets=offsets, token_client_ms=client, **results)
+            worker=worker, dp_rank=dp_rank, status=self.status,
+            token_offsets=offsets, token_client_ms=client, **results, **extra)
 
     def _stats(self) -> RunStats:
         end = self.loop.now
@@ -293,7 +303,7 @@ class Replay:
                 worker=core.index, requests=sum(r.num_requests for r in ranks),
                 passes=core.num_passes, busy_ms=core.busy_ms,
                 kv_usage_mean=sum(means) / len(means),
-                kv_usage_max=max(r.usage_max for r in ranks)))
+                kv_usage_max=max(r.usage_max for r in ranks), pool=core.pool))
             stats.passes += sum(r.num_passes for r in ranks)
             for rank in ranks:
                 s = rank.scheduler
@@ -321,11 +331,14 @@ def _add_cpu_tier_stats(stats: RunStats, connector):
     stats.cpu_tier_blocks_max = max(stats.cpu_tier_blocks_max, connector.tier.max_blocks)
 
 
-def _pass_record(worker, dp_rank, index, p, out, scheduled, preempted, finished):
-    """One line of `passes.jsonl` (spec README §6)."""
-    return {
-        "pass": index,
-        "worker": worker,
+def _pass_record(core, dp_rank, index, p, out, scheduled, preempted, finished):
+    """One line of `passes.jsonl` (spec README §6); in disaggregated mode with
+    the worker's `pool` (its `worker` index is within the pool)."""
+    record = {"pass": index}
+    if core.pool is not None:
+        record["pool"] = core.pool
+    record.update({
+        "worker": core.index,
         "dp_rank": dp_rank,
         "start_ms": p.start_ms,
         "end_ms": p.end_ms,
@@ -335,7 +348,8 @@ def _pass_record(worker, dp_rank, index, p, out, scheduled, preempted, finished)
         "preempted": preempted,
         "finished": finished,
         "free_blocks_after_schedule": out.free_blocks_after_schedule,
-    }
+    })
+    return record
 
 
 def simulate(config: Config, workload: Workload, progress=None,
@@ -344,4 +358,14 @@ def simulate(config: Config, workload: Workload, progress=None,
     is called now and then when given. `path` picks the scheduler: "fast"
     (compiled), "reference" (one Python object per request), or "auto" (fast
     whenever it supports the config); both give identical results."""
-    return Replay(config, workload, progress, path).run()
+    return make_replay(config, workload, progress, path).run()
+
+
+def make_replay(config: Config, workload: Workload, progress=None, path: str = "auto"):
+    """The :class:`Replay` of `config`: aggregated workers, or disaggregated
+    prefill and decode pools (servesim/replay/disaggregated.py)."""
+    if config.cluster.disaggregated:
+        from servesim.replay.disaggregated import DisaggregatedReplay
+
+        return DisaggregatedReplay(config, workload, progress, path)
+    return Replay(config, workload, progress, path)

@@ -91,6 +91,30 @@ engine:
   detokenize_ms: 0.2          # per output, after the engine releases it
   timing: {type: polynomial}
 """,
+    "disaggregated": """\
+# The Mooncake example on disaggregated prefill and decode workers (vLLM with a
+# KV-transfer connector such as NIXL, as NVIDIA Dynamo and llm-d deploy it): the
+# prefill worker computes each prompt and its first token, the prompt's KV moves
+# over the link to a decode worker, which generates the rest.
+""" + _MOONCAKE_WORKLOAD + """\
+engine:                       # both pools; cluster.prefill / cluster.decode override it
+  block_size: 64
+  num_gpu_blocks: 16384
+  timing: {type: polynomial}
+cluster:
+  mode: disaggregated         # aggregated (default) | disaggregated
+  prefill_workers: 1
+  decode_workers: 1
+  router: least_loaded        # picks the prefill worker at arrival, the decode worker at handoff
+  prefill:                    # any engine key, for the prefill workers only
+    max_num_seqs: 64
+  decode:                     # any engine key, for the decode workers only
+    max_num_seqs: 512
+  kv_transfer:                # one link per prefill GPU, FIFO
+    bytes_per_token: 131072   # Llama-3-8B in bf16: 2 (K, V) x 32 layers x 8 heads x 128 x 2 B
+    bandwidth_gbps: 50        # GB/s (a 400 Gb/s NIC)
+    latency_ms: 0.05
+""",
 }
 
 

@@ -107,8 +107,12 @@ def _fill_gaps(times, offsets, finished, out):
 
 
 def _worker_dict(w) -> dict:
-    """One entry of `workers` (keys as in the spec's example)."""
+    """One entry of `workers` (keys as in the spec's example; in
+    disaggregated mode led by the worker's `pool`, its index being within
+    the pool)."""
+    pool = {} if w.pool is None else {"pool": w.pool}
     return {
+        **pool,
         "worker": int(w.worker),
         "requests": int(w.requests),
         "passes": int(w.passes),
@@ -171,7 +175,45 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
     }
     if stats.cpu_tier:
         summary = _with_cpu_tier(summary, stats)
+    if stats.pools is not None:
+        summary = _with_pools(summary, stats, rec)
     return summary
+
+
+def _pool_dict(p) -> dict:
+    queries = int(p.prefix_cache_queries)
+    return {
+        "workers": int(p.workers),
+        "requests": int(p.requests),
+        "passes": int(p.passes),
+        "busy_ms": _round(p.busy_ms),
+        "kv_usage_mean": _round(p.kv_usage_mean),
+        "preemptions": int(p.preemptions),
+        "prefix_cache_hit_rate": _round(p.prefix_cache_hits / queries) if queries else 0.0,
+    }
+
+
+def _with_pools(summary: dict, stats, rec) -> dict:
+    """A disaggregated run also reports, right after `workers`, each pool's
+    figures (`pools`) and the KV handoffs (`kv_transfer`: requests handed
+    off, prompt tokens and bytes moved, and `kv_transfer_ms` — how long a
+    decode worker waited for a handed-off request's KV — over the handed-off
+    requests). The top-level prefix-cache figures are the prefill pool's."""
+    handed = np.asarray(rec.decode_worker) >= 0
+    transferred = np.asarray(rec.transferred_tokens)[handed]
+    out = {}
+    for key, value in summary.items():
+        out[key] = value
+        if key == "workers":
+            out["pools"] = {name: _pool_dict(p) for name, p in stats.pools.items()}
+            out["kv_transfer"] = {
+                "handoffs": int(handed.sum()),
+                "transfers": int((transferred > 0).sum()),
+                "transferred_tokens": int(transferred.sum()),
+                "transferred_bytes": int(stats.kv_transfer_bytes),
+                "kv_transfer_ms": latency_stats(np.asarray(rec.kv_transfer_ms)[handed]),
+            }
+    return out
 
 
 def _with_cpu_tier(summary: dict, stats) -> dict:

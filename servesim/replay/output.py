@@ -34,6 +34,10 @@ REQUEST_FIELDS = (
     "cpu_tier_cached_tokens", "recomputed_tokens", "worker", "dp_rank",
     "status", "first_token_pass", "finish_pass",
 )
+# disaggregated mode only: after `dp_rank` (`worker` / `dp_rank` are then the
+# decode worker's, null for a request never handed off)
+DISAGGREGATED_FIELDS = ("prefill_worker", "prefill_dp_rank", "decode_worker",
+                        "kv_transfer_ms", "transferred_tokens")
 
 
 def _floats(arr) -> list:
@@ -69,9 +73,10 @@ def _ids(ids) -> list:
 
 
 def request_lines(result: SimulationResult, chunk: int = 8192):
-    """One JSON text per request, fields in the order of REQUEST_FIELDS, as
-    lists of at most `chunk` lines (so a run of 100,000 requests never holds
-    all its texts at once).
+    """One JSON text per request, fields in the order of REQUEST_FIELDS (with
+    DISAGGREGATED_FIELDS after `dp_rank` in disaggregated mode), as lists of
+    at most `chunk` lines (so a run of 100,000 requests never holds all its
+    texts at once).
 
     ttft/e2e/tpot are null unless the request finished; tpot is also null
     with fewer than 2 output tokens. Each column is converted to JSON texts
@@ -90,20 +95,31 @@ def request_lines(result: SimulationResult, chunk: int = 8192):
             (r.finish_ms - r.first_token_ms) / np.maximum(ntok - 1, 1),
             nan,
         )
+    disaggregated = r.decode_worker is not None
+    names = REQUEST_FIELDS
+    if disaggregated:
+        at = REQUEST_FIELDS.index("dp_rank") + 1
+        names = REQUEST_FIELDS[:at] + DISAGGREGATED_FIELDS + REQUEST_FIELDS[at:]
     for start in range(0, len(r.ids), chunk):
         s = slice(start, start + chunk)
         status = ['"%s"' % STATUS_NAMES[x] for x in r.status[s].tolist()]
+        placement = (_ints(r.worker[s]), _ints(r.dp_rank[s]))
+        if disaggregated:  # -1: no such worker
+            placement = (_passes(r.worker[s]), _passes(r.dp_rank[s]),
+                         _ints(r.prefill_worker[s]), _ints(r.prefill_dp_rank[s]),
+                         _passes(r.decode_worker[s]), _floats(r.kv_transfer_ms[s]),
+                         _passes(r.transferred_tokens[s]))
         columns = (
             _ids(r.ids[s]), _floats(r.arrival_ms[s]), _floats(r.first_scheduled_ms[s]),
             _floats(r.first_token_ms[s]), _floats(r.finish_ms[s]), _floats(ttft[s]),
             _floats(tpot[s]), _floats(e2e[s]), _ints(r.input_length[s]),
             _ints(r.output_length[s]), _ints(ntok[s]), _ints(r.num_preemptions[s]),
             _ints(r.first_admission_cached_tokens[s]), _ints(r.cpu_tier_cached_tokens[s]),
-            _ints(r.recomputed_tokens[s]), _ints(r.worker[s]), _ints(r.dp_rank[s]), status,
+            _ints(r.recomputed_tokens[s]), *placement, status,
             _passes(r.first_token_pass[s]), _passes(r.finish_pass[s]),
         )
         parts = []
-        for i, (name, column) in enumerate(zip(REQUEST_FIELDS, columns)):
+        for i, (name, column) in enumerate(zip(names, columns)):
             parts.append(repeat(('{"%s": ' if i == 0 else ', "%s": ') % name))
             parts.append(column)
         parts.append(repeat("}"))

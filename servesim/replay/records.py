@@ -22,6 +22,14 @@ class RequestRecords:
     detokenization). `token_offsets[i]:token_offsets[i+1]` indexes
     `token_client_ms`, the client time of each token request i produced, in
     order (used for ITL).
+
+    Disaggregated mode (servesim/replay/disaggregated.py) adds the placement
+    on both pools and the KV transfer (None otherwise): `prefill_worker`,
+    `prefill_dp_rank`, `decode_worker` (-1: never handed off),
+    `kv_transfer_ms` (how long the decode worker waited for the prompt's KV:
+    from the decision that queued the pull to its landing, 0 when nothing
+    moved; NaN: never handed off) and `transferred_tokens` (-1: never handed
+    off). `worker` / `dp_rank` are then the decode worker's.
     """
 
     ids: list
@@ -43,6 +51,11 @@ class RequestRecords:
     finish_pass: np.ndarray
     token_offsets: np.ndarray  # int64, len n + 1
     token_client_ms: np.ndarray  # float64
+    prefill_worker: np.ndarray | None = None
+    prefill_dp_rank: np.ndarray | None = None
+    decode_worker: np.ndarray | None = None
+    kv_transfer_ms: np.ndarray | None = None
+    transferred_tokens: np.ndarray | None = None
 
 
 @attrs.define(eq=False)
@@ -53,6 +66,22 @@ class WorkerStats:
     busy_ms: float = 0.0
     kv_usage_mean: float = 0.0
     kv_usage_max: float = 0.0
+    pool: str | None = None  # disaggregated mode: "prefill" or "decode"
+
+
+@attrs.define(eq=False)
+class PoolStats:
+    """One pool of a disaggregated run (its workers summed; KV usage averaged
+    over its ranks)."""
+
+    workers: int = 0
+    requests: int = 0
+    passes: int = 0
+    busy_ms: float = 0.0
+    kv_usage_mean: float = 0.0
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @attrs.define(eq=False)
@@ -78,6 +107,10 @@ class RunStats:
     kv_usage_mean: float = 0.0  # time-weighted over [0, end of the last pass]
     kv_usage_max: float = 0.0
     workers: list = attrs.Factory(list)  # WorkerStats
+    # disaggregated mode: {"prefill": PoolStats, "decode": PoolStats}; the
+    # prefix-cache figures above are then the prefill pool's
+    pools: dict | None = None
+    kv_transfer_bytes: int = 0  # disaggregated mode: bytes moved over the links
 
 
 @attrs.define(eq=False)

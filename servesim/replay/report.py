@@ -250,7 +250,11 @@ def _workload_text(config: dict) -> str:
         return ""
     e = config.get("engine", {})
     c = config.get("cluster", {})
-    parts = [text, f"{c.get('workers', 1)} worker(s) × {c.get('data_parallel_size', 1)} DP rank(s)",
+    if c.get("mode") == "disaggregated":
+        workers = f"{c.get('prefill_workers')} prefill + {c.get('decode_workers')} decode worker(s)"
+    else:
+        workers = f"{c.get('workers', 1)} worker(s)"
+    parts = [text, f"{workers} × {c.get('data_parallel_size', 1)} DP rank(s)",
              f"{e.get('num_gpu_blocks')} blocks of {e.get('block_size')} tokens",
              f"max_num_seqs {e.get('max_num_seqs')}", f"max_num_batched_tokens {e.get('max_num_batched_tokens')}",
              f"timing {e.get('timing', {}).get('type')}"]
@@ -295,12 +299,17 @@ def _summary_html(s: dict) -> str:
     return "\n".join(out)
 
 
+def _worker_label(w: dict) -> str:
+    """A worker's name: its index, led by its pool in disaggregated mode."""
+    return f"{w['pool']} {w['worker']}" if "pool" in w else str(w["worker"])
+
+
 def _workers_html(s: dict) -> str:
     duration = s["duration_ms"] or 0.0
     rows = []
     for w in s.get("workers", []):
         busy = w["busy_ms"] / duration if duration > 0 else None
-        rows.append([str(w["worker"]), _fmt(w["requests"]), _fmt(w["passes"]), _fmt(w["busy_ms"] / 1000.0),
+        rows.append([_worker_label(w), _fmt(w["requests"]), _fmt(w["passes"]), _fmt(w["busy_ms"] / 1000.0),
                      _pct(busy), _pct(w["kv_usage_mean"])])
     return _table(["worker", "requests", "passes", "busy (s)", "busy", "KV usage mean"], rows)
 
@@ -436,7 +445,8 @@ def _telemetry_plot(plots: _Plots, samples: list) -> str:
 
 def _workers_plot(plots: _Plots, summary: dict) -> str:
     workers = summary["workers"]
-    ids = [w["worker"] for w in workers]
+    ids = list(range(len(workers)))
+    labels = [_worker_label(w) for w in workers]
     duration = summary["duration_ms"] or 0.0
 
     def draw(fig):
@@ -448,7 +458,7 @@ def _workers_plot(plots: _Plots, summary: dict) -> str:
         right.set_ylim(0, 105)
         for ax in (left, right):
             ax.set_xlabel("worker")
-            ax.set_xticks(ids)
+            ax.set_xticks(ids, labels)
             ax.grid(axis="x", visible=False)
 
     return plots.figure(draw, height=2.6)

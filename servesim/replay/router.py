@@ -4,9 +4,12 @@
   w0r0, w1r0, ..., w0r1, w1r1, ...
 - `least_loaded`: fewest running + waiting requests, then fewest used blocks,
   ties by (worker, rank) index.
-- `kv_aware`: the rank holding the longest cached prefix of the request, in
-  blocks, minus a load penalty of one block per running or waiting request;
-  ties by index.
+- `kv_aware`: the rank where the request's prefill would finish soonest: the
+  least `(prompt tokens - cached prefix tokens on the rank) + prefill tokens
+  already queued there` (what running requests still have to prefill and every
+  waiting request's tokens) — the longest cached prefix minus a load penalty
+  in the same unit, as NVIDIA Dynamo's KV router weighs prefill blocks against
+  load; ties by index.
 
 A request with a pinned `dp_rank` goes to that rank; the router chooses only
 among the ranks with that index.
@@ -44,8 +47,7 @@ class Router:
             return self._round_robin(candidates, pinned_rank)
         if self.policy == "least_loaded":
             return min(candidates, key=lambda t: self._load(t) + (t,))
-        return max(candidates, key=lambda t: (self._kv_score(t, num_prompt_tokens, idents),
-                                              -t[0], -t[1]))
+        return min(candidates, key=lambda t: (self._kv_cost(t, num_prompt_tokens, idents), t))
 
     def _round_robin(self, candidates, pinned_rank):
         if pinned_rank >= 0:
@@ -65,7 +67,7 @@ class Router:
         used = rank.pool.num_gpu_blocks - 1 - rank.pool.num_free_blocks
         return (scheduler.num_running + scheduler.num_waiting, used)
 
-    def _kv_score(self, target, num_prompt_tokens, idents):
+    def _kv_cost(self, target, num_prompt_tokens, idents):
         rank = self._rank(target)
         hit = 0
         if rank.pool.enable_caching:
@@ -74,4 +76,5 @@ class Router:
                 self._scratch = np.zeros(max_blocks, dtype=np.int64)
             hit = bp.find_cached_prefix(rank.pool.blocks, rank.pool.idmap,
                                         idents, max_blocks, self._scratch)
-        return hit - self._load(target)[0]
+        return (num_prompt_tokens - hit * rank.pool.block_size
+                + rank.scheduler.pending_prefill_tokens())

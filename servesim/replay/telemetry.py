@@ -6,6 +6,7 @@ drift); its sample shows the state after every event at or before the tick,
 and its counters (`preemptions`, `prefix_queries`, `prefix_hits`,
 `tokens_scheduled`, `passes`) cover the interval since the previous sample, so
 they sum to the run's totals. A final partial sample closes the run at its end.
+In disaggregated mode each sample also names its worker's `pool`.
 """
 
 _COUNTERS = ("preemptions", "prefix_queries", "prefix_hits", "tokens_scheduled", "passes")
@@ -23,7 +24,7 @@ class Telemetry:
         self.workers = workers
         self.samples = []
         self._tick = 1
-        self._last = {(w.index, r.index): (0,) * len(_COUNTERS)
+        self._last = {(w.pool, w.index, r.index): (0,) * len(_COUNTERS)
                       for w in workers for r in w.ranks}
         self._last_t = 0.0
 
@@ -47,19 +48,22 @@ class Telemetry:
     def _sample(self, t: float):
         for worker in self.workers:
             for rank in worker.ranks:
-                key = (worker.index, rank.index)
+                key = (worker.pool, worker.index, rank.index)
                 now = _counters(rank)
                 delta = [a - b for a, b in zip(now, self._last[key])]
                 self._last[key] = now
                 pool = rank.pool
-                sample = {
-                    "t_ms": t, "worker": worker.index, "dp_rank": rank.index,
+                sample = {"t_ms": t}
+                if worker.pool is not None:
+                    sample["pool"] = worker.pool
+                sample.update({
+                    "worker": worker.index, "dp_rank": rank.index,
                     "running": rank.scheduler.num_running,
                     "waiting": rank.scheduler.num_waiting,
                     "kv_usage": round(float(pool.usage), 6),
                     "cached_blocks": pool.num_cached_blocks(),
                     "cpu_tier_blocks": rank.cpu_tier_blocks(),
-                }
+                })
                 sample.update(zip(_COUNTERS, delta))
                 self.samples.append(sample)
         self._last_t = t

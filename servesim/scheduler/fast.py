@@ -343,6 +343,20 @@ def add_request(R, F, S, wq, priority, i):
 
 
 @njit
+def pending_prefill_tokens(R, S, running, wq, priority):
+    """`Scheduler.pending_prefill_tokens` over the table."""
+    total = 0
+    for k in range(S[S_RUN_N]):
+        i = running[k]
+        if R[i, PREFILL_TARGET] > R[i, COMPUTED]:
+            total += R[i, PREFILL_TARGET] - R[i, COMPUTED]
+    head = 0 if priority else S[0]
+    for k in range(S[WQ_LEN]):
+        total += R[wq[(head + k) % len(wq)], NUM_TOKENS]
+    return total
+
+
+@njit
 def take_out_all(R, F, tables, blocks, pscal, S, running, wq, priority, taken):
     """Take every running and waiting request out as unfinished (a livelock:
     see `Scheduler._take_out_livelocked`). Returns how many."""
@@ -439,6 +453,10 @@ class FastScheduler:
 
     def has_requests(self) -> bool:
         return bool(self.S[S_RUN_N] or self.S[WQ_LEN])
+
+    def pending_prefill_tokens(self) -> int:
+        return int(pending_prefill_tokens(self.table.R, self.S, self.running, self.wq,
+                                          self.priority))
 
     num_running = property(lambda self: int(self.S[S_RUN_N]))
     num_waiting = property(lambda self: int(self.S[WQ_LEN]))

@@ -28,6 +28,12 @@ class Request:
     (WAITING_FOR_REMOTE_KVS), `cpu_store_cursor` the blocks the `offloading`
     connector has considered for storing since its admission, and
     `num_in_flight` the passes in flight that schedule it (async scheduling).
+
+    Disaggregated serving (servesim/engine/disagg.py): on a prefill worker
+    `remote_decode` marks a request handed to a decode worker once it has its
+    first token (its blocks are then held until the KV transfer completes);
+    on a decode worker `kv_handoff` is the handoff whose prompt KV it pulls
+    (vLLM's `do_remote_prefill`), None once it is admitted.
     """
 
     __slots__ = (
@@ -37,6 +43,8 @@ class Request:
         "num_cached_blocks", "prefill_target", "sort_key",
         # CPU tier (vllm-engine.md §7, §9)
         "kv_load", "kv_load_g1_hit", "cpu_store_cursor", "num_in_flight",
+        # disaggregated prefill/decode (engine/disagg.py)
+        "remote_decode", "kv_handoff",
         # results
         "first_admission_cached_tokens", "first_scheduled_ms", "recomputed_tokens",
         "max_computed_tokens",
@@ -67,6 +75,8 @@ class Request:
         self.kv_load_g1_hit = 0  # its G1 hit (tokens) when that load was queued
         self.cpu_store_cursor = 0  # blocks before it were considered for storing
         self.num_in_flight = 0  # passes in flight that schedule it (async, CPU tier)
+        self.remote_decode = False  # prefill worker: hand off after the first token
+        self.kv_handoff = None  # decode worker: the handoff to pull the prompt's KV from
         self.first_admission_cached_tokens = -1
         self.first_scheduled_ms = float("nan")
         self.recomputed_tokens = 0

@@ -22,6 +22,16 @@ a request with blocks there has its G1 blocks allocated, queues a load and
 waits ahead of the waiting queue (WAITING_FOR_REMOTE_KVS) until the load is
 done; under async scheduling a request in the pass in flight is not preempted
 (§7); and the connector's store jobs are decided with each pass.
+
+Disaggregated serving (servesim/engine/disagg.py, after vLLM's NIXL connector,
+vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py) uses the same
+remote-KV admission path on a decode worker (`attach_remote_kv`): a handed-off
+request at the head of `waiting` has the blocks past its G1 hit allocated,
+pulls the rest of its prompt's KV and waits in `waiting_for_kv` (vLLM's
+WAITING_FOR_REMOTE_KVS) until the transfer lands. On a prefill worker a
+finished `remote_decode` request keeps its blocks (`delayed_free`, vLLM's
+`request_finished` returning `delay_free_blocks`) until `free_delayed` is
+called when its transfer completes.
 """
 
 from servesim.kvcache.manager import KVCacheManager
@@ -77,11 +87,19 @@ class Scheduler:
         self.connector = None  # the CPU tier's connector (attach_connector)
         self.waiting_for_kv = []  # requests with a CPU-tier load queued, in queueing order
         self.finished_stores = []  # simple_cpu store jobs of finished requests, for the engine
+        self.remote_kv = None  # decode worker: where handed-off requests pull KV from
+        self.delayed_free = {}  # prefill worker: index -> finished request holding its blocks
 
     def attach_connector(self, connector):
         """Use `connector` (a `servesim.kvcache.cpu_tier.CPUOffloadConnector`)
         as this rank's CPU tier (vllm-engine.md §9)."""
         self.connector = connector
+
+    def attach_remote_kv(self, receiver):
+        """Disaggregated decode worker: `receiver` (a
+        `servesim.engine.disagg.DecodeReceiver`) prepares the KV pulls of
+        handed-off requests (`request.kv_handoff`)."""
+        self.remote_kv = receiver
 
     # -- requests in and out -------------------------------------------------
 
@@ -100,7 +118,10 @@ class Scheduler:
         self.waiting.add(request)
 
     def has_requests(self) -> bool:
-        return bool(self.running) or bool(len(self.waiting)) or bool(self.waiting_for_kv)
+        """Anything to run or wait for — including, on a prefill worker,
+        finished requests whose blocks wait for their transfer to be freed."""
+        return (bool(self.running) or bool(len(self.waiting)) or bool(self.waiting_for_kv)
+                or bool(self.delayed_free))
 
     # -- schedule ------------------------------------------------------------
 
@@ -172,7 +193,9 @@ class Scheduler:
             self._preempt(victim, out)
             out.preempted.append(victim)
             if victim is request:
-                if not self.running and not self.waiting_for_kv:
+                # alone, nothing will free blocks: it can never finish (blocks
+                # held for a load or, on a prefill worker, for a transfer come back)
+                if not self.running and not self.waiting_for_kv and not self.delayed_free:
                     self._abort_unfinishable(request)
                 return False, index, budget
         return True, index, budget
@@ -244,7 +267,15 @@ class Scheduler:
                 self._take_out(self.waiting.pop())
                 continue
             hit_blocks, hit = self.kv.get_computed_blocks(request)
-            if self.connector is not None:
+            if request.kv_handoff is not None:  # handed off by a prefill worker
+                num_remote = self.remote_kv.lookup(request, len(hit_blocks))
+                if num_remote:
+                    # blocks for the whole sequence, the first token's slot too
+                    if not self._queue_load(out, request, hit_blocks, hit, num_remote,
+                                            self.remote_kv, request.num_tokens - hit):
+                        break
+                    continue
+            elif self.connector is not None:
                 num_loaded, wait = self.connector.lookup(request, len(hit_blocks))
                 if wait:
                     skipped.append(self.waiting.pop())
@@ -272,20 +303,27 @@ class Scheduler:
         for request in reversed(skipped):
             self.waiting.prepend(request)
 
-    def _queue_load(self, out, request, hit_blocks, hit, num_loaded) -> bool:
+    def _queue_load(self, out, request, hit_blocks, hit, num_loaded, connector=None,
+                    num_tokens=None) -> bool:
         """Admission of a head whose blocks past its G1 hit are in the CPU tier
-        (vLLM's `load_kv_async`): with the admission checks of §3 step 4, it
-        takes its G1 blocks for the hit and the loaded blocks (registered in
-        the prefix cache only once loaded), queues the load and waits ahead of
-        the waiting queue, using no budget. False if it does not fit."""
+        — or, on a disaggregated decode worker, on the prefill worker that
+        handed it off (`connector` is then the `remote_kv` receiver) — (vLLM's
+        `load_kv_async`): with the admission checks of §3 step 4, it takes its
+        G1 blocks for the hit and for `num_tokens` more tokens (the loaded
+        blocks by default; registered in the prefix cache only once loaded),
+        queues the load and waits ahead of the waiting queue, using no budget.
+        False if it does not fit."""
         config = self.config
         reserve = request.num_tokens if config.reserve_full_isl else 0
         extra = self.watermark_blocks if self.running else 0
-        if not self.kv.allocate_slots(request, num_loaded * self.block_size, hit_blocks, hit,
+        if num_tokens is None:
+            num_tokens = num_loaded * self.block_size
+        if not self.kv.allocate_slots(request, num_tokens, hit_blocks, hit,
                                       reserve, extra, delay_cache=True):
             return False
         self.waiting.pop()
-        request.kv_load = self.connector.prepare_load(request, len(hit_blocks), num_loaded)
+        connector = connector or self.connector
+        request.kv_load = connector.prepare_load(request, len(hit_blocks), num_loaded)
         request.kv_load_g1_hit = hit
         out.loads.append(request.kv_load)
         self.waiting_for_kv.append(request)
@@ -338,20 +376,29 @@ class Scheduler:
 
     def _admit(self, out, request, hit, num_new, g1_hit=None):
         """Move a request to `running` with `hit` tokens cached, `g1_hit` of
-        them from G1 (all by default) and the rest loaded from the CPU tier."""
+        them from G1 (all by default) and the rest loaded from the CPU tier
+        (or pulled from a prefill worker). A handed-off request's first
+        admission on a decode worker has prompt KV and its first token: its
+        prefill is the prompt only, so the pass computing the first token's KV
+        is a decode (vllm-engine.md §10); the receiver learns of the admission
+        (`admitted`: a handoff that pulled nothing releases the prefill
+        worker's blocks)."""
         resumed = request.status == RequestStatus.PREEMPTED
         if g1_hit is None:
             g1_hit = hit
         self.prefix_cache_stats.record(request.num_tokens, g1_hit, resumed)
         if request.first_admission_cached_tokens < 0:
             request.first_admission_cached_tokens = hit
-        if hit > g1_hit:
+        handed_off = request.kv_handoff is not None
+        if handed_off:
+            self.remote_kv.admitted(request, out)
+        elif hit > g1_hit:
             request.cpu_tier_cached_tokens += hit - g1_hit
             self.connector.hit_tokens += hit - g1_hit
         request.cpu_store_cursor = 0
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = hit
-        request.prefill_target = request.num_tokens
+        request.prefill_target = request.num_prompt_tokens if handed_off else request.num_tokens
         self.running.append(request)
         out.scheduled.append(ScheduledRequest(
             request, num_new, hit, KIND_RESUMED if resumed else KIND_NEW))
@@ -464,6 +511,13 @@ class Scheduler:
                       "cached": e.cached, "kind": e.kind} for e in out.scheduled]
         return scheduled, sorted(r.request_id for r in out.preempted)
 
+    def pending_prefill_tokens(self) -> int:
+        """Prefill work queued on this rank, in tokens: what running requests
+        still have to prefill, plus every waiting request's tokens (the load
+        the `kv_aware` router weighs against a prefix hit)."""
+        running = sum(max(0, r.prefill_target - r.num_computed_tokens) for r in self.running)
+        return running + sum(r.num_tokens for r in self.waiting)
+
     @property
     def num_running(self) -> int:
         return len(self.running)
@@ -473,17 +527,30 @@ class Scheduler:
         return len(self.waiting) + len(self.waiting_for_kv)
 
     def _finish(self, finished):
+        """Finished requests free their blocks — except a `remote_decode`
+        request on a prefill worker, whose blocks are held for the decode
+        worker to read until `free_delayed` (nixl_connector.py
+        `request_finished`: `delay_free_blocks`)."""
         done = set(id(r) for r in finished)
         for request in finished:
             if request.status == RequestStatus.RUNNING:
                 job = self._store_on_free(request)
                 if job is not None:
                     self.finished_stores.append(job)
-                self.kv.free(request)
+                if request.remote_decode:
+                    self.delayed_free[request.index] = request
+                else:
+                    self.kv.free(request)
             else:  # preempted with its last token in flight
                 self.waiting.remove(request)
             request.status = RequestStatus.FINISHED
         self.running = [r for r in self.running if id(r) not in done]
+
+    def free_delayed(self, request):
+        """The transfer of a handed-off request's KV is done: free its blocks
+        (vLLM's `_update_from_kv_xfer_finished` for `finished_sending`)."""
+        del self.delayed_free[request.index]
+        self.kv.free(request)
 
     def _abort_unfinishable(self, request):
         """A request that preempted itself while alone in `running` needs more

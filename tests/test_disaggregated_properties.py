@@ -1,0 +1,269 @@
+"""Property-based tests of disaggregated prefill/decode serving
+(servesim/engine/disagg.py, servesim/replay/disaggregated.py): small random
+workloads through random prefill and decode pools, checked before every
+decision and after every pass's outputs on every rank of both pools, and at
+the end:
+
+- blocks are conserved on every rank of both pools: each G1 block's ref count
+  equals the requests holding it (running, waiting for a pull, or — on a
+  prefill rank — finished and held for a decode worker), the free count the
+  blocks nobody holds; a request waiting for a pull holds its blocks, counts
+  nothing as computed, and until the pull lands its prefill worker still holds
+  the source blocks;
+- every handed-off request's KV is freed on the prefill side exactly once,
+  after its transfer has landed (and nothing else is freed that way); at the
+  end no prefill block is held and no pull is pending;
+- transfers on one prefill rank's link are FIFO, back to back, and take
+  latency + tokens · bytes_per_token / bandwidth;
+- when everything fits (both pools hold every request at once), every request
+  finishes with exactly its output tokens, its first token from the end of
+  its prefill pass, the rest from a decode worker that admitted it with its
+  whole prompt cached (pulled or already held) no earlier than the pull landed.
+"""
+
+import warnings
+from collections import Counter
+
+import numpy as np
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from servesim.kvcache.block_pool import REF
+from servesim.replay.config import config_from_dict
+from servesim.replay.driver import make_replay
+from servesim.replay.records import STATUS_FINISHED, STATUS_UNFINISHED
+from servesim.replay.workload import Workload
+
+MAX_PASSES = 50_000
+SETTINGS = settings(max_examples=60, deadline=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@st.composite
+def scenarios(draw, ample=False):
+    """(config data, workload): 1-8 requests of up to 96 prompt tokens in two
+    prefix families, open or closed loop, 1-2 prefill and decode workers (1-2
+    DP ranks), small pools (or ample ones), random scheduler keys, a slow or
+    fast link."""
+    n = draw(st.integers(1, 8), label="num_requests")
+    input_length, output_length, flat, offsets = [], [], [], [0]
+    unique = 1000
+    for _ in range(n):
+        prompt = draw(st.integers(1, 96), label="input_length")
+        output_length.append(draw(st.integers(1, 24), label="output_length"))
+        num_ids = -(-prompt // 16)
+        shared = draw(st.integers(0, num_ids), label="shared")
+        family = draw(st.integers(0, 1), label="family")
+        ids = [100 * family + j for j in range(shared)]
+        ids += list(range(unique, unique + num_ids - shared))
+        unique += num_ids - shared
+        input_length.append(prompt)
+        flat.extend(ids)
+        offsets.append(len(flat))
+    arrivals = sorted(draw(st.lists(st.integers(0, 80), min_size=n, max_size=n), label="arrivals"))
+    workload = Workload(
+        request_ids=[f"r{i}" for i in range(n)],
+        arrival_ms=np.array(arrivals, dtype=np.float64),
+        input_length=np.array(input_length, dtype=np.int64),
+        output_length=np.array(output_length, dtype=np.int64),
+        priority=np.array(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n),
+                               label="priority"), dtype=np.int64),
+        dp_rank=np.full(n, -1, dtype=np.int64),
+        hash_flat=np.array(flat, dtype=np.int64), hash_offsets=np.array(offsets, dtype=np.int64),
+        trace_block_size=16,
+        concurrency=draw(st.sampled_from([None, None, 1, 3]), label="concurrency"))
+    total_blocks = sum(-(-(p + o) // 16) for p, o in zip(input_length, output_length))
+
+    def blocks(label):
+        return total_blocks + 2 if ample else draw(st.integers(3, 16), label=label)
+
+    engine = {
+        "block_size": 16,
+        "enable_prefix_caching": draw(st.booleans(), label="prefix_caching"),
+        "max_num_seqs": draw(st.integers(1, 6), label="max_num_seqs"),
+        "max_num_batched_tokens": draw(st.sampled_from([32, 64, 8192]), label="budget"),
+        "async_scheduling": draw(st.booleans(), label="async"),
+        "scheduling_policy": draw(st.sampled_from(["fcfs", "fcfs", "priority"]), label="policy"),
+        "reserve_full_isl": draw(st.booleans(), label="reserve_full_isl"),
+        "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 16]), label="threshold"),
+        "timing": {"type": "linear", "base_ms": 3, "per_token_ms": 0.05},
+    }
+    cluster = {
+        "mode": "disaggregated",
+        "prefill_workers": draw(st.integers(1, 2), label="prefill_workers"),
+        "decode_workers": draw(st.integers(1, 2), label="decode_workers"),
+        "data_parallel_size": draw(st.sampled_from([1, 1, 2]), label="dp"),
+        "router": draw(st.sampled_from(["round_robin", "least_loaded", "kv_aware"]),
+                       label="router"),
+        "prefill": {"num_gpu_blocks": blocks("prefill_blocks")},
+        "decode": {"num_gpu_blocks": blocks("decode_blocks"),
+                   "async_scheduling": draw(st.booleans(), label="decode_async")},
+        "kv_transfer": {"bytes_per_token": 62500,  # 16 tokens = 1e6 B
+                        "bandwidth_gbps": draw(st.sampled_from([0.05, 0.5, 5.0]), label="gbps"),
+                        "latency_ms": draw(st.sampled_from([0.0, 0.5, 3.0]), label="latency")},
+    }
+    data = {"workload": {"synthetic": {"requests": 1}}, "engine": engine, "cluster": cluster,
+            "output": {"pass_log": True}}
+    return data, workload
+
+
+def check_rank(replay, pool, core, rank, now):
+    """Blocks conserved on one rank; requests waiting for a pull hold their
+    blocks while their source blocks are still held on the prefill side."""
+    if pool == "prefill":
+        objects, worker_of, rank_of = (replay.prefill_objects, replay.prefill_worker_of,
+                                       replay.prefill_rank_of)
+    else:
+        objects, worker_of, rank_of = replay.decode_objects, replay.worker_of, replay.rank_of
+    holders = Counter()
+    for i, request in enumerate(objects):
+        if request is not None and worker_of[i] == core.index and rank_of[i] == rank.index:
+            holders.update(request.block_table[:request.num_blocks].tolist())
+    blocks = rank.pool
+    refs = blocks.blocks[REF, 1:blocks.num_gpu_blocks]
+    assert refs.tolist() == [holders[b] for b in range(1, blocks.num_gpu_blocks)]
+    assert blocks.num_free_blocks == int((refs == 0).sum()) == len(blocks.free_queue())
+    scheduler = rank.scheduler
+    for request in scheduler.delayed_free.values():  # held for a decode worker
+        assert request.num_blocks > 0 and request.remote_decode
+    for request in scheduler.waiting_for_kv:
+        assert request.num_blocks > 0
+        if request.kv_load is not None and not request.kv_load.done:
+            assert request.num_computed_tokens == 0
+            handoff = request.kv_load.handoff
+            if request.kv_load.land_ms > now:  # in flight: the source is still there
+                assert handoff.sender.holds(handoff.source)
+
+
+def run_checked(data, workload):
+    """Run with the checks on every rank of both pools before each decision
+    and after each pass's outputs; returns (replay, result)."""
+    replay = make_replay(config_from_dict(data, source="test"), workload)
+    passes = [0]
+
+    def wrap(pool, core, rank):
+        schedule, update = rank.scheduler.schedule, rank.scheduler.update_from_output
+
+        def checked_schedule():
+            # transfers landed by now have been polled (freed, done) by now
+            check_rank(replay, pool, core, rank, replay.loop.now)
+            passes[0] += 1
+            assert passes[0] <= MAX_PASSES, "the simulation does not terminate"
+            return schedule()
+
+        def checked_update(*args):
+            finished = update(*args)
+            check_rank(replay, pool, core, rank, replay.loop.now)
+            return finished
+
+        rank.scheduler.schedule = checked_schedule
+        rank.scheduler.update_from_output = checked_update
+
+    for pool, cores in (("prefill", replay.prefill_workers), ("decode", replay.decode_workers)):
+        for core in cores:
+            for rank in core.ranks:
+                wrap(pool, core, rank)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = replay.run()
+    event("preemptions" if result.stats.preemptions else "no preemption")
+    event("partial pulls" if any(h is not None and h.transfer is not None and
+                                 0 < h.transfer.tokens < h.source.num_prompt_tokens
+                                 for h in replay.handoffs) else "no partial pull")
+    event("a handoff with nothing held" if any(
+        h is not None and h.transfer is None and replay.decode_objects[i].kv_handoff is None
+        for i, h in enumerate(replay.handoffs)) else "every handoff held its blocks")
+    return replay, result
+
+
+def check_transfers(replay, data):
+    """Freed exactly once after landing; every link FIFO with exact times;
+    nothing held or pending at the end."""
+    link = data["cluster"]["kv_transfer"]
+    freed = Counter()
+    for core in replay.prefill_workers:
+        for rank in core.ranks:
+            sender = rank.transfers
+            freed.update(i for i, _ in sender.freed)
+            for i, t in sender.freed:
+                job = replay.handoffs[i].transfer
+                assert job is not None and t >= job.land_ms and job.freed_ms == t
+            assert not rank.scheduler.delayed_free
+            assert rank.pool.num_free_blocks == rank.pool.num_gpu_blocks - 1
+            jobs = [h.transfer for h in replay.handoffs
+                    if h is not None and h.transfer is not None and h.sender is sender]
+            wire = sorted((j for j in jobs if j.tokens), key=lambda j: (j.submit_ms, j.start_ms))
+            previous_end = 0.0
+            for j in wire:
+                assert j.start_ms >= max(j.submit_ms, previous_end)
+                seconds = j.tokens * link["bytes_per_token"] / (link["bandwidth_gbps"] * 1e9)
+                assert abs(j.finish_ms - j.start_ms - 1000 * seconds) < 1e-9
+                assert j.land_ms == j.finish_ms + link["latency_ms"]
+                previous_end = j.finish_ms
+            for j in jobs:
+                if not j.tokens:  # a notice: no wire, the latency only
+                    assert j.land_ms == j.submit_ms + link["latency_ms"]
+    held = [i for i, h in enumerate(replay.handoffs)
+            if h is not None and h.transfer is not None]
+    assert freed == Counter(held)  # exactly once each, and only those
+    for core in replay.decode_workers:
+        for rank in core.ranks:
+            assert not rank.scheduler.waiting_for_kv
+
+
+@settings(SETTINGS, max_examples=300)
+@given(scenarios())
+def test_blocks_are_conserved_and_prefill_kv_is_freed_once_after_its_transfer(scenario):
+    data, workload = scenario
+    replay, result = run_checked(data, workload)
+    check_transfers(replay, data)
+    for i, status in enumerate(result.records.status):
+        for request in (replay.prefill_objects[i], replay.decode_objects[i]):
+            if request is not None and status == STATUS_FINISHED:
+                assert request.num_blocks == 0
+    # FCFS never livelocks: a request is unfinished only if its whole sequence
+    # outgrows a decode rank (blocks held for transfers come back)
+    if data["engine"]["scheduling_policy"] == "fcfs":
+        usable = data["cluster"]["decode"]["num_gpu_blocks"] - 1
+        for i in np.flatnonzero(result.records.status == STATUS_UNFINISHED):
+            P, O = int(workload.input_length[i]), int(workload.output_length[i])
+            assert -(-(P + O - 1) // 16) > usable, result.records.ids[i]
+
+
+@settings(SETTINGS, max_examples=200)
+@given(scenarios(ample=True))
+def test_when_everything_fits_every_request_finishes_with_exactly_its_output_tokens(scenario):
+    data, workload = scenario
+    replay, result = run_checked(data, workload)
+    check_transfers(replay, data)
+    records = result.records
+    assert (records.status == STATUS_FINISHED).all()
+    assert records.output_tokens.tolist() == workload.output_length.tolist()
+    assert result.stats.preemptions == 0
+    first_token_end = {}
+    for p in result.pass_log:
+        if p["pool"] == "prefill":
+            for rid in p["finished"]:
+                first_token_end[rid] = p["end_ms"]
+    decode_entries = {}
+    for p in result.pass_log:
+        if p["pool"] == "decode":
+            for e in p["scheduled"]:
+                decode_entries.setdefault(e["id"], (p["start_ms"], e))
+    for i, rid in enumerate(records.ids):
+        P, O = int(workload.input_length[i]), int(workload.output_length[i])
+        assert records.first_token_ms[i] == first_token_end[rid]
+        times = records.token_client_ms[records.token_offsets[i]:records.token_offsets[i + 1]]
+        assert (np.diff(times) >= 0).all()
+        if O == 1:
+            assert replay.decode_objects[i] is None and records.decode_worker[i] == -1
+            continue
+        start, entry = decode_entries[rid]
+        # admitted once, with the whole prompt's KV: 1 token to compute
+        assert (entry["kind"], entry["tokens"], entry["cached"]) == ("new", 1, P)
+        job = replay.handoffs[i].transfer
+        assert 0 <= records.transferred_tokens[i] == job.tokens <= P
+        if job.tokens:
+            assert start >= job.land_ms
+            assert records.kv_transfer_ms[i] == job.land_ms - job.submit_ms
+        assert records.worker[i] == records.decode_worker[i] >= 0
