@@ -15,13 +15,12 @@ router runs once; "wall s" is the simulator's own end-to-end time for that run
 
 import argparse
 import datetime
-import subprocess
 from pathlib import Path
 
 from servesim.replay.api import run
+from results_file import append, commit  # a sibling module
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
 TRACE = HERE / "traces" / "mooncake_conversation_trace.jsonl.gz"
 ROWS = 5000
 WORKERS = 4
@@ -43,14 +42,6 @@ def row(router, report) -> str:
             f"{s['ttft_ms']['mean']:,.1f} | {s['ttft_ms']['p90']:,.1f} | "
             f"{s['tpot_ms']['mean']:.2f} | {s['request_rate']:.3f} | {s['preemptions']} | "
             f"{'/'.join(str(w['requests']) for w in s['workers'])} | {s['wall_time_s']:.2f} |")
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE.parent,
-                              capture_output=True, text=True).stdout.strip() or "-"
-    except OSError:
-        return "-"
 
 
 def main():
@@ -83,8 +74,7 @@ def main():
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:
-        with open(RESULTS, "a") as f:
-            f.write("\n" + text)
+        append(text)
 
 
 if __name__ == "__main__":

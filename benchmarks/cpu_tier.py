@@ -19,13 +19,12 @@ not covered by the admission's cached tokens (from the pass log).
 
 import argparse
 import datetime
-import subprocess
 from pathlib import Path
 
 from servesim.replay.api import run
+from results_file import append, commit  # a sibling module
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
 
 TIER = {"num_cpu_blocks": 4096, "bytes_per_token": 131072, "d2h_gbps": 32, "h2d_gbps": 32,
         "connector": "offloading"}
@@ -64,14 +63,6 @@ def waits(report) -> list:
             if b["start_ms"] > a["end_ms"]]
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE.parent,
-                              capture_output=True, text=True).stdout.strip() or "-"
-    except OSError:
-        return "-"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-write", action="store_true",
@@ -107,8 +98,7 @@ def main():
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:
-        with open(RESULTS, "a") as f:
-            f.write("\n" + text)
+        append(text)
 
 
 if __name__ == "__main__":

@@ -22,17 +22,14 @@ covers aggregated workers only), hence their longer wall time.
 
 import argparse
 import datetime
-import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 from servesim.replay.api import run
+from results_file import append, commit, machine  # a sibling module
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
 TRACE = HERE / "traces" / "mooncake_conversation_trace.jsonl.gz"
 ROWS = 5000
 
@@ -81,27 +78,6 @@ def row(name, s, wall) -> str:
     return (f"| {name} | {s['ttft_ms']['mean']:.0f} | {s['ttft_ms']['p90']:.0f} | "
             f"{s['tpot_ms']['mean']:.2f} | {s['tpot_ms']['p90']:.2f} | "
             f"{s['request_rate']:.3f} | {s['preemptions']} | {mean_transfer} | {wall:.2f} |")
-
-
-def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE.parent,
-                              capture_output=True, text=True).stdout.strip() or "-"
-    except OSError:
-        return "-"
 
 
 def notes(results) -> list:
@@ -158,8 +134,7 @@ def main():
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:
-        with open(RESULTS, "a") as f:
-            f.write("\n" + text)
+        append(text)
 
 
 if __name__ == "__main__":

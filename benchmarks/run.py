@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,10 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_file import append, commit, machine  # a sibling module
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONFIGS = HERE / "configs"
-RESULTS = HERE / "RESULTS.md"
 
 # The child runs the real CLI entry point and reports its peak memory.
 CHILD = r"""
@@ -132,30 +132,6 @@ def help_time(runs=5):
     return statistics.median(times)
 
 
-def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    import numba
-    import numpy
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"NumPy {numpy.__version__}, Numba {numba.__version__}")
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True).stdout.strip() or "-"
-    except OSError:
-        return "-"
-
-
 def table_rows(name, rows):
     out = []
     for kind in ("warm", "cold"):
@@ -199,8 +175,7 @@ def main():
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:
-        with open(RESULTS, "a") as f:
-            f.write("\n" + text)
+        append(text)
 
 
 if __name__ == "__main__":
