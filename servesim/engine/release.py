@@ -28,7 +28,7 @@ class TokenLog:
         counts = np.asarray(max_tokens_per_request, dtype=np.int64)
         self.offsets = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(np.maximum(counts, 0), out=self.offsets[1:])
-        self.client_ms = np.full(int(self.offsets[-1]), np.nan)
+        self.client_ms = np.empty(int(self.offsets[-1]))  # only produced tokens are read
         self.detokenize_ms = detokenize_ms
         self.last_client = np.full(len(counts), -np.inf)
 

@@ -54,14 +54,13 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     """`KVCacheManager.allocate_slots` (kvcache/manager.py) over the table."""
     bs = cfg[C_BLOCK_SIZE]
     off = R[i, OFFSET]
-    cap = R[i, CAPACITY]
-    table = tables[off:off + cap]
+    end = off + R[i, CAPACITY]
     total = R[i, COMPUTED] + num_hit * bs + num_new
     needed = -(-total // bs)
     checked = max(needed, -(-reserve_tokens // bs)) + extra_blocks
     if num_hit > 0 or checked > R[i, NUM_BLOCKS]:
-        held = bp.allocate_slots(blocks, idmap, pscal, table, R[i, NUM_BLOCKS], hits,
-                                 num_hit, needed, checked)
+        held = bp.allocate_slots(blocks, idmap, pscal, tables[off:end], R[i, NUM_BLOCKS],
+                                 hits, num_hit, needed, checked)
         if held < 0:
             return False
         R[i, NUM_BLOCKS] = held
@@ -71,7 +70,7 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     if cfg[C_CACHING]:
         num_full = min(total, R[i, NUM_TOKENS]) // bs
         if num_full > R[i, NUM_CACHED]:
-            bp.cache_full_blocks(blocks, idmap, table, idents[off:off + cap],
+            bp.cache_full_blocks(blocks, idmap, tables[off:end], idents[off:end],
                                  R[i, NUM_CACHED], num_full)
             R[i, NUM_CACHED] = num_full
     return True
