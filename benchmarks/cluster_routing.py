@@ -18,7 +18,7 @@ import datetime
 from pathlib import Path
 
 from servesim.replay.api import run
-from results_file import append, commit  # a sibling module
+from results_file import commit, publish  # a sibling module
 
 HERE = Path(__file__).resolve().parent
 TRACE = HERE / "traces" / "mooncake_conversation_trace.jsonl.gz"
@@ -71,10 +71,7 @@ def main():
         "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
         *(row(router, reports[router]) for router in ROUTERS), "",
         verdict, ""]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        append(text)
+    publish(lines, not args.no_write)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import datetime
 from pathlib import Path
 
 from servesim.replay.api import run
-from results_file import append, commit  # a sibling module
+from results_file import commit, publish  # a sibling module
 
 HERE = Path(__file__).resolve().parent
 
@@ -95,10 +95,7 @@ def main():
         f"a G1 block still being stored and wait {sum(gaps):.0f} ms in all for it, which "
         f"costs throughput and TTFT at 32 GB/s. At 320 GB/s {len(fast_gaps)} passes wait "
         f"({sum(fast_gaps):.0f} ms).", ""]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        append(text)
+    publish(lines, not args.no_write)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from servesim.replay.api import run
-from results_file import append, commit, machine  # a sibling module
+from results_file import commit, machine, publish  # a sibling module
 
 HERE = Path(__file__).resolve().parent
 TRACE = HERE / "traces" / "mooncake_conversation_trace.jsonl.gz"
@@ -131,10 +131,7 @@ def main():
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(row(name, s, wall) for name, s, wall in results), "",
         *notes(results), ""]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        append(text)
+    publish(lines, not args.no_write)
 
 
 if __name__ == "__main__":

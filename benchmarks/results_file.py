@@ -34,6 +34,10 @@ def machine() -> str:
             f"NumPy {numpy.__version__}, Numba {numba.__version__}")
 
 
-def append(text: str) -> None:
-    with open(RESULTS, "a") as f:
-        f.write("\n" + text)
+def publish(lines: list, write: bool) -> None:
+    """Print a results section and, when `write`, append it to RESULTS.md."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if write:
+        with open(RESULTS, "a") as f:
+            f.write("\n" + text)

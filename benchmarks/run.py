@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_file import append, commit, machine  # a sibling module
+from results_file import commit, machine, publish  # a sibling module
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -172,10 +172,7 @@ def main():
                 lines.append(run_peer(args.peer_python, name, plain, args.warm_runs))
             print("\n".join(lines[-3:]), flush=True)
     lines += ["", f"`servesim --help`: {help_time():.2f} s (median of 5).", ""]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        append(text)
+    publish(lines, not args.no_write)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import numpy as np
 from servesim.engine import disagg
 from servesim.engine.core import EngineCore
 from servesim.kvcache.manager import KVCacheManager
-from servesim.replay.driver import _INT_RESULTS, Replay
+from servesim.replay.driver import empty_results, Replay
 from servesim.replay.records import STATUS_REJECTED, PoolStats, RunStats
 from servesim.replay.router import Router
 from servesim.scheduler.request import Request
@@ -138,10 +138,7 @@ class DisaggregatedReplay(Replay):
 
     def _records(self):
         n = len(self.workload)
-        out = {name: np.zeros(n, dtype=np.int64) for name in _INT_RESULTS}
-        out["first_scheduled_ms"] = np.full(n, math.nan)
-        out["first_token_pass"] = np.full(n, -1, dtype=np.int64)
-        out["finish_pass"] = np.full(n, -1, dtype=np.int64)
+        out = empty_results(n)
         kv_transfer_ms = np.full(n, math.nan)
         transferred = np.full(n, -1, dtype=np.int64)
         for i, p in enumerate(self.prefill_objects):

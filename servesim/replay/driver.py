@@ -51,11 +51,7 @@ class ObjectRequests:
 
     def results(self):
         """Per-request result arrays, in workload order."""
-        n = len(self.objects)
-        out = {name: np.zeros(n, dtype=np.int64) for name in _INT_RESULTS}
-        out["first_scheduled_ms"] = np.full(n, math.nan)
-        out["first_token_pass"] = np.full(n, -1, dtype=np.int64)
-        out["finish_pass"] = np.full(n, -1, dtype=np.int64)
+        out = empty_results(len(self.objects))
         for i, r in enumerate(self.objects):
             if r is None:
                 continue
@@ -102,6 +98,15 @@ def fast_path_supports(config: Config) -> bool:
 
 _INT_RESULTS = ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
                 "cpu_tier_cached_tokens", "recomputed_tokens")
+
+
+def empty_results(n: int) -> dict:
+    """Per-request result columns for n requests that never ran."""
+    out = {name: np.zeros(n, dtype=np.int64) for name in _INT_RESULTS}
+    out["first_scheduled_ms"] = np.full(n, math.nan)
+    out["first_token_pass"] = np.full(n, -1, dtype=np.int64)
+    out["finish_pass"] = np.full(n, -1, dtype=np.int64)
+    return out
 
 
 class Replay:
