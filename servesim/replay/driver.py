@@ -4,6 +4,7 @@ the collection of per-request results, pass log and counters.
 """
 
 import math
+import time
 import warnings
 
 import numpy as np
@@ -25,7 +26,7 @@ from servesim.scheduler import fast_table
 from servesim.scheduler.request import Request
 from servesim.scheduler.scheduler import Scheduler
 
-_PROGRESS_EVERY = 512  # passes between progress callbacks
+_PROGRESS_EVERY_S = 0.1  # wall seconds between progress callbacks
 
 
 class ObjectRequests:
@@ -148,7 +149,7 @@ class Replay:
         self.telemetry = Telemetry(interval, self.workers) if interval else None
         self.num_done = 0
         self._next_release = 0  # closed loop: next request to release
-        self._passes_seen = 0
+        self._last_progress = time.perf_counter()
         self._arrivals = 0  # arrivals so far; open loop: they come in workload order
 
     def _build_workers(self, num_identities):
@@ -225,9 +226,11 @@ class Replay:
                     self.pass_log.append(_pass_record(
                         core, rank.index, index, p, out, scheduled, preempted,
                         sorted(ids[i] for i in finished)))
-        self._passes_seen += 1
-        if self.progress is not None and self._passes_seen % _PROGRESS_EVERY == 0:
-            self.progress(self.loop.now, self.num_done)
+        if self.progress is not None:
+            now = time.perf_counter()
+            if now - self._last_progress >= _PROGRESS_EVERY_S:
+                self._last_progress = now
+                self.progress(self.loop.now, self.num_done)
 
     def horizon(self) -> float:
         """The next instant at which something outside a worker may touch it:
