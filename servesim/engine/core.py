@@ -98,7 +98,7 @@ class Pass:
     decided, launch end (§8), GPU start and end."""
 
     __slots__ = ("outputs", "indices", "finished", "decided_ms", "launch_end_ms",
-                 "start_ms", "end_ms")
+                 "start_ms", "end_ms", "stale")
 
     def __init__(self, outputs, decided_ms):
         self.outputs = outputs
@@ -106,6 +106,7 @@ class Pass:
         self.finished = [()] * len(outputs)  # per rank, once outputs are processed
         self.decided_ms = self.launch_end_ms = decided_ms
         self.start_ms = self.end_ms = decided_ms
+        self.stale = False  # taken over by a compiled run: its end event is void
 
 
 class EngineCore:
@@ -132,8 +133,11 @@ class EngineCore:
                       for r in range(data_parallel_size)]
         self.in_flight = deque()  # decided passes whose outputs are not processed
         # compiled runs of synchronous passes between outside events
-        self.fast_runs = (fast_runs and not self.async_scheduling and data_parallel_size == 1
-                          and isinstance(self.ranks[0].scheduler, FastScheduler))
+        compiled = (fast_runs and data_parallel_size == 1
+                    and isinstance(self.ranks[0].scheduler, FastScheduler))
+        self.fast_runs = compiled and not self.async_scheduling
+        self.async_fast_runs = compiled and self.async_scheduling and self.launch is None
+        self._decision_token = 0  # a busy async decision event runs only if still current
         self._decide_scheduled = False
         self.connectors = [rank.transfers for rank in self.ranks if rank.transfers is not None]
         self._transfer_wake_ms = None  # an idle engine's wake at a transfer's end
@@ -173,6 +177,10 @@ class EngineCore:
         if not self.in_flight and not self._decide_scheduled:
             self._decide_scheduled = True
             self.loop.schedule(self.loop.now, DECIDE, self._on_decide)
+
+    def _decide_if_current(self, token):
+        if token == self._decision_token:
+            self._decide()
 
     def _on_decide(self, _):
         self._decide_scheduled = False
@@ -280,7 +288,8 @@ class EngineCore:
         self.in_flight.append(p)
         if self.async_scheduling:
             next_decision = max(p.launch_end_ms, previous.end_ms) if previous else p.launch_end_ms
-            self.loop.schedule(next_decision, PASS_END, self._decide)
+            self.loop.schedule(next_decision, PASS_END, self._decide_if_current,
+                               self._decision_token)
         self.loop.schedule(p.end_ms, PASS_END, self._on_pass_end, p)
 
     # -- outputs -------------------------------------------------------------
@@ -290,8 +299,12 @@ class EngineCore:
         next pass is launched (§8): at `max(end(k), launch_end(k+1))`, or at
         `end(k)` when no pass k+1 was decided."""
         now = self.loop.now
+        if p.stale:
+            return
         if self.fast_runs:
             return self._run_fast(p, now)
+        if self.async_fast_runs and len(self.in_flight) == 2:
+            return self._run_async_fast(p)
         self.in_flight.popleft()
         release = max(now, self.in_flight[0].launch_end_ms) if self.in_flight else now
         observer = self.observer
@@ -372,3 +385,58 @@ class EngineCore:
             self._decide()
         elif self.ranks[0].scheduler.has_requests():
             self._wake()
+
+    def _run_async_fast(self, p: Pass):
+        """Under async scheduling (no launch), with pass p ending now and the
+        next one in flight: run the alternation "outputs of pass k, decision of
+        pass k+2" in one compiled loop up to the horizon. The pending events it
+        takes over (the next pass's end, the decision due now) are voided."""
+        q = self.in_flight[1]
+        q.stale = True
+        self._decision_token += 1
+        self.in_flight.clear()
+        rank = self.ranks[0]
+        before = rank.num_passes
+        state, finished, cur, other = fast_run.run_async_from(
+            rank.scheduler, _pass_info(p), _pass_info(q), self.observer.horizon(),
+            rank.usage, rank.counters, self._busy, rank.pricer)
+        self.num_passes += rank.num_passes - before
+        at = other[2] if state == fast_run.A_IN_FLIGHT else cur[4]
+        self.loop.schedule(at, PASS_END, self._after_async_fast_run,
+                           (p, state, finished, cur, other))
+
+    def _after_async_fast_run(self, arg):
+        p, state, finished, cur, other = arg
+        for request_index in finished:
+            self.observer.on_done(request_index, finished=True)
+        self.observer.on_pass(self, p)
+        if state == fast_run.A_IN_FLIGHT:
+            first, second = _pass_from(cur), _pass_from(other)
+            self.in_flight.extend((first, second))
+            self.loop.schedule(first.end_ms, PASS_END, self._on_pass_end, first)
+            self.loop.schedule(max(second.decided_ms, first.end_ms), PASS_END,
+                               self._decide_if_current, self._decision_token)
+            self.loop.schedule(second.end_ms, PASS_END, self._on_pass_end, second)
+            return
+        running = _pass_from(other)
+        self.in_flight.append(running)
+        self.loop.schedule(running.end_ms, PASS_END, self._on_pass_end, running)
+        if state == fast_run.A_DECIDE_NEXT:
+            self._decide()
+        else:
+            out = cur[0]
+            self.ranks[0].scheduler.note_unfinishable(out)
+            self._settle([out], self.loop.now)
+
+
+def _pass_info(p: Pass):
+    return (p.outputs[0], p.indices[0], p.decided_ms, p.start_ms, p.end_ms)
+
+
+def _pass_from(info) -> Pass:
+    out, index, decided, start, end = info
+    p = Pass([out], decided)
+    p.indices[0] = index
+    p.start_ms = start
+    p.end_ms = end
+    return p

@@ -113,3 +113,98 @@ def run_from(scheduler: fast.FastScheduler, out: fast.FastOutput, end_ms, pass_i
         pass_index, horizon, scheduler.stop_on_finish, usage, counters, busy, finished,
         times)
     return state, finished[:n].tolist(), times, last
+
+
+# Async runs: states handed back to the engine core
+A_DECIDE_NEXT, A_NEEDS_CORE, A_IN_FLIGHT = 10, 11, 12
+
+
+@njit
+def run_async_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+                     client_ms, token_offsets, last_client, detokenize_ms,
+                     model, params, kv_capacity, num_gpu_blocks,
+                     outs, feats, cur, times, index, horizon, stop_on_finish,
+                     usage, counters, busy, finished):
+    """The asynchronous alternation (vllm-engine.md §7, no `launch`) between
+    outside events, for a one-rank worker with two passes in flight: slot
+    `cur` of `outs`/`feats` ends at `times[0]` and its outputs are processed
+    there; slot `1 - cur` is decided, on the GPU from `times[1]` to
+    `times[2]` (decided at `times[3]`); `times[4:6]` hold the decision and start
+    of the slot `cur` pass. At each pass end: process its outputs,
+    then decide the next pass at once (before arrivals at that instant); it
+    starts when the pass in flight ends. Returns `(state, cur slot,
+    num_finished)`, with `times` and `index` (pass indices of the two slots)
+    describing the passes in flight:
+    - DONE: never returned here (the core handles an empty queue);
+    - A_DECIDE_NEXT: outputs processed at `times[0]`, the next decision is the
+      core's (a finish under closed loop, or a livelock to take out);
+    - A_NEEDS_CORE: the decision at `times[0]` scheduled nothing or took a
+      request out: it is in slot `cur`, for the core's general handling;
+    - A_IN_FLIGHT: slot `cur` ends after the horizon; both passes in flight."""
+    num_finished = 0
+    while True:
+        t = times[0]
+        n = fast.update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq,
+                                    outs[cur], feats[cur, fast.N_SCHED], t, index[cur],
+                                    detokenize_ms, client_ms, token_offsets, last_client,
+                                    finished[num_finished:])
+        num_finished += n
+        track_usage(usage, pscal, num_gpu_blocks, t)
+        if (n > 0 and stop_on_finish) or S[fast.S_STALL] > fast.LIVELOCK_PREEMPTIONS:
+            return A_DECIDE_NEXT, cur, num_finished
+        # the next decision, at t, with the other slot's pass in flight
+        feats[cur, :] = 0
+        fast.schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+                      outs[cur], feats[cur])
+        track_usage(usage, pscal, num_gpu_blocks, t)
+        if feats[cur, fast.N_SCHED] == 0 or feats[cur, fast.N_UNFIN] > 0:
+            return A_NEEDS_CORE, cur, num_finished
+        duration = price_features(model, params, feats[cur], kv_capacity)
+        start = max(t, times[2])
+        fast.mark_started(F, outs[cur], feats[cur, fast.N_SCHED], start)
+        index[cur] = counters[C_PASSES]
+        counters[C_PASSES] += 1
+        counters[C_TOKENS] += feats[cur, fast.TOTAL_TOKENS]
+        busy[0] += duration
+        # the pass in flight becomes the one to finish next; the new one follows it
+        times[4] = times[3]
+        times[5] = times[1]
+        times[0] = times[2]
+        times[3] = t
+        times[1] = start
+        times[2] = start + duration
+        cur = 1 - cur
+        if times[0] > horizon:
+            return A_IN_FLIGHT, cur, num_finished
+
+
+def run_async_from(scheduler: fast.FastScheduler, first, second, horizon, usage, counters,
+                   busy, pricer):
+    """Run `run_async_passes` from two passes in flight (`first` ends next),
+    each given as `(FastOutput, index, decided, start, end)`. Returns
+    `(state, finished indices, (cur output, index, decided, start, end),
+    (other output, index, decided, start, end))`."""
+    t = scheduler.table
+    p = scheduler.pool
+    tok = scheduler.tokens
+    width = first[0].out.shape[1]
+    outs = np.empty((2, first[0].out.shape[0], width), dtype=np.int64)
+    feats = np.empty((2, len(first[0].feats)), dtype=np.int64)
+    outs[0], feats[0] = first[0].out, first[0].feats
+    outs[1], feats[1] = second[0].out, second[0].feats
+    times = np.array([first[4], second[3], second[4], second[2], first[2], first[3]],
+                     dtype=np.float64)
+    index = np.array([first[1], second[1]], dtype=np.int64)
+    finished = scheduler.finished_buffer
+    state, cur, n = run_async_passes(
+        t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, scheduler.cfg,
+        scheduler.S, scheduler.running, scheduler.wq, tok.client_ms, tok.offsets,
+        tok.last_client, tok.detokenize_ms, pricer.model, pricer.params,
+        pricer.kv_capacity_tokens, p.num_gpu_blocks, outs, feats, 0, times, index,
+        horizon, scheduler.stop_on_finish, usage, counters, busy, finished)
+    other = 1 - cur
+    return (state, finished[:n].tolist(),
+            (fast.FastOutput(outs[cur], feats[cur]), int(index[cur]), float(times[4]),
+             float(times[5]), float(times[0])),
+            (fast.FastOutput(outs[other], feats[other]), int(index[other]), float(times[3]),
+             float(times[1]), float(times[2])))
