@@ -218,3 +218,22 @@ def test_percentiles_of_sorted_equal_numpy_percentile(n):
     for x in (rng.exponential(10.0, size=n), np.round(rng.exponential(10.0, size=n), 1)):
         expected = np.percentile(x, [50, 90, 95, 99])
         assert percentiles_of_sorted(np.sort(x)) == expected.tolist()
+
+
+def test_itl_quantiles_are_numpy_quantiles_of_every_gap_of_finished_requests():
+    # finished: a (0, 10, 14, 20 -> gaps 10, 4, 6... with arrival at 0 the
+    # tokens are 10, 14, 20: gaps 4 and 6), b one token (no gap); the gaps of
+    # unfinished and rejected requests do not count.
+    from servesim.replay.metrics import itl_quantiles
+    records = make_records([
+        {"arrival": 0.0, "tokens": [10.0, 14.0, 20.0], "status": STATUS_FINISHED},
+        {"arrival": 1.0, "tokens": [12.0], "status": STATUS_FINISHED},
+        {"arrival": 2.0, "tokens": [15.0, 40.0], "status": STATUS_UNFINISHED},
+        {"arrival": 3.0, "status": STATUS_REJECTED},
+    ])
+    q = itl_quantiles(records)
+    assert q["samples"] == 2
+    assert q["quantiles"][0] == 0.0 and q["quantiles"][-1] == 1.0 and len(q["quantiles"]) == 201
+    assert q["itl_ms"][0] == 4.0 and q["itl_ms"][-1] == 6.0
+    assert q["itl_ms"][100] == 5.0  # the median of {4, 6}
+    assert q["itl_ms"] == [round(float(v), 6) for v in np.quantile([4.0, 6.0], q["quantiles"])]

@@ -111,7 +111,8 @@ def test_output_dir_created_and_no_temporary_files_left(tmp_path):
     out = tmp_path / "a" / "b"
     write(out, make_result(PASS_LOG, TELEMETRY))
     assert sorted(p.name for p in out.iterdir()) == [
-        "passes.jsonl", "requests.jsonl", "summary.json", "telemetry.jsonl",
+        "itl_quantiles.json", "passes.jsonl", "requests.jsonl", "summary.json",
+        "telemetry.jsonl",
     ]
 
 

@@ -19,13 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
+from servesim.replay.metrics import itl_quantiles
 from servesim.replay.records import STATUS_FINISHED, STATUS_NAMES, SimulationResult
 
 SUMMARY = "summary.json"
 REQUESTS = "requests.jsonl"
 PASSES = "passes.jsonl"
 TELEMETRY = "telemetry.jsonl"
-REPORT_FILES = (SUMMARY, REQUESTS, PASSES, TELEMETRY)
+ITL_QUANTILES = "itl_quantiles.json"
+REPORT_FILES = (SUMMARY, REQUESTS, PASSES, TELEMETRY, ITL_QUANTILES)
 
 REQUEST_FIELDS = (
     "id", "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms",
@@ -156,13 +158,16 @@ def write_outputs(
     """Write the report files of one run into `out_dir` (created if needed).
 
     `passes.jsonl` / `telemetry.jsonl` are written when asked for and the
-    result carries them. Returns the output directory.
+    result carries them; with `requests.jsonl` goes `itl_quantiles.json`, the
+    inter-token latency distribution (requests.jsonl has no per-token times).
+    Returns the output directory.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     contents = {}
     if per_request:
         contents[REQUESTS] = lambda: request_lines(result)
+        contents[ITL_QUANTILES] = lambda: [[json.dumps(itl_quantiles(result.records))]]
     if pass_log and result.pass_log is not None:
         contents[PASSES] = lambda: [dict_lines(result.pass_log)]
     if telemetry and result.telemetry is not None:

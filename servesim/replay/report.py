@@ -53,7 +53,8 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 DPI = 110
 
 # (summary key, title) of the latency CDFs.
-CDF_METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E latency"))
+CDF_METRICS = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT"),
+               ("e2e_ms", "E2E latency"))
 # (sweep.csv column, axis label) of the sweep plots.
 SWEEP_METRICS = (
     ("ttft_ms_p90", "TTFT p90 (ms)"),
@@ -314,22 +315,33 @@ def _workers_html(s: dict) -> str:
     return _table(["worker", "requests", "passes", "busy (s)", "busy", "KV usage mean"], rows)
 
 
-def _cdf_plot(plots: _Plots, requests: list, summary: dict) -> str:
+def _cdf_plot(plots: _Plots, requests: list, summary: dict, itl: dict | None) -> str:
+    """TTFT, TPOT and E2E from requests.jsonl; ITL (token-weighted) from the
+    quantiles in itl_quantiles.json."""
     finished = [r for r in requests if r.get("status") == "finished"]
 
     def draw(fig):
         axes = fig.subplots(1, len(CDF_METRICS))
         for ax, (key, title) in zip(axes, CDF_METRICS):
-            values = np.sort(_column(finished, key))
-            values = values[np.isfinite(values)]
+            if key == "itl_ms":
+                points = [(v, q) for v, q in zip((itl or {}).get("itl_ms", []),
+                                                  (itl or {}).get("quantiles", [])) if v is not None]
+                values = np.array([v for v, _ in points], dtype=float)
+                y = np.array([q for _, q in points], dtype=float)
+            else:
+                values = np.sort(_column(finished, key))
+                values = values[np.isfinite(values)]
+                y = np.arange(1, values.size + 1) / max(values.size, 1)
             ax.set_title(f"{title} CDF")
             ax.set_xlabel("ms")
             ax.set_ylim(0, 1.02)
             if values.size == 0:
                 ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
                 continue
-            y = np.arange(1, values.size + 1) / values.size
-            ax.step(values, y, where="post", color=COLORS[0])
+            if key == "itl_ms":
+                ax.plot(values, y, color=COLORS[0])
+            else:
+                ax.step(values, y, where="post", color=COLORS[0])
             positive = values[values > 0]
             if positive.size and positive[-1] / positive[0] > 100:
                 ax.set_xscale("log")
@@ -338,7 +350,7 @@ def _cdf_plot(plots: _Plots, requests: list, summary: dict) -> str:
                 if v is not None and v > 0:
                     ax.axvline(v, color="#888", linestyle=style, linewidth=1, label=f"{q} {_fmt(v)} ms")
             ax.legend(loc="best")
-        axes[0].set_ylabel("fraction of finished requests")
+        axes[0].set_ylabel("fraction of finished requests (ITL: of tokens)")
 
     return plots.figure(draw, height=3.0)
 
@@ -476,9 +488,12 @@ def run_report(directory: Path, plots: _Plots) -> str:
     body.append("<h2>Latency</h2>")
     if requests_path.is_file():
         requests = _read_jsonl(requests_path)
-        body.append(_img("latency-cdf", _cdf_plot(plots, requests, summary),
-                         "Cumulative distributions over finished requests (requests.jsonl); "
-                         "vertical lines: p50, p90, p99."))
+        itl_path = directory / "itl_quantiles.json"
+        itl = _read_json(itl_path) if itl_path.is_file() else None
+        body.append(_img("latency-cdf", _cdf_plot(plots, requests, summary, itl),
+                         "Cumulative distributions over finished requests (requests.jsonl; "
+                         "ITL over their tokens, itl_quantiles.json); vertical lines: p50, p90, "
+                         "p99."))
         body.append("<h2>Throughput</h2>")
         uri, width = _throughput_plot(plots, requests)
         body.append(_img("throughput", uri,
