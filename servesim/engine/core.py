@@ -33,6 +33,11 @@ In disaggregated mode (servesim/engine/disagg.py) a rank's `transfers` are its
 side of the KV handoffs instead — a prefill rank's sender, a decode rank's
 receiver — polled at each decision like the CPU tier, the decode worker's
 pulls submitted at the decision that queues them.
+
+With the compiled scheduler and one rank, the stretches between outside events
+(arrivals, telemetry ticks, closed-loop releases) run inside one compiled loop
+(`servesim.engine.fast_run`) that follows exactly these rules; the pass-by-pass
+path below stays the statement of them.
 """
 
 from collections import deque
@@ -114,8 +119,8 @@ class EngineCore:
     are processed, `on_done(request_index, finished)` when a request finishes
     or is taken out as unfinishable, and — with `fast_runs` — is asked for
     `horizon()`, the next instant at which something outside may touch the
-    worker. `make_scheduler(config, pool)`
-    builds each rank's scheduler (the reference or the fast implementation).
+    worker. `make_scheduler(config, pool)` builds each rank's scheduler (the
+    reference or the compiled implementation).
     `pool` names the worker's pool in disaggregated mode ("prefill" or
     "decode"; None for an aggregated worker)."""
 
@@ -132,7 +137,8 @@ class EngineCore:
         self.ranks = [Rank(index, r, config, num_identities, make_scheduler)
                       for r in range(data_parallel_size)]
         self.in_flight = deque()  # decided passes whose outputs are not processed
-        # compiled runs of synchronous passes between outside events
+        # compiled runs of passes between outside events (engine/fast_run.py):
+        # one rank on the compiled scheduler; async ones without launch timing
         compiled = (fast_runs and data_parallel_size == 1
                     and isinstance(self.ranks[0].scheduler, FastScheduler))
         self.fast_runs = compiled and not self.async_scheduling
