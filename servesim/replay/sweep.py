@@ -83,7 +83,7 @@ def load_grid(path) -> Grid:
     from ruamel.yaml import YAML, YAMLError
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-    from servesim.replay.config import _plain
+    from servesim.replay.yaml_input import plain_data as _plain
 
     source = str(path)
     try:
@@ -194,7 +194,7 @@ def override_text(key, value, source=None, line=None) -> str:
     """The `--set` text of one grid value, checked to parse back to the value."""
     from ruamel.yaml import YAML
 
-    from servesim.replay.config import _plain
+    from servesim.replay.yaml_input import plain_data as _plain
 
     text = _yaml_text(value)
     try:

@@ -1,0 +1,86 @@
+"""Reading config data: YAML files into plain data with the line of every key,
+and `--set dotted.key=value` overrides applied in place."""
+
+import numbers
+from pathlib import Path
+
+from ruamel.yaml import YAML, YAMLError
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+from servesim.errors import InputError
+from servesim.replay.validation import OVERRIDE, join, show
+
+
+def read_yaml(path: str, what: str):
+    """Parse a YAML file into plain data and {dotted key path: line}."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} not found") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: {what} is not UTF-8 text") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read {what}: {e.strerror}") from None
+    try:
+        doc = YAML(typ="rt").load(text)
+    except YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise InputError(f"{path}{line}: invalid YAML: {problem}") from None
+    where: dict = {}
+    return plain_data(doc, "", where), where
+
+
+def plain_data(node, path: str, where: dict):
+    """Plain dicts, lists and scalars from ruamel (or API) data; records the
+    1-based line of every mapping key in `where`."""
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            key_path = join(path, str(key))
+            if isinstance(node, CommentedMap):
+                try:
+                    where[key_path] = node.lc.key(key)[0] + 1
+                except (KeyError, TypeError):
+                    pass
+            out[str(key)] = plain_data(value, key_path, where)
+        return out
+    if isinstance(node, (list, tuple, CommentedSeq)):
+        return [plain_data(item, path, where) for item in node]
+    if isinstance(node, bool) or type(node).__name__ == "ScalarBoolean":
+        return bool(node)
+    if isinstance(node, numbers.Integral):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node
+
+
+def apply_override(data: dict, where: dict, text: str) -> None:
+    """Apply one `dotted.key=value` override in place; the value is YAML
+    (scalar or flow collection) and replaces what was there."""
+    key, sep, raw = str(text).partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not sep or not all(parts):
+        raise InputError(f"{OVERRIDE} {text!r}: expected dotted.key=value, e.g. engine.num_gpu_blocks=4096")
+    try:
+        value = plain_data(YAML(typ="safe", pure=True).load(raw), "", {})
+    except YAMLError as e:
+        raise InputError(f"{OVERRIDE} {key}: cannot parse {raw!r} as a YAML value: {getattr(e, 'problem', e)}") from None
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        prefix = ".".join(parts[: i + 1])
+        if node.get(part) is None:
+            node[part] = {}
+            where[prefix] = OVERRIDE
+        elif not isinstance(node[part], dict):
+            raise InputError(f"{OVERRIDE} {key}: {prefix} is {show(node[part])}, not a mapping")
+        node = node[part]
+    node[parts[-1]] = value
+    for stale in [p for p in where if p.startswith(key + ".")]:
+        del where[stale]
+    where[key] = OVERRIDE
