@@ -115,15 +115,9 @@ def _carried(records, stall, order, follows) -> np.ndarray:
 
 
 def _read_json(path: str):
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise InputError(f"{path}: launch stall file not found") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: launch stall file is not UTF-8 text") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read launch stall file: {e.strerror or e}") from None
+    from servesim.replay.yaml_input import read_text
+
+    text = read_text(path, "launch stall file")
     try:
         return json.loads(text, object_pairs_hook=lambda pairs: _no_duplicates(path, pairs))
     except json.JSONDecodeError as e:

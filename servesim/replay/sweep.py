@@ -80,24 +80,13 @@ class Grid:
 
 def load_grid(path) -> Grid:
     """Read and check a grid file (see the module docstring for its forms)."""
-    from ruamel.yaml import YAML, YAMLError
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+    from servesim.replay.yaml_input import parse_yaml, read_text
     from servesim.replay.yaml_input import plain_data as _plain
 
     source = str(path)
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{source}: grid file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{source}: cannot read the grid file: {e}") from None
-    try:
-        doc = YAML(typ="rt").load(text)
-    except YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{source}{line}: invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    doc = parse_yaml(read_text(source, "grid file"), source)
 
     def key_line(node, key):
         try:

@@ -11,23 +11,34 @@ from servesim.errors import InputError
 from servesim.replay.validation import OVERRIDE, join, show
 
 
-def read_yaml(path: str, what: str):
-    """Parse a YAML file into plain data and {dotted key path: line}."""
+def read_text(path: str, what: str) -> str:
+    """A UTF-8 input file's text, or an InputError naming the file and `what`
+    it was meant to be."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise InputError(f"{path}: {what} not found") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: {what} is not UTF-8 text") from None
     except OSError as e:
-        raise InputError(f"{path}: cannot read {what}: {e.strerror}") from None
+        raise InputError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+
+
+def parse_yaml(text: str, path: str):
+    """The ruamel round-trip document (it keeps the line of every key), or an
+    InputError naming the file and line of the syntax error."""
     try:
-        doc = YAML(typ="rt").load(text)
+        return YAML(typ="rt").load(text)
     except YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         raise InputError(f"{path}{line}: invalid YAML: {problem}") from None
+
+
+def read_yaml(path: str, what: str):
+    """Parse a YAML file into plain data and {dotted key path: line}."""
+    doc = parse_yaml(read_text(path, what), path)
     where: dict = {}
     return plain_data(doc, "", where), where
 
