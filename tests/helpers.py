@@ -31,34 +31,49 @@ current_path = None  # set per test by the `scheduler_path` fixture
 
 def make_workload(rows, trace_block_size=16) -> Workload:
     """A Workload in the given row order (rows must be in arrival order)."""
-    ids, arrival, prompt, output, priority, flat, offsets = [], [], [], [], [], [], [0]
+    hash_ids = []
     next_unique = _UNIQUE_BASE
     for row in rows:
-        P = int(row["P"])
-        hash_ids = row.get("hash_ids")
-        if hash_ids is None:
-            n = -(-P // trace_block_size)
-            hash_ids = list(range(next_unique, next_unique + n))
+        ids = row.get("hash_ids")
+        if ids is None:
+            n = -(-int(row["P"]) // trace_block_size)
+            ids = list(range(next_unique, next_unique + n))
             next_unique += n
-        ids.append(str(row["id"]))
-        arrival.append(float(row["t"]))
-        prompt.append(P)
-        output.append(int(row["O"]))
-        priority.append(int(row.get("priority", 0)))
-        flat.extend(int(h) for h in hash_ids)
-        offsets.append(len(flat))
-    n = len(ids)
+        hash_ids.append([int(h) for h in ids])
+    return workload_of([float(r["t"]) for r in rows], [int(r["P"]) for r in rows],
+                       [int(r["O"]) for r in rows], hash_ids,
+                       priority=[int(r.get("priority", 0)) for r in rows],
+                       ids=[str(r["id"]) for r in rows], trace_block_size=trace_block_size)
+
+
+def workload_of(arrivals, prompts, outputs, hash_ids, *, priority=None, dp_rank=None,
+                trace_block_size=16, concurrency=None, ids=None) -> Workload:
+    """A Workload from per-request lists (`hash_ids`: one list of ids each);
+    ids default to r0, r1, ..., priorities to 0, ranks to unpinned."""
+    n = len(prompts)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(h) for h in hash_ids], out=offsets[1:])
     return Workload(
-        request_ids=ids,
-        arrival_ms=np.array(arrival, dtype=np.float64),
-        input_length=np.array(prompt, dtype=np.int64),
-        output_length=np.array(output, dtype=np.int64),
-        priority=np.array(priority, dtype=np.int64),
-        dp_rank=np.full(n, -1, dtype=np.int64),
-        hash_flat=np.array(flat, dtype=np.int64),
-        hash_offsets=np.array(offsets, dtype=np.int64),
+        request_ids=list(ids) if ids is not None else [f"r{i}" for i in range(n)],
+        arrival_ms=np.array(arrivals, dtype=np.float64),
+        input_length=np.array(prompts, dtype=np.int64),
+        output_length=np.array(outputs, dtype=np.int64),
+        priority=np.array(priority if priority is not None else [0] * n, dtype=np.int64),
+        dp_rank=np.array(dp_rank if dp_rank is not None else [-1] * n, dtype=np.int64),
+        hash_flat=np.array([h for ids_ in hash_ids for h in ids_], dtype=np.int64),
+        hash_offsets=offsets,
         trace_block_size=trace_block_size,
+        concurrency=concurrency,
     )
+
+
+def family_prefix_ids(num_ids, shared, family, unique):
+    """A prompt's hash ids: its first `shared` trace blocks those of prefix
+    family `family`, the others fresh ids from `unique`. Returns `(ids, next
+    fresh id)`."""
+    fresh = num_ids - shared
+    return ([100 * family + j for j in range(shared)] + list(range(unique, unique + fresh)),
+            unique + fresh)
 
 
 def make_config(timing=None, **engine):

@@ -40,6 +40,7 @@ from servesim.replay.config import config_from_dict
 from servesim.replay.driver import simulate
 from servesim.replay.records import STATUS_FINISHED, STATUS_REJECTED
 from servesim.replay.workload import Workload
+from tests.helpers import family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
 BLOCK_SIZE = 16
@@ -87,7 +88,7 @@ def scenarios(draw, closed_loop=None):
     n = draw(st.integers(1, 14), label="num_requests")
     arrivals = sorted(draw(st.lists(st.integers(0, 40), min_size=n, max_size=n),
                            label="arrivals"))
-    prompts, outputs, ranks, flat, offsets = [], [], [], [], [0]
+    prompts, outputs, ranks, hash_ids = [], [], [], []
     unique = 1000
     for _ in range(n):
         max_prompt = min(160, usable_tokens) if closed_loop else 160
@@ -100,25 +101,12 @@ def scenarios(draw, closed_loop=None):
         num_ids = ceil_div(prompt, TRACE_BLOCK_SIZE)
         shared = draw(st.integers(0, num_ids), label="shared_trace_blocks")
         family = draw(st.integers(0, 1), label="prefix_family")
-        ids = [100 * family + j for j in range(shared)]
-        ids += list(range(unique, unique + num_ids - shared))
-        unique += num_ids - shared
-        flat.extend(ids)
-        offsets.append(len(flat))
+        ids, unique = family_prefix_ids(num_ids, shared, family, unique)
+        hash_ids.append(ids)
         pinned = draw(st.integers(0, 3), label="pinned") == 0  # one in four
         ranks.append(draw(st.integers(0, dp - 1), label="dp_rank") if pinned else -1)
-    workload = Workload(
-        request_ids=[f"r{i}" for i in range(n)],
-        arrival_ms=np.array(arrivals, dtype=np.float64),
-        input_length=np.array(prompts, dtype=np.int64),
-        output_length=np.array(outputs, dtype=np.int64),
-        priority=np.zeros(n, dtype=np.int64),
-        dp_rank=np.array(ranks, dtype=np.int64),
-        hash_flat=np.array(flat, dtype=np.int64),
-        hash_offsets=np.array(offsets, dtype=np.int64),
-        trace_block_size=TRACE_BLOCK_SIZE,
-        concurrency=concurrency,
-    )
+    workload = workload_of(arrivals, prompts, outputs, hash_ids, dp_rank=ranks,
+                           trace_block_size=TRACE_BLOCK_SIZE, concurrency=concurrency)
     return config, workload
 
 

@@ -33,7 +33,7 @@ from servesim.replay.config import config_from_dict
 from servesim.replay.driver import Replay
 from servesim.replay.metrics import summarize
 from servesim.replay.records import STATUS_FINISHED
-from servesim.replay.workload import Workload
+from tests.helpers import family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
 MAX_PASSES = 100_000
@@ -131,7 +131,7 @@ def scenarios(draw, unique_prompts=False, ample=False, burst=False):
     prefix families (or unique prompts), a small G1 pool (or an ample one),
     either connector, a small CPU tier and slow or fast lanes."""
     n = draw(st.integers(1, 8), label="num_requests")
-    input_length, output_length, flat, offsets = [], [], [], [0]
+    input_length, output_length, hash_ids = [], [], []
     unique = 1000
     for _ in range(n):
         prompt = draw(st.integers(1, 96), label="input_length")
@@ -139,25 +139,16 @@ def scenarios(draw, unique_prompts=False, ample=False, burst=False):
         num_ids = -(-prompt // TRACE_BLOCK_SIZE)
         shared = 0 if unique_prompts else draw(st.integers(0, num_ids), label="shared")
         family = draw(st.integers(0, 1), label="family")
-        ids = [100 * family + j for j in range(shared)]
-        ids += list(range(unique, unique + num_ids - shared))
-        unique += num_ids - shared
+        ids, unique = family_prefix_ids(num_ids, shared, family, unique)
         input_length.append(prompt)
-        flat.extend(ids)
-        offsets.append(len(flat))
+        hash_ids.append(ids)
     if burst:
         arrivals = [0] * n
     else:
         arrivals = sorted(draw(st.lists(st.integers(0, 80), min_size=n, max_size=n),
                                label="arrivals"))
-    workload = Workload(
-        request_ids=[f"r{i}" for i in range(n)],
-        arrival_ms=np.array(arrivals, dtype=np.float64),
-        input_length=np.array(input_length, dtype=np.int64),
-        output_length=np.array(output_length, dtype=np.int64),
-        priority=np.zeros(n, dtype=np.int64), dp_rank=np.full(n, -1, dtype=np.int64),
-        hash_flat=np.array(flat, dtype=np.int64), hash_offsets=np.array(offsets, dtype=np.int64),
-        trace_block_size=TRACE_BLOCK_SIZE)
+    workload = workload_of(arrivals, input_length, output_length, hash_ids,
+                           trace_block_size=TRACE_BLOCK_SIZE)
     total_blocks = sum(-(-(p + o) // 16) for p, o in zip(input_length, output_length))
     engine = {
         "block_size": 16,

@@ -32,7 +32,7 @@ from servesim.kvcache.block_pool import REF
 from servesim.replay.config import config_from_dict
 from servesim.replay.driver import make_replay
 from servesim.replay.records import STATUS_FINISHED, STATUS_UNFINISHED
-from servesim.replay.workload import Workload
+from tests.helpers import family_prefix_ids, workload_of
 
 MAX_PASSES = 50_000
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True,
@@ -46,7 +46,7 @@ def scenarios(draw, ample=False):
     DP ranks), small pools (or ample ones), random scheduler keys, a slow or
     fast link."""
     n = draw(st.integers(1, 8), label="num_requests")
-    input_length, output_length, flat, offsets = [], [], [], [0]
+    input_length, output_length, hash_ids = [], [], []
     unique = 1000
     for _ in range(n):
         prompt = draw(st.integers(1, 96), label="input_length")
@@ -54,24 +54,14 @@ def scenarios(draw, ample=False):
         num_ids = -(-prompt // 16)
         shared = draw(st.integers(0, num_ids), label="shared")
         family = draw(st.integers(0, 1), label="family")
-        ids = [100 * family + j for j in range(shared)]
-        ids += list(range(unique, unique + num_ids - shared))
-        unique += num_ids - shared
+        ids, unique = family_prefix_ids(num_ids, shared, family, unique)
         input_length.append(prompt)
-        flat.extend(ids)
-        offsets.append(len(flat))
+        hash_ids.append(ids)
     arrivals = sorted(draw(st.lists(st.integers(0, 80), min_size=n, max_size=n), label="arrivals"))
-    workload = Workload(
-        request_ids=[f"r{i}" for i in range(n)],
-        arrival_ms=np.array(arrivals, dtype=np.float64),
-        input_length=np.array(input_length, dtype=np.int64),
-        output_length=np.array(output_length, dtype=np.int64),
-        priority=np.array(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n),
-                               label="priority"), dtype=np.int64),
-        dp_rank=np.full(n, -1, dtype=np.int64),
-        hash_flat=np.array(flat, dtype=np.int64), hash_offsets=np.array(offsets, dtype=np.int64),
-        trace_block_size=16,
-        concurrency=draw(st.sampled_from([None, None, 1, 3]), label="concurrency"))
+    priority = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n), label="priority")
+    concurrency = draw(st.sampled_from([None, None, 1, 3]), label="concurrency")
+    workload = workload_of(arrivals, input_length, output_length, hash_ids, priority=priority,
+                           concurrency=concurrency)
     total_blocks = sum(-(-(p + o) // 16) for p, o in zip(input_length, output_length))
 
     def blocks(label):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from servesim.replay.config import config_from_dict
 from servesim.replay.driver import Replay
 from servesim.replay.records import STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED
-from servesim.replay.workload import Workload
+from tests.helpers import family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
 MAX_PASSES = 200_000  # far beyond any run here: more means the engine loops
@@ -101,7 +101,7 @@ def workloads(draw, engine, fit=False):
         max_prompt = min(max_prompt, usable * bs)
         if max_model_len is not None:
             max_prompt = min(max_prompt, max_model_len - 1)
-    input_length, output_length, flat, offsets = [], [], [], [0]
+    input_length, output_length, hash_ids = [], [], []
     unique = 1000
     for _ in range(n):
         prompt = draw(st.integers(1, min(max_prompt, 64)) | st.integers(1, max_prompt),
@@ -113,25 +113,13 @@ def workloads(draw, engine, fit=False):
         num_ids = ceil_div(prompt, TRACE_BLOCK_SIZE)
         shared = draw(st.integers(0, num_ids), label="shared_trace_blocks")
         family = draw(st.integers(0, 1), label="prefix_family")
-        ids = [100 * family + j for j in range(shared)]
-        ids += list(range(unique, unique + num_ids - shared))
-        unique += num_ids - shared
+        ids, unique = family_prefix_ids(num_ids, shared, family, unique)
         input_length.append(prompt)
         output_length.append(output)
-        flat.extend(ids)
-        offsets.append(len(flat))
+        hash_ids.append(ids)
     priority = draw(st.lists(st.integers(-1, 2), min_size=n, max_size=n), label="priority")
-    return Workload(
-        request_ids=[f"r{i}" for i in range(n)],
-        arrival_ms=np.array(arrivals, dtype=np.float64),
-        input_length=np.array(input_length, dtype=np.int64),
-        output_length=np.array(output_length, dtype=np.int64),
-        priority=np.array(priority, dtype=np.int64),
-        dp_rank=np.full(n, -1, dtype=np.int64),
-        hash_flat=np.array(flat, dtype=np.int64),
-        hash_offsets=np.array(offsets, dtype=np.int64),
-        trace_block_size=TRACE_BLOCK_SIZE,
-    )
+    return workload_of(arrivals, input_length, output_length, hash_ids, priority=priority,
+                       trace_block_size=TRACE_BLOCK_SIZE)
 
 
 @st.composite
