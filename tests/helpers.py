@@ -76,20 +76,22 @@ def family_prefix_ids(num_ids, shared, family, unique):
             unique + fresh)
 
 
-def make_config(timing=None, **engine):
+def make_config(timing=None, cluster=None, output=None, **engine):
     """A Config with the given engine keys (YAML layout), linear timing of 10 ms
-    per pass unless `timing` is given, and the pass log on. `max_num_seqs`
-    defaults to 16 (not vLLM's 256) so that small token budgets are valid. The
-    workload block is a placeholder: tests hand `run` a Workload built by
-    `make_workload`."""
+    per pass unless `timing` is given, and the pass log on unless `output`
+    says otherwise. `max_num_seqs` defaults to 16 (not vLLM's 256) so that
+    small token budgets are valid. The workload block is a placeholder: tests
+    hand `run` a Workload built by `make_workload`."""
     engine = dict(engine)
     engine.setdefault("max_num_seqs", 16)
     engine["timing"] = dict(LINEAR_10MS if timing is None else timing)
     data = {
         "workload": {"synthetic": {"requests": 1}, "trace_block_size": 16},
         "engine": engine,
-        "output": {"pass_log": True},
+        "output": {"pass_log": True} if output is None else output,
     }
+    if cluster is not None:
+        data["cluster"] = cluster
     return config_from_dict(data, source="test")
 
 

@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 
 import helpers
-from helpers import LINEAR_10MS, free_blocks, make_workload, req, sched
+from helpers import LINEAR_10MS, free_blocks, make_config, make_workload, req, sched
 import servesim
 from servesim.errors import InputError
-from servesim.replay.config import config_from_dict
 from servesim.replay.driver import simulate
 from servesim.replay.metrics import summarize
 
@@ -37,16 +36,10 @@ def scheduler_path(request):
 def cluster_config(workers=1, dp=1, router="round_robin", timing=None, telemetry_ms=None,
                    pass_log=True, **engine):
     """A validated Config with a `cluster` block; engine keys as in the YAML."""
-    engine = dict(engine)
-    engine.setdefault("max_num_seqs", 16)
-    engine["timing"] = dict(LINEAR_10MS if timing is None else timing)
-    data = {
-        "workload": {"synthetic": {"requests": 1}, "trace_block_size": 16},
-        "engine": engine,
-        "cluster": {"workers": workers, "data_parallel_size": dp, "router": router},
-        "output": {"pass_log": pass_log, "telemetry_interval_ms": telemetry_ms},
-    }
-    return config_from_dict(data, source="test")
+    return make_config(timing=timing,
+                       cluster={"workers": workers, "data_parallel_size": dp, "router": router},
+                       output={"pass_log": pass_log, "telemetry_interval_ms": telemetry_ms},
+                       **engine)
 
 
 def workload(rows, concurrency=None):
