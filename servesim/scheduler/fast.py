@@ -41,7 +41,7 @@ O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_PRE, O_UNFIN = range(7)
 NUM_OUT_ROWS = 7
 K_NEW, K_RESUMED, K_RUNNING = 0, 1, 2
 KIND_NAMES = (KIND_NEW, KIND_RESUMED, KIND_RUNNING)
-F_SAMPLES, F_PREFILL = 1, 2
+F_SAMPLES = 1  # flags of an entry
 # feats
 (N_SCHED, N_PRE, N_UNFIN, PREFILL_TOKENS, NUM_PREFILL, DECODE_REQS, DECODE_CTX,
  TOTAL_TOKENS, FREE_BLOCKS) = range(9)
@@ -258,7 +258,6 @@ def _update_after_schedule(R, cfg, out, feats):
                 R[i, PLACEHOLDERS] += 1
         feats[TOTAL_TOKENS] += n
         if before < R[i, PREFILL_TARGET]:
-            flags |= F_PREFILL
             feats[PREFILL_TOKENS] += n
             feats[NUM_PREFILL] += 1
         else:

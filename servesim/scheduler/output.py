@@ -8,11 +8,9 @@ KIND_RUNNING = "running"
 class ScheduledRequest:
     """One request's share of a pass. `cached` is its prefix hit at admission
     (0 for `running`); `samples` is True when the pass completes all its known
-    tokens and so samples one (False for a partial prefill chunk);
-    `is_prefill` and `context` feed pass pricing (vllm-engine.md §10)."""
+    tokens and so samples one (False for a partial prefill chunk)."""
 
-    __slots__ = ("request", "num_tokens", "cached", "kind", "samples", "is_prefill",
-                 "context")
+    __slots__ = ("request", "num_tokens", "cached", "kind", "samples")
 
     def __init__(self, request, num_tokens, cached, kind):
         self.request = request
@@ -20,8 +18,6 @@ class ScheduledRequest:
         self.cached = cached
         self.kind = kind
         self.samples = False
-        self.is_prefill = False
-        self.context = 0
 
 
 class SchedulerOutput:

@@ -421,11 +421,9 @@ class Scheduler:
                 request.num_output_placeholders += 1
             out.total_tokens += entry.num_tokens
             if before < request.prefill_target:
-                entry.is_prefill = True
                 out.prefill_tokens += entry.num_tokens
                 out.num_prefill_requests += 1
             else:
-                entry.context = request.num_tokens
                 out.decode_requests += 1
                 out.decode_context += request.num_tokens
 
