@@ -33,6 +33,7 @@ from servesim.replay.config_types import (
     Config,
     LengthDistribution,
     OutputConfig,
+    SessionsConfig,
     SyntheticConfig,
     WorkloadConfig,
 )
@@ -148,6 +149,10 @@ def config_to_dict(cfg: Config) -> dict:
         synthetic = attrs.asdict(cfg.workload.synthetic, recurse=False)
         synthetic["input_tokens"] = _lengths_to_data(cfg.workload.synthetic.input_tokens)
         synthetic["output_tokens"] = _lengths_to_data(cfg.workload.synthetic.output_tokens)
+        if synthetic["sessions"] is None:
+            del synthetic["sessions"]  # the config of a run without sessions stays as it was
+        else:
+            synthetic["sessions"] = _sessions_to_data(synthetic["sessions"])
         workload["synthetic"] = synthetic
     return {
         "workload": workload,
@@ -277,7 +282,8 @@ def _workload(ctx: Ctx, data, engine: EngineConfig) -> WorkloadConfig:
     if s.given("trace") == s.given("synthetic"):
         ctx.fail("workload", "give exactly one of workload.trace (a trace file) and workload.synthetic")
     trace = s.get("trace", PATH, None, nullable=True)
-    fmt = s.get("format", enum("mooncake", "azure"), None, nullable=True)
+    fmt = s.get("format", enum("mooncake", "azure", "mooncake-delta", "agentic_mooncake"), None,
+                nullable=True)
     if trace is not None:
         trace = ctx.resolve(trace)
         if not os.path.isfile(trace):
@@ -317,7 +323,15 @@ def _synthetic(ctx: Ctx, data, engine: EngineConfig) -> SyntheticConfig:
     s = Section(ctx, data, "workload.synthetic", list(d))
     arrival = s.get("arrival", enum("burst", "poisson", "constant"), d["arrival"])
     rate = s.get("rate", NUMBER, None, gt(0), nullable=True)
-    if arrival != "burst" and rate is None:
+    sessions = _sessions(ctx, s) if s.given("sessions") else None
+    if sessions is not None:
+        if arrival == "burst" and sessions.sessions_per_second is not None:
+            arrival = "poisson"
+        if arrival != "burst" and sessions.sessions_per_second is None:
+            ctx.fail(s.sub("sessions") + ".sessions_per_second",
+                     f"arrival {arrival} of sessions needs sessions_per_second (a number > 0)")
+        rate = sessions.sessions_per_second
+    elif arrival != "burst" and rate is None:
         ctx.fail(s.sub("rate"), f"arrival {arrival} needs a rate in requests/s (a number > 0)")
     prefix = s.get("shared_prefix_tokens", INT, d["shared_prefix_tokens"], ge(0))
     block_size = engine.kv_cache.block_size
@@ -332,15 +346,59 @@ def _synthetic(ctx: Ctx, data, engine: EngineConfig) -> SyntheticConfig:
         concurrency=s.get("concurrency", INT, None, ge(1), nullable=True),
         shared_prefix_tokens=prefix,
         seed=s.get("seed", INT, d["seed"], ge(0)),
+        sessions=sessions,
     )
 
 
-def _lengths(ctx: Ctx, s: Section, key: str) -> LengthDistribution:
+def _sessions(ctx: Ctx, outer: Section) -> SessionsConfig:
+    """`workload.synthetic.sessions` (README, "Workloads"). The request-level
+    keys of `synthetic` do not apply to sessions."""
+    defaults = _defaults(SyntheticConfig)
+    given = outer.data["sessions"]
+    sessions_rate = given.get("sessions_per_second") if isinstance(given, dict) else None
+    for key in ("requests", "input_tokens", "output_tokens", "rate"):
+        value = outer.data.get(key)
+        if key in ("input_tokens", "output_tokens") and value is not None:
+            value = _lengths(ctx, outer, key)
+        if value is not None and value != defaults[key] and not (key == "rate" and value == sessions_rate):
+            ctx.fail(outer.sub(key), "does not apply with sessions (set workload.synthetic."
+                     "sessions.count, new_input_tokens, output_tokens, sessions_per_second)")
+    d = _defaults(SessionsConfig)
+    s = Section(ctx, outer.data["sessions"], outer.sub("sessions"), list(d))
+    think = d["think_time"]
+    if "think_time" in s.data:
+        value = s.data["think_time"]
+        if isinstance(value, dict):
+            think = _lengths(ctx, s, "think_time", d)
+        else:
+            think = float(s.get("think_time", NUMBER, 0.0, ge(0)))
+    return SessionsConfig(
+        count=s.get("count", INT, d["count"], ge(1)),
+        turns=s.get("turns", INT, d["turns"], ge(1)),
+        new_input_tokens=_lengths(ctx, s, "new_input_tokens", d),
+        output_tokens=_lengths(ctx, s, "output_tokens", d),
+        think_time=think,
+        sessions_per_second=s.get("sessions_per_second", NUMBER, None, gt(0), nullable=True),
+        shared_prefix_ratio=float(s.get("shared_prefix_ratio", NUMBER, 0.0, ge(0), le(1))),
+        prefix_groups=s.get("prefix_groups", INT, 0, ge(0)),
+    )
+
+
+def _sessions_to_data(cfg: SessionsConfig) -> dict:
+    data = attrs.asdict(cfg, recurse=False)
+    for key in ("new_input_tokens", "output_tokens"):
+        data[key] = _lengths_to_data(data[key])
+    if isinstance(cfg.think_time, LengthDistribution):
+        data["think_time"] = _lengths_to_data(cfg.think_time)
+    return data
+
+
+def _lengths(ctx: Ctx, s: Section, key: str, defaults=None) -> LengthDistribution:
     """A token-count distribution: an int (constant) or {distribution: ...}.
     A lognormal without `max` is stored with max 0: no upper clip."""
     path = s.sub(key)
     if key not in s.data:
-        return _defaults(SyntheticConfig)[key]
+        return (defaults or _defaults(SyntheticConfig))[key]
     value = s.data[key]
     if not isinstance(value, dict):
         if not is_int(value):
@@ -484,7 +542,8 @@ def _cluster(ctx: Ctx, data, engine_data, engine: EngineConfig) -> ClusterConfig
     mode = s.get("mode", enum("aggregated", "disaggregated"), d["mode"])
     common = dict(
         data_parallel_size=s.get("data_parallel_size", INT, d["data_parallel_size"], ge(1)),
-        router=s.get("router", enum("round_robin", "least_loaded", "kv_aware"), d["router"]),
+        router=s.get("router", enum("round_robin", "least_loaded", "kv_aware", "session_affinity"),
+                     d["router"]),
     )
     if mode == "aggregated":
         for key in _DISAGGREGATED_KEYS:

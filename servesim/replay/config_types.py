@@ -26,6 +26,27 @@ class LengthDistribution:
 
 
 @attrs.frozen
+class SessionsConfig:
+    """`workload.synthetic.sessions`: `count` chat sessions of `turns` turns;
+    each turn adds `new_input_tokens` to the previous prompt and output and
+    asks for `output_tokens`; a later turn arrives `think_time` ms (a number,
+    or a LengthDistribution drawn per turn) after the previous turn's last
+    token. The first `shared_prefix_ratio` of a first prompt's blocks is
+    shared by the sessions of one of `prefix_groups` groups (0: one group).
+    Sessions start at `sessions_per_second` (Poisson, or `arrival: constant`),
+    all at 0 without it, or in a closed loop with `concurrency`."""
+
+    count: int = 100
+    turns: int = 4
+    new_input_tokens: LengthDistribution = attrs.Factory(lambda: LengthDistribution(value=512))
+    output_tokens: LengthDistribution = attrs.Factory(lambda: LengthDistribution(value=128))
+    think_time: object = 0.0  # ms: a float, or a LengthDistribution
+    sessions_per_second: float | None = None
+    shared_prefix_ratio: float = 0.0
+    prefix_groups: int = 0
+
+
+@attrs.frozen
 class SyntheticConfig:
     requests: int = 100
     input_tokens: LengthDistribution = attrs.Factory(lambda: LengthDistribution(value=1024))
@@ -35,6 +56,7 @@ class SyntheticConfig:
     concurrency: int | None = None
     shared_prefix_tokens: int = 0
     seed: int = 42
+    sessions: SessionsConfig | None = None
 
 
 @attrs.frozen

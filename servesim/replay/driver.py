@@ -83,7 +83,9 @@ class ArrayRequests:
 
     def make_scheduler(self, config, pool):
         scheduler = FastScheduler(config, pool, self.table, self.replay.tokens)
-        scheduler.stop_on_finish = self.replay.workload.concurrency is not None
+        w = self.replay.workload
+        # a finish may release an arrival: closed loop, or a session's next turn
+        scheduler.stop_on_finish = w.concurrency is not None or w.sessions is not None
         return scheduler
 
     def results(self):
@@ -129,6 +131,12 @@ class Replay:
         self.idents, self.ident_offsets, num_identities = block_identities(
             workload.hash_flat, workload.hash_offsets, workload.trace_block_size,
             prompt, num_blocks, block_size)
+        if workload.sessions is not None:
+            from servesim.replay.sessions import session_block_identities
+
+            self.idents, num_identities = session_block_identities(
+                workload.sessions, self.idents, self.ident_offsets, num_identities,
+                prompt, self.max_tokens, block_size)
         self.arrival_ms = workload.arrival_ms.astype(np.float64).copy()
         self.tokens = TokenLog(self.max_tokens, engine.detokenize_ms)
         if path == "auto":
@@ -151,6 +159,12 @@ class Replay:
         self._next_release = 0  # closed loop: next request to release
         self._last_progress = time.perf_counter()
         self._arrivals = 0  # arrivals so far; open loop: they come in workload order
+        self.sessions = None  # arrivals that wait for finishes (replay/sessions.py)
+        if workload.sessions is not None:
+            from servesim.replay.sessions import SessionArrivals
+
+            self.sessions = SessionArrivals(workload.sessions, self.arrival_ms,
+                                            workload.concurrency, self.loop, self._on_arrival)
 
     def _build_workers(self, num_identities):
         """The request store, the workers and the router."""
@@ -168,6 +182,8 @@ class Replay:
     # -- arrivals ------------------------------------------------------------
 
     def _schedule_arrivals(self):
+        if self.sessions is not None:
+            return self.sessions.start()
         concurrency = self.workload.concurrency
         n = len(self.workload)
         if concurrency is None:
@@ -193,20 +209,32 @@ class Replay:
         self.arrived[i] = True
         self._arrivals += 1
         prompt = int(w.input_length[i])
+        session = int(w.sessions.session[i]) if w.sessions is not None else -1
         worker, rank = self.router.route(
             w.request_ids[i], prompt, self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]],
-            int(w.dp_rank[i]))
+            int(w.dp_rank[i]), session)
         self.worker_of[i] = worker
         self.rank_of[i] = rank
         if not self.workers[worker].add_request(rank, self.store.create(i), prompt):
             self.status[i] = STATUS_REJECTED
-            self._release_next()
+            self._left(i)
 
     # -- engine observer -----------------------------------------------------
 
     def on_done(self, i, finished):
         self.status[i] = STATUS_FINISHED if finished else STATUS_UNFINISHED
-        self._release_next()
+        self._left(i)
+
+    def _left(self, i):
+        """Request i left the system; with sessions, what waited for it is
+        released after its last token reached the client (now, if it never
+        finished)."""
+        if self.sessions is None:
+            return self._release_next()
+        self.num_done += 1
+        now = self.loop.now
+        finish = max(now, float(self.tokens.last_client[i])) if self.status[i] == STATUS_FINISHED else now
+        self.sessions.done(i, finish)
 
     def _release_next(self):
         """A request left the system: closed loop releases the next one now."""
@@ -236,7 +264,7 @@ class Replay:
         """The next instant at which something outside a worker may touch it:
         the next arrival (closed loop: the next event of any kind, since a
         finish elsewhere releases one) or telemetry tick."""
-        if self.workload.concurrency is not None:
+        if self.workload.concurrency is not None or self.sessions is not None:
             t = self.loop.next_time()
         else:
             t = (float(self.arrival_ms[self._arrivals])
@@ -291,6 +319,9 @@ class Replay:
         finish_ms = np.full(n, math.nan)
         first_token_ms[has_tokens] = client[offsets[:-1][has_tokens]]
         finish_ms[has_tokens] = client[offsets[1:][has_tokens] - 1]
+        if w.sessions is not None:
+            extra = dict(extra, session_ids=w.sessions.session_ids, session=w.sessions.session,
+                         turn=w.sessions.turn)
         return RequestRecords(
             ids=list(w.request_ids), arrival_ms=self.arrival_ms,
             first_token_ms=first_token_ms, finish_ms=finish_ms,
@@ -373,6 +404,11 @@ def make_replay(config: Config, workload: Workload, progress=None, path: str = "
     """The :class:`Replay` of `config`: aggregated workers, or disaggregated
     prefill and decode pools (servesim/replay/disaggregated.py)."""
     if config.cluster.disaggregated:
+        if workload.sessions is not None:
+            from servesim.errors import InputError
+
+            raise InputError("workload: sessions and agent graphs need cluster.mode: aggregated "
+                             "(a turn's arrival follows its predecessor's finish on one pool)")
         from servesim.replay.disaggregated import DisaggregatedReplay
 
         return DisaggregatedReplay(config, workload, progress, path)

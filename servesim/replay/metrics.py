@@ -195,6 +195,10 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
         summary = _with_cpu_tier(summary, stats)
     if stats.pools is not None:
         summary = _with_pools(summary, stats, rec)
+    if rec.session is not None:
+        from servesim.replay.session_metrics import with_sessions
+
+        summary = with_sessions(summary, rec)
     return summary
 
 

@@ -40,6 +40,8 @@ REQUEST_FIELDS = (
 # decode worker's, null for a request never handed off)
 DISAGGREGATED_FIELDS = ("prefill_worker", "prefill_dp_rank", "decode_worker",
                         "kv_transfer_ms", "transferred_tokens")
+# session workloads only: after `id`
+SESSION_FIELDS = ("session_id", "turn")
 
 
 def _floats(arr) -> list:
@@ -76,7 +78,8 @@ def _ids(ids) -> list:
 
 def request_lines(result: SimulationResult, chunk: int = 8192):
     """One JSON text per request, fields in the order of REQUEST_FIELDS (with
-    DISAGGREGATED_FIELDS after `dp_rank` in disaggregated mode), as lists of
+    DISAGGREGATED_FIELDS after `dp_rank` in disaggregated mode, SESSION_FIELDS
+    after `id` for a session workload), as lists of
     at most `chunk` lines (so a run of 100,000 requests never holds all its
     texts at once).
 
@@ -102,6 +105,10 @@ def request_lines(result: SimulationResult, chunk: int = 8192):
     if disaggregated:
         at = REQUEST_FIELDS.index("dp_rank") + 1
         names = REQUEST_FIELDS[:at] + DISAGGREGATED_FIELDS + REQUEST_FIELDS[at:]
+    sessions = r.session is not None
+    if sessions:
+        names = names[:1] + SESSION_FIELDS + names[1:]
+        session_texts = _ids(r.session_ids)
     for start in range(0, len(r.ids), chunk):
         s = slice(start, start + chunk)
         status = ['"%s"' % STATUS_NAMES[x] for x in r.status[s].tolist()]
@@ -111,8 +118,11 @@ def request_lines(result: SimulationResult, chunk: int = 8192):
                          _ints(r.prefill_worker[s]), _ints(r.prefill_dp_rank[s]),
                          _passes(r.decode_worker[s]), _floats(r.kv_transfer_ms[s]),
                          _passes(r.transferred_tokens[s]))
+        by_session = ()
+        if sessions:
+            by_session = ([session_texts[k] for k in r.session[s].tolist()], _ints(r.turn[s]))
         columns = (
-            _ids(r.ids[s]), _floats(r.arrival_ms[s]), _floats(r.first_scheduled_ms[s]),
+            _ids(r.ids[s]), *by_session, _floats(r.arrival_ms[s]), _floats(r.first_scheduled_ms[s]),
             _floats(r.first_token_ms[s]), _floats(r.finish_ms[s]), _floats(ttft[s]),
             _floats(tpot[s]), _floats(e2e[s]), _ints(r.input_length[s]),
             _ints(r.output_length[s]), _ints(ntok[s]), _ints(r.num_preemptions[s]),

@@ -30,6 +30,9 @@ class RequestRecords:
     from the decision that queued the pull to its landing, 0 when nothing
     moved; NaN: never handed off) and `transferred_tokens` (-1: never handed
     off). `worker` / `dp_rank` are then the decode worker's.
+
+    Session workloads (servesim/replay/sessions.py) add `session` (index into
+    `session_ids`) and `turn` per request (None otherwise).
     """
 
     ids: list
@@ -56,6 +59,9 @@ class RequestRecords:
     decode_worker: np.ndarray | None = None
     kv_transfer_ms: np.ndarray | None = None
     transferred_tokens: np.ndarray | None = None
+    session_ids: list | None = None
+    session: np.ndarray | None = None
+    turn: np.ndarray | None = None
 
 
 @attrs.define(eq=False)

@@ -11,6 +11,10 @@
   in the same unit, as NVIDIA Dynamo's KV router weighs prefill blocks against
   load; ties by index.
 
+- `session_affinity`: a session's first request goes round robin, its later
+  requests to the same (worker, rank); requests outside sessions go round
+  robin.
+
 A request with a pinned `dp_rank` goes to that rank; the router chooses only
 among the ranks with that index.
 """
@@ -32,9 +36,12 @@ class Router:
         self._next = 0
         self._next_pinned = [0] * data_parallel_size
         self._scratch = np.zeros(64, dtype=np.int64)
+        self._session_target = {}  # session_affinity: session -> (worker, rank)
 
-    def route(self, request_id: str, num_prompt_tokens: int, idents, pinned_rank: int):
-        """The (worker, rank) for a request with these prompt block identities."""
+    def route(self, request_id: str, num_prompt_tokens: int, idents, pinned_rank: int,
+              session: int = -1):
+        """The (worker, rank) for a request with these prompt block identities
+        (`session`: its session's index, -1 outside sessions)."""
         if pinned_rank >= self.dp:
             raise InputError(
                 f"request {request_id!r}: dp_rank {pinned_rank} is out of range "
@@ -45,6 +52,13 @@ class Router:
             candidates = self.targets
         if self.policy == "round_robin":
             return self._round_robin(candidates, pinned_rank)
+        if self.policy == "session_affinity":
+            target = self._session_target.get(session)
+            if target is None or (pinned_rank >= 0 and target[1] != pinned_rank):
+                target = self._round_robin(candidates, pinned_rank)
+                if session >= 0:
+                    self._session_target[session] = target
+            return target
         if self.policy == "least_loaded":
             return min(candidates, key=lambda t: self._load(t) + (t,))
         return min(candidates, key=lambda t: (self._kv_cost(t, num_prompt_tokens, idents), t))

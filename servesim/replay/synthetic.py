@@ -31,6 +31,8 @@ def synthetic_workload(cfg: SyntheticConfig, block_size: int) -> Workload:
     Draw order (fixed, for determinism): input lengths, output lengths,
     arrivals, all from one `numpy.random.default_rng(seed)`.
     """
+    if cfg.sessions is not None:
+        return synthetic_sessions(cfg, block_size)
     n = cfg.requests
     if type(n) is not int or n < 1:
         raise InputError(f"{_KEY}.requests: must be an integer >= 1, got {n!r}")
@@ -56,6 +58,63 @@ def synthetic_workload(cfg: SyntheticConfig, block_size: int) -> Workload:
         concurrency=cfg.concurrency,
         source=None,
     )
+
+
+def synthetic_sessions(cfg: SyntheticConfig, block_size: int) -> Workload:
+    """Chat sessions (`synthetic.sessions`): turn k's prompt is turn k-1's
+    prompt, its output and `new_input_tokens` more (servesim/replay/sessions.py).
+    Requests are session by session, turn by turn. Draw order (fixed): new
+    input lengths, output lengths, think times (when a distribution), session
+    starts. A first prompt shares its first round(ratio * its trace blocks)
+    blocks with the other sessions of its prefix group (session index modulo
+    `prefix_groups`); trace blocks are 32 engine blocks."""
+    from servesim.replay.sessions import accumulate_deltas, chain_plan
+
+    sc = cfg.sessions
+    count, turns = sc.count, sc.turns
+    n = count * turns
+    rng = np.random.default_rng(cfg.seed)
+    key = f"{_KEY}.sessions"
+    delta = draw_lengths(rng, sc.new_input_tokens, n, f"{key}.new_input_tokens")
+    output_length = draw_lengths(rng, sc.output_tokens, n, f"{key}.output_tokens")
+    if isinstance(sc.think_time, LengthDistribution):
+        think = draw_lengths(rng, sc.think_time, n, f"{key}.think_time").astype(np.float64)
+    else:
+        think = np.full(n, float(sc.think_time))
+    starts = draw_arrivals(rng, cfg.arrival, cfg.rate, count)
+    session = np.repeat(np.arange(count, dtype=np.int64), turns)
+    turn = np.tile(np.arange(turns, dtype=np.int64), count)
+    think[turn == 0] = 0.0
+    tbs = synthetic_trace_block_size(block_size, 0)
+    groups = max(sc.prefix_groups, 1)
+    first = delta[turn == 0]
+    nblocks = -(-first // tbs)
+    shared = np.minimum(np.rint(nblocks * sc.shared_prefix_ratio).astype(np.int64), nblocks)
+    next_id = int(nblocks.max()) * groups
+    hashes = [None] * n
+    for s, row in enumerate(np.flatnonzero(turn == 0).tolist()):
+        k, total = int(shared[s]), int(nblocks[s])
+        own = list(range(next_id, next_id + total - k))
+        next_id += total - k
+        hashes[row] = [j * groups + s % groups for j in range(k)] + own
+    for row in np.flatnonzero(turn > 0).tolist():
+        m = -(-int(delta[row]) // tbs)
+        hashes[row] = list(range(next_id, next_id + m))
+        next_id += m
+    prompt, hashes, stream_start = accumulate_deltas(session.tolist(), delta, output_length,
+                                                     hashes, tbs)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(h) for h in hashes], out=offsets[1:])
+    arrival = np.full(n, np.nan)
+    arrival[turn == 0] = starts
+    plan = chain_plan([str(s) for s in range(count)], session, turn, think, stream_start)
+    return Workload(
+        request_ids=[f"{s}.{t}" for s, t in zip(session.tolist(), turn.tolist())],
+        arrival_ms=arrival, input_length=prompt, output_length=output_length,
+        priority=np.zeros(n, dtype=np.int64), dp_rank=np.full(n, -1, dtype=np.int64),
+        hash_flat=np.array([x for h in hashes for x in h], dtype=np.int64),
+        hash_offsets=offsets, trace_block_size=tbs, concurrency=cfg.concurrency,
+        source=None, sessions=plan)
 
 
 def draw_lengths(rng: np.random.Generator, dist: LengthDistribution, n: int, key: str) -> np.ndarray:

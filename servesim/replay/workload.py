@@ -31,6 +31,9 @@ class Workload:
     (not pinned). `concurrency` is the closed-loop bound (None: open loop).
     `source` and `lines` name the file and line of each row for messages
     (lines are 1-based; synthetic workloads have source None).
+    `sessions` (a `servesim.replay.sessions.SessionPlan`, None for independent
+    requests): requests in file order whose arrivals wait for others'
+    finishes; their `arrival_ms` is NaN except for roots.
     """
 
     request_ids: list
@@ -44,6 +47,7 @@ class Workload:
     trace_block_size: int
     concurrency: int | None = None
     source: str | None = None
+    sessions: object = None
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -54,7 +58,7 @@ class Workload:
 # The synthetic generator lives in servesim.replay.synthetic.
 # --------------------------------------------------------------------------
 
-FORMATS = ("mooncake", "azure")
+FORMATS = ("mooncake", "azure", "mooncake-delta", "agentic_mooncake")
 _GZIP_MAGIC = b"\x1f\x8b"
 _INF = float("inf")
 _NUMBER = (int, float)
@@ -95,7 +99,14 @@ def load_workload(cfg, block_size: int) -> Workload:
         concurrency = cfg.synthetic.concurrency
     if concurrency is not None and (type(concurrency) is not int or concurrency < 1):
         raise InputError(f"workload.concurrency: must be an integer >= 1 or null, got {concurrency!r}")
-    arrival = (w.arrival_ms - w.arrival_ms[0]) / float(cfg.speedup)
+    if w.sessions is not None:
+        from servesim.replay.sessions import scale_delays
+
+        first = float(np.nanmin(w.arrival_ms))
+        w = attrs.evolve(w, sessions=scale_delays(w.sessions, cfg.speedup))
+    else:
+        first = w.arrival_ms[0]
+    arrival = (w.arrival_ms - first) / float(cfg.speedup)
     return attrs.evolve(w, arrival_ms=arrival, concurrency=concurrency)
 
 
@@ -103,7 +114,7 @@ def trace_format(path, fmt: str | None) -> str:
     """The trace format: `fmt` if given, else from the file name."""
     if fmt is not None:
         if fmt not in FORMATS:
-            raise InputError(f"workload.format: unknown format {fmt!r}; accepted: mooncake, azure")
+            raise InputError(f"workload.format: unknown format {fmt!r}; accepted: {', '.join(FORMATS)}")
         return fmt
     name = Path(path).name.lower()
     if name.endswith((".jsonl", ".jsonl.gz")):
@@ -128,6 +139,12 @@ def load_mooncake(path, trace_block_size: int = 512, limit: int | None = None) -
             rows = _read_mooncake_rows(f, str(path), trace_block_size, limit)
         except _READ_ERRORS as e:
             raise _corrupt(path, e) from None
+        except _HasSessions:
+            rows = None
+    if rows is None:  # rows with session fields: turns wait for each other
+        from servesim.replay.session_trace import load_session_trace
+
+        return load_session_trace(path, "mooncake", trace_block_size, limit)
     if not rows[0]:
         raise InputError(f"{path}: empty trace: no requests" + _limit_note(limit))
     return _mooncake_workload(rows, str(path), trace_block_size)
@@ -172,6 +189,10 @@ def load_azure(path, trace_block_size: int = 512, limit: int | None = None) -> W
 def _load_trace(cfg) -> Workload:
     """Load `cfg.trace` in its format, applying `limit` while reading."""
     fmt = trace_format(cfg.trace, cfg.format)
+    if fmt in ("mooncake-delta", "agentic_mooncake"):
+        from servesim.replay.session_trace import load_session_trace
+
+        return load_session_trace(cfg.trace, fmt, cfg.trace_block_size, cfg.limit)
     loader = load_mooncake if fmt == "mooncake" else load_azure
     return loader(cfg.trace, cfg.trace_block_size, cfg.limit)
 
@@ -181,8 +202,14 @@ def _head(w: Workload, n: int) -> Workload:
     if n >= len(w):
         return w
     end = int(w.hash_offsets[n])
+    sessions = w.sessions
+    if sessions is not None:
+        from servesim.replay.sessions import head_plan
+
+        sessions = head_plan(sessions, n)
     return attrs.evolve(
         w,
+        sessions=sessions,
         request_ids=w.request_ids[:n],
         arrival_ms=w.arrival_ms[:n].copy(),
         input_length=w.input_length[:n].copy(),
@@ -277,11 +304,17 @@ def _read_mooncake_rows(f, path: str, tbs: int, limit):
             ol = obj["output_length"]
             h = obj["hash_ids"]
         except (KeyError, TypeError):
+            if _session_row(obj):
+                raise _HasSessions from None
             raise InputError(_mooncake_row_error(obj, path, n + 1, prev, tbs)) from None
         if not (type(ts) in _NUMBER and prev <= ts < _INF and type(il) is int and type(ol) is int
                 and il >= 1 and ol >= 1 and type(h) is list and len(h) == (il + tbs - 1) // tbs):
+            if _session_row(obj):
+                raise _HasSessions
             raise InputError(_mooncake_row_error(obj, path, n + 1, prev, tbs))
         if len(obj) > 4:
+            if _session_row(obj):
+                raise _HasSessions
             extras[n] = obj
         prev = ts
         ts_l.append(ts)
@@ -291,6 +324,14 @@ def _read_mooncake_rows(f, path: str, tbs: int, limit):
         extend(h)
         n += 1
     return ts_l, il_l, ol_l, nh_l, flat, extras
+
+
+class _HasSessions(Exception):
+    """A Mooncake row carries session fields: the trace is read as sessions."""
+
+
+def _session_row(obj) -> bool:
+    return isinstance(obj, dict) and ("session_id" in obj or "delay" in obj or "delay_ms" in obj)
 
 
 def _mooncake_row_error(obj, path: str, line: int, prev: float, tbs: int) -> str:
