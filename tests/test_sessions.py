@@ -1,0 +1,293 @@
+"""Sessions and agent graphs (README, "Workloads"): arrivals that follow a
+predecessor's finish, prompts that grow by the previous output under
+`mooncake-delta`, closed loops counting sessions, session routing, the
+outputs, and bad input.
+
+Conventions of the hand computations: block_size 16, linear timing of 10 ms
+per pass whatever it holds, a synchronous engine, so a request of prompt P
+(P <= budget) and O outputs admitted at t gets token k at t + 10k; a later
+turn arrives at its predecessor's last token + its delay.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import helpers
+from helpers import make_config, req, run
+from servesim.cli import main
+from servesim.replay.config_types import WorkloadConfig
+from servesim.replay.driver import simulate
+from servesim.replay.metrics import summarize
+from servesim.replay.output import request_lines
+from servesim.replay.workload import load_workload
+
+
+@pytest.fixture(autouse=True, params=helpers.PATHS, ids=lambda p: p or "default")
+def scheduler_path(request):
+    helpers.current_path = request.param
+    yield request.param
+    helpers.current_path = None
+
+
+def trace(tmp_path, rows, fmt="mooncake", concurrency=None, speedup=1.0, name="t.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = WorkloadConfig(trace=str(path), format=fmt, trace_block_size=16,
+                         concurrency=concurrency, speedup=speedup)
+    return load_workload(cfg, 16)
+
+
+def row(P, O, hash_ids, **fields):
+    return dict(input_length=P, output_length=O, hash_ids=hash_ids, **fields)
+
+
+def test_a_later_turn_arrives_at_the_first_finish_plus_its_delay_and_hits_its_prompt(tmp_path):
+    # s0: P=32 (ids 1,2), O=3: pass [0,10] prefill, tokens at 10, 20, 30 -> finish 30.
+    # s1: arrives 30 + 5 = 35 with P=64 (ids 1,2,3,4): its first 2 blocks are
+    # s0's prompt blocks, cached (s0's third block held 2 tokens, never full):
+    # 32 cached, 32 computed in [35,45] (token 1 at 45), token 2 at 55.
+    w = trace(tmp_path, [row(32, 3, [1, 2], session_id="s", timestamp=0, request_id="t0"),
+                         row(64, 2, [1, 2, 3, 4], session_id="s", delay=5, request_id="t1")])
+    records, log = run(make_config(), w)
+    assert req(records, "t0")["finish_ms"] == 30
+    t1 = req(records, "t1")
+    assert records.arrival_ms[1] == 35
+    assert t1["first_admission_cached_tokens"] == 32
+    assert (t1["first_token_ms"], t1["finish_ms"]) == (45, 55)
+    assert [p["start_ms"] for p in log] == [0, 10, 20, 35, 45]
+    assert records.turn.tolist() == [0, 1]
+    assert records.session_ids == ["s"]
+
+
+def test_mooncake_delta_prompt_is_previous_prompt_plus_output_plus_delta_and_hits_the_output(tmp_path):
+    # t0: P=32 (ids 1,2), O=17: prefill [0,10] (token 1 at 10), tokens 2..17 in
+    # passes 1..16 -> finish 170. Its KV holds 32 + 16 = 48 tokens: blocks 0-1
+    # (prompt) and block 2 (outputs 1-16), all full and cached.
+    # t1 (delta 16): prompt 32 + 17 + 16 = 65, arrives 170 + 5 = 175; at most
+    # (65-1)//16 = 4 blocks can hit; blocks 0-2 do (block 3 starts with output
+    # 17, never computed): 48 cached, 17 computed in [175,185] -> token at 185.
+    rows = [row(32, 17, [1, 2], session_id="s", timestamp=0, request_id="t0"),
+            row(16, 1, [7], session_id="s", delay_ms=5, request_id="t1")]
+    w = trace(tmp_path, rows, fmt="mooncake-delta")
+    assert w.input_length.tolist() == [32, 65]
+    records, log = run(make_config(), w)
+    assert req(records, "t0")["finish_ms"] == 170
+    t1 = req(records, "t1")
+    assert t1["first_admission_cached_tokens"] == 48
+    assert log[-1]["scheduled"] == [{"id": "t1", "tokens": 17, "cached": 48, "kind": "new"}]
+    assert (log[-1]["start_ms"], t1["finish_ms"]) == (175, 185)
+
+
+def test_plain_mooncake_turns_do_not_hit_the_previous_output(tmp_path):
+    # The same session as a plain mooncake trace: t1's ids past the first
+    # prompt are its own, so only the 2 prompt blocks hit.
+    rows = [row(32, 17, [1, 2], session_id="s", timestamp=0, request_id="t0"),
+            row(65, 1, [1, 2, 3, 4, 5], session_id="s", delay=5, request_id="t1")]
+    records, _ = run(make_config(), trace(tmp_path, rows))
+    assert req(records, "t1")["first_admission_cached_tokens"] == 32
+
+
+def test_diamond_agent_graph_waits_for_the_latest_dependency(tmp_path):
+    # a (root) [0,10] -> finish 10. b waits for a, delay 5: arrives 15, runs
+    # [15,25]. c waits for a, tool wait 10: arrives 20 while b's pass runs,
+    # admitted at 25, [25,35]. d waits for b and c: max(25, 35) + 2 + 3 = 40,
+    # [40,50]. Prompts are unique (no hits).
+    rows = [row(16, 1, [1], request_id="a", timestamp=0),
+            row(16, 1, [2], request_id="b", wait_for=["a"], delay=5),
+            row(16, 1, [3], request_id="c", wait_for=["a"], tool_wait_ms=10),
+            row(16, 1, [4], request_id="d", wait_for=["b", "c"], delay_ms=2, tool_wait_ms=3)]
+    w = trace(tmp_path, rows, fmt="agentic_mooncake")
+    records, _ = run(make_config(), w)
+    assert records.arrival_ms.tolist() == [0, 15, 20, 40]
+    assert [req(records, x)["finish_ms"] for x in "abcd"] == [10, 25, 35, 50]
+    assert records.turn.tolist() == [0, 1, 1, 2]
+    assert records.session_ids == ["a"]  # no session_id: the root's graph
+
+
+def test_closed_loop_of_two_sessions_holds_each_slot_through_all_turns(tmp_path):
+    # concurrency 2, sessions A, B, C of two turns (P=16, O=1, delay 5):
+    # A0, B0 at 0 -> [0,10]; A1, B1 at 15 -> [15,25]; A and B are done at 25,
+    # so C0 starts then (its timestamp is ignored) -> [25,35]; C1 at 40 -> [40,50].
+    rows = []
+    for k, s in enumerate("ABC"):
+        rows.append(row(16, 1, [10 * k + 1], session_id=s, timestamp=0, request_id=s + "0"))
+        rows.append(row(16, 1, [10 * k + 2], session_id=s, delay=5, request_id=s + "1"))
+    w = trace(tmp_path, rows, concurrency=2)
+    records, _ = run(make_config(), w)
+    assert records.arrival_ms.tolist() == [0, 15, 0, 15, 25, 40]
+    assert [req(records, i)["finish_ms"] for i in ("A0", "A1", "B0", "B1", "C0", "C1")] == [
+        10, 25, 10, 25, 35, 50]
+
+
+@pytest.mark.parametrize("router, b1_worker", [("round_robin", 0), ("session_affinity", 1),
+                                               ("kv_aware", 1)])
+def test_session_affinity_and_kv_aware_keep_a_later_turn_with_its_first(tmp_path, router,
+                                                                         b1_worker):
+    # 2 workers. A0 -> w0, B0 -> w1 (round robin, and kv_aware's tie by index
+    # then by load). B1 (delay 5) arrives before A1 (delay 20): round robin
+    # sends it to w0; session_affinity to B0's worker; kv_aware to where B0's
+    # 2 prompt blocks are cached.
+    rows = [row(32, 1, [1, 2], session_id="A", timestamp=0, request_id="A0"),
+            row(32, 1, [5, 6], session_id="B", timestamp=0, request_id="B0"),
+            row(48, 1, [1, 2, 3], session_id="A", delay=20, request_id="A1"),
+            row(48, 1, [5, 6, 7], session_id="B", delay=5, request_id="B1")]
+    cfg = make_config(cluster={"workers": 2, "router": router})
+    records, _ = run(cfg, trace(tmp_path, rows))
+    worker = dict(zip(records.ids, records.worker.tolist()))
+    assert (worker["A0"], worker["B0"], worker["B1"]) == (0, 1, b1_worker)
+    if router != "round_robin":
+        assert worker["A1"] == 0
+
+
+def test_speedup_divides_first_turn_timestamps_and_delays(tmp_path):
+    # speedup 2: s1 starts at 100 / 2 = 50 -> [50,60]; s0 [0,10], its turn 2
+    # at 10 + 40 / 2 = 30 -> [30,40].
+    rows = [row(16, 1, [1], session_id="s0", timestamp=0),
+            row(16, 1, [2], session_id="s1", timestamp=100),
+            row(16, 1, [3], session_id="s0", delay=40)]
+    records, _ = run(make_config(), trace(tmp_path, rows, speedup=2.0))
+    assert records.arrival_ms.tolist() == [0, 50, 30]
+
+
+def synthetic_sessions(**sessions):
+    return {"workload": {"synthetic": {"sessions": sessions, "seed": 3}},
+            "engine": {"block_size": 16, "num_gpu_blocks": 2048, "max_num_seqs": 16,
+                       "max_num_batched_tokens": 512,
+                       "timing": {"type": "linear", "base_ms": 5, "per_token_ms": 0.01}}}
+
+
+def test_synthetic_sessions_grow_their_prompt_and_wait_their_think_time():
+    from servesim.replay.config import config_from_dict
+
+    cfg = config_from_dict(synthetic_sessions(count=3, turns=3, new_input_tokens=100,
+                                              output_tokens=20, think_time=250))
+    w = load_workload(cfg.workload, 16)
+    assert w.input_length.tolist() == [100, 220, 340] * 3
+    result = simulate(cfg, w, path=helpers.current_path or "auto")
+    r = result.records
+    for s in range(3):
+        for t in (1, 2):
+            i = 3 * s + t
+            assert r.arrival_ms[i] == r.finish_ms[i - 1] + 250
+    # turn 2's hit: turn 1's prompt and output but its last token, in full blocks
+    assert r.first_admission_cached_tokens[1] == (100 + 19) // 16 * 16
+    assert r.first_admission_cached_tokens[2] == (220 + 19) // 16 * 16
+
+
+def test_synthetic_sessions_share_a_prefix_within_a_group():
+    from servesim.replay.config import config_from_dict
+
+    # trace blocks of 32 engine blocks = 512 tokens; a first prompt of 1024 has
+    # 2, half of them (1) shared by the sessions of a group; group of s = s % 2.
+    cfg = config_from_dict(synthetic_sessions(count=4, turns=1, new_input_tokens=1024,
+                                              shared_prefix_ratio=0.5, prefix_groups=2))
+    w = load_workload(cfg.workload, 16)
+    first = [w.hash_flat[w.hash_offsets[i]] for i in range(4)]
+    assert first[0] == first[2] != first[1] == first[3]
+    assert w.hash_flat[w.hash_offsets[0] + 1] != w.hash_flat[w.hash_offsets[2] + 1]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_compiled_runs_give_the_reference_results(async_scheduling):
+    # no pass log: the fast path runs passes in its compiled loop and returns
+    # at every finish; it must match the reference path exactly
+    from servesim.replay.config import config_from_dict
+
+    data = synthetic_sessions(count=40, turns=3, new_input_tokens={"distribution": "uniform",
+                              "min": 50, "max": 400}, output_tokens={"distribution": "uniform",
+                              "min": 5, "max": 60}, think_time={"distribution": "uniform",
+                              "min": 1, "max": 300}, sessions_per_second=20,
+                              shared_prefix_ratio=0.5, prefix_groups=3)
+    data["engine"]["async_scheduling"] = async_scheduling
+    data["output"] = {"pass_log": False}
+    cfg = config_from_dict(data)
+    w = load_workload(cfg.workload, 16)
+    ref = simulate(cfg, w, path="reference").records
+    fast = simulate(cfg, w, path="fast").records
+    for name in ("arrival_ms", "first_token_ms", "finish_ms", "first_admission_cached_tokens"):
+        np.testing.assert_array_equal(getattr(ref, name), getattr(fast, name))
+    assert np.isfinite(ref.finish_ms).all()
+
+
+def test_outputs_carry_session_and_turn_and_the_summary_per_turn_figures(tmp_path):
+    rows = [row(32, 3, [1, 2], session_id="s", timestamp=0, request_id="t0"),
+            row(64, 2, [1, 2, 3, 4], session_id="s", delay=5, request_id="t1"),
+            row(16, 1, [9], timestamp=1)]
+    w = trace(tmp_path, rows)
+    cfg = make_config(output={"pass_log": False})
+    result = simulate(cfg, w)
+    lines = [json.loads(x) for chunk in request_lines(result) for x in chunk]
+    assert [(x["id"], x["session_id"], x["turn"]) for x in lines] == [
+        ("t0", "s", 0), ("t1", "s", 1), ("2", "2", 0)]
+    assert list(lines[0])[:3] == ["id", "session_id", "turn"]
+    s = summarize(result, {}, 1.0)["sessions"]
+    assert (s["sessions"], s["completed_sessions"], s["turns_max"]) == (2, 2, 2)
+    # t0 TTFT 10; the one-turn row arrives at 1 during pass [0,10], joins
+    # [10,20]: 19; t1 10 (arrives 30 + 5, token 45)
+    assert s["ttft_ms_mean_by_turn"] == [14.5, 10.0]
+    assert s["prefix_cache_hit_rate_by_turn"] == [0.0, 0.5]  # 32 of t1's 64
+    assert s["duration_ms"]["max"] == 55.0  # session s: 0 to t1's last token
+
+
+def test_independent_requests_keep_their_outputs(tmp_path):
+    # without session fields nothing session-shaped appears
+    w = trace(tmp_path, [row(16, 1, [1], timestamp=0)])
+    result = simulate(make_config(output={"pass_log": False}), w)
+    assert result.records.session is None
+    line = json.loads(next(iter(request_lines(result)))[0])
+    assert "session_id" not in line
+    assert "sessions" not in summarize(result, {}, 1.0)
+
+
+# ------------------------------------------------------------------ bad input
+
+CONFIG = """\
+workload:
+  trace: {trace}
+  format: {fmt}
+  trace_block_size: 16
+engine:
+  block_size: 16
+  num_gpu_blocks: 256
+  timing: {{type: fixed, prefill_ms: 10.0, decode_ms: 5.0}}
+"""
+
+
+@pytest.mark.parametrize("fmt, rows, line, words", [
+    ("mooncake", [row(16, 1, [1], session_id="s", timestamp=0, delay=5)], 1, "first turn"),
+    ("mooncake", [row(16, 1, [1], session_id="s", timestamp=0),
+                  row(16, 1, [1], session_id="s", delay=-1)], 2, "negative delay"),
+    ("agentic_mooncake", [row(16, 1, [1], request_id="a", timestamp=0),
+                          row(16, 1, [2], request_id="b", wait_for=["c"]),
+                          row(16, 1, [3], request_id="c", wait_for=["b"])], 2, "cycle"),
+    ("agentic_mooncake", [row(16, 1, [1], request_id="a", timestamp=0),
+                          row(16, 1, [2], request_id="b", wait_for=["zz"])], 2, "unknown"),
+    ("mooncake-delta", [row(16, 1, [1], session_id="s", timestamp=0),
+                        row(-4, 1, [], session_id="s", delay=1)], 2, "shrink"),
+])
+def test_bad_session_input_exits_2_naming_file_and_line(tmp_path, fmt, rows, line, words):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG.format(trace=path, fmt=fmt))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["run", str(config), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert f"{path}:{line}:" in result.output
+    assert words in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_sessions_need_an_aggregated_cluster(tmp_path):
+    from servesim.errors import InputError
+
+    w = trace(tmp_path, [row(16, 1, [1], session_id="s", timestamp=0)])
+    cfg = make_config(cluster={"mode": "disaggregated", "prefill_workers": 1,
+                               "decode_workers": 1,
+                               "kv_transfer": {"bytes_per_token": 1000, "bandwidth_gbps": 10}})
+    with pytest.raises(InputError, match="aggregated"):
+        simulate(cfg, w)
