@@ -91,6 +91,33 @@ engine:
   detokenize_ms: 0.2          # per output, after the engine releases it
   timing: {type: polynomial}
 """,
+    "sessions": """\
+# 2,000 synthetic chat sessions of 4 turns: each turn adds 512 new tokens to the
+# conversation so far (previous prompt + answer), waits a think time after the
+# previous answer's last token, and hits the earlier turns' cached blocks; four
+# workers keep a session's turns on one worker.
+workload:
+  synthetic:
+    sessions:
+      count: 2000
+      turns: 4
+      new_input_tokens: {distribution: uniform, min: 256, max: 768}
+      output_tokens: {distribution: uniform, min: 64, max: 256}
+      think_time: {distribution: uniform, min: 1000, max: 10000}  # ms, or a number
+      sessions_per_second: 4.0  # Poisson starts; or workload.concurrency: N sessions
+      shared_prefix_ratio: 0.25 # of a first prompt's blocks, shared within a group
+      prefix_groups: 8
+    seed: 42
+engine:
+  block_size: 16
+  num_gpu_blocks: 16384
+  max_num_seqs: 256
+  max_num_batched_tokens: 8192
+  timing: {type: polynomial}
+cluster:
+  workers: 4
+  router: session_affinity    # a session's turns go to its first turn's worker
+""",
     "disaggregated": """\
 # The Mooncake example on disaggregated prefill and decode workers (vLLM with a
 # KV-transfer connector such as NIXL, as NVIDIA Dynamo and llm-d deploy it): the

@@ -499,6 +499,9 @@ def run_report(directory: Path, plots: _Plots) -> str:
         body.append(_img("throughput", uri,
                          f"In bins of {width:g} s of simulated time. Output tokens: each request's "
                          "tokens spread evenly between its first and last token."))
+        from servesim.replay.session_report import sessions_section
+
+        body.extend(sessions_section(plots, requests, summary))
     else:
         body.append("<p>No requests.jsonl in this folder (output.per_request: false): no latency "
                     "distributions or throughput over time.</p>")
