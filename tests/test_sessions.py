@@ -191,9 +191,13 @@ def test_synthetic_sessions_share_a_prefix_within_a_group():
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_compiled_runs_give_the_reference_results(async_scheduling):
-    # no pass log: the fast path runs passes in its compiled loop and returns
-    # at every finish; it must match the reference path exactly
+@pytest.mark.parametrize("cluster", [None, {"workers": 3, "router": "kv_aware"},
+                                     {"workers": 3, "router": "session_affinity"}])
+def test_compiled_runs_give_the_reference_results(async_scheduling, cluster):
+    # no pass log: the fast path runs passes in its compiled loop up to the
+    # sessions' horizon (a worker may run ahead of the others by the smallest
+    # think time) and returns at every finish; it must match the reference
+    # path exactly
     from servesim.replay.config import config_from_dict
 
     data = synthetic_sessions(count=40, turns=3, new_input_tokens={"distribution": "uniform",
@@ -202,6 +206,8 @@ def test_compiled_runs_give_the_reference_results(async_scheduling):
                               "min": 1, "max": 300}, sessions_per_second=20,
                               shared_prefix_ratio=0.5, prefix_groups=3)
     data["engine"]["async_scheduling"] = async_scheduling
+    if cluster is not None:
+        data["cluster"] = cluster
     data["output"] = {"pass_log": False}
     cfg = config_from_dict(data)
     w = load_workload(cfg.workload, 16)

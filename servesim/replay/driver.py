@@ -263,8 +263,11 @@ class Replay:
     def horizon(self) -> float:
         """The next instant at which something outside a worker may touch it:
         the next arrival (closed loop: the next event of any kind, since a
-        finish elsewhere releases one) or telemetry tick."""
-        if self.workload.concurrency is not None or self.sessions is not None:
+        finish elsewhere releases one; sessions: replay/sessions.py) or
+        telemetry tick."""
+        if self.sessions is not None:
+            t = self.sessions.horizon()
+        elif self.workload.concurrency is not None:
             t = self.loop.next_time()
         else:
             t = (float(self.arrival_ms[self._arrivals])

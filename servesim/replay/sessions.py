@@ -20,6 +20,7 @@ request's end the requests it releases (closed loop: a session holds its slot
 until all its requests are done, then the next session starts).
 """
 
+import heapq
 import math
 
 import attrs
@@ -254,7 +255,13 @@ class SessionArrivals:
     started session's roots arrive at once. A request whose dependencies are
     done arrives at the latest of their finishes plus its delay.
     `arrival_ms` (the driver's array) gets every arrival time when it is
-    fixed; `on_arrival(i)` is the driver's arrival handler."""
+    fixed; `on_arrival(i)` is the driver's arrival handler.
+
+    `horizon()` bounds the compiled runs of passes (engine/fast_run.py): no
+    arrival can come before the earliest arrival already scheduled, nor
+    before the next event of any worker (where a finish could happen) plus
+    the smallest delay a finish waits before it releases a request (0 in a
+    closed loop: a session's end starts the next at once)."""
 
     def __init__(self, plan: SessionPlan, arrival_ms, concurrency, loop, on_arrival):
         self.plan = plan
@@ -270,6 +277,9 @@ class SessionArrivals:
         self.child_flat = parents[order]
         self.child_offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(plan.dep_flat, minlength=n), out=self.child_offsets[1:])
+        self.pending = []  # heap: times of the arrival events in the loop
+        later = plan.delay_ms[np.diff(plan.dep_offsets) > 0]
+        self.min_delay = 0.0 if concurrency is not None or not len(later) else float(later.min())
         self.left = np.bincount(plan.session, minlength=len(plan.session_ids)).astype(np.int64)
         roots = plan.roots()
         if concurrency is None:
@@ -292,11 +302,24 @@ class SessionArrivals:
         for _ in range(min(self.concurrency, len(self.plan.session_ids))):
             self._start_next_session()
 
+    def horizon(self) -> float:
+        t = self.loop.next_time() + self.min_delay
+        return min(t, self.pending[0]) if self.pending else t
+
+    def _schedule(self, t, handler, arg):
+        heapq.heappush(self.pending, t)
+        self.loop.schedule(t, ARRIVAL, handler, arg)
+
+    def _on_request(self, i):
+        heapq.heappop(self.pending)
+        self.on_arrival(i)
+
     def _schedule_root(self, k):
         i = int(self.roots[k])
-        self.loop.schedule(float(self.arrival_ms[i]), ARRIVAL, self._on_root, k)
+        self._schedule(float(self.arrival_ms[i]), self._on_root, k)
 
     def _on_root(self, k):
+        heapq.heappop(self.pending)
         if k + 1 < len(self.roots):
             self._schedule_root(k + 1)
         self.on_arrival(int(self.roots[k]))
@@ -309,7 +332,7 @@ class SessionArrivals:
         now = self.loop.now
         for i in self.session_roots[s]:
             self.arrival_ms[i] = now
-            self.loop.schedule(now, ARRIVAL, self.on_arrival, i)
+            self._schedule(now, self._on_request, i)
 
     def done(self, i, finish_ms):
         """Request i is done (finished at `finish_ms`, the client's last
@@ -322,7 +345,7 @@ class SessionArrivals:
             if self.waiting[c] == 0:
                 t = float(self.ready_ms[c] + plan.delay_ms[c])
                 self.arrival_ms[c] = t
-                self.loop.schedule(t, ARRIVAL, self.on_arrival, c)
+                self._schedule(t, self._on_request, c)
         s = plan.session[i]
         self.left[s] -= 1
         if self.left[s] == 0 and self.concurrency is not None:
