@@ -10,6 +10,7 @@ benchmarks/RESULTS.md.
     python benchmarks/sessions_peer.py --peer-python /work/peer-venv/bin/python
     python benchmarks/sessions_peer.py --peer-python ... --no-write   # print only
     python benchmarks/sessions_peer.py --keep DIR   # keep the traces in DIR
+    python benchmarks/sessions_peer.py ... --speed 10000  # and time 10,000 sessions
 
 The peer runs in its own interpreter (`ai-dynamo` is never a dependency of
 servesim); the engine on both sides: `block_size: 64`, 16,384 blocks, 256
@@ -20,15 +21,17 @@ ms with prompt tokens, 10 ms without), then the polynomial model.
 import argparse
 import datetime
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
 from servesim.replay.api import run
-from results_file import commit, publish  # a sibling module
+from results_file import commit, machine, publish  # a sibling module
 
 TBS = 512
 PREFILL_MS, DECODE_MS = 20.0, 10.0
@@ -61,7 +64,7 @@ def _ids(next_id, n):
     return list(range(next_id, next_id + n)), next_id + n
 
 
-def chat_traces(rng):
+def chat_traces(rng, sessions=None):
     """(mooncake rows, mooncake-delta rows) of the same chat sessions: first
     turns arrive as a Poisson process (0.5 sessions/s); a later turn adds new
     tokens to the previous prompt and output after a think time. The plain
@@ -69,8 +72,9 @@ def chat_traces(rng):
     get fresh ids: a plain trace cannot name generated tokens)."""
     plain, delta = [], []
     next_id = 1
-    start = np.cumsum(rng.exponential(2000.0, SESSIONS))
-    for s in range(SESSIONS):
+    sessions = sessions or SESSIONS
+    start = np.cumsum(rng.exponential(2000.0, sessions))
+    for s in range(sessions):
         prompt = int(rng.integers(1000, 4000))
         ids, next_id = _ids(next_id, -(-prompt // TBS))
         out = int(rng.integers(50, 300))
@@ -196,6 +200,10 @@ def main():
                         help="an interpreter with ai-dynamo 1.6.1 installed")
     parser.add_argument("--no-write", action="store_true", help="print, do not append to RESULTS.md")
     parser.add_argument("--keep", help="write the traces to this folder and keep them")
+    parser.add_argument("--speed", type=int, metavar="SESSIONS",
+                        help="also time both end to end on a mooncake-delta trace of SESSIONS "
+                             "sessions (median of --runs fresh processes each)")
+    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     rng = np.random.default_rng(SEED)
     plain, delta = chat_traces(rng)
@@ -240,7 +248,43 @@ def main():
         lines.append(f"| {fmt} | {ours['requests']} / {peer['requests']} | {cell('ttft')} | "
                      f"{cell('itl')} | {cell('e2e')} | {cell('reuse', True)} |")
     lines.append("")
+    if args.speed:
+        lines += speed(args, folder)
     publish(lines, not args.no_write)
+
+
+def _timed(cmd) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+def speed(args, folder) -> list:
+    """Wall time of a fresh process replaying a big mooncake-delta trace, for
+    servesim (`servesim run`, Numba cache warm) and the peer, interleaved."""
+    _, rows = chat_traces(np.random.default_rng(SEED), args.speed)
+    path = folder / "sessions_delta_big.jsonl"
+    write(rows, path)
+    config = folder / "big.yaml"
+    config.write_text(json.dumps({
+        "workload": {"trace": str(path), "format": "mooncake-delta", "trace_block_size": TBS},
+        "engine": dict(ENGINE, timing=TIMINGS["polynomial"]), "output": {"per_request": True}}))
+    ours_cmd = [sys.executable, "-m", "servesim", "run", str(config), "-o", str(folder / "big_out")]
+    engine = dict(ENGINE, timing_model=TIMINGS["polynomial"])
+    peer_cmd = [args.peer_python, "-c", PEER_CHILD, str(path), "mooncake-delta",
+                json.dumps(engine), str(TBS)]
+    _timed(ours_cmd)  # fills the Numba cache
+    ours, peer = [], []
+    for _ in range(args.runs):
+        ours.append(_timed(ours_cmd))
+        peer.append(_timed(peer_cmd))
+    summary = json.loads((folder / "big_out" / "summary.json").read_text())
+    return [f"Speed: {args.speed:,} sessions ({len(rows):,} requests, mooncake-delta, polynomial "
+            f"pass times, one worker, {summary['passes']:,} passes): servesim "
+            f"{statistics.median(ours):.2f} s, peer {statistics.median(peer):.2f} s end to end "
+            f"(median of {args.runs} fresh processes each, interleaved; the peer's figure "
+            "includes capturing per-request records, as servesim writes requests.jsonl). "
+            f"Machine: 2-core dev box, shared with other jobs ({machine()}).", ""]
 
 
 if __name__ == "__main__":
