@@ -107,6 +107,25 @@ def test_diamond_agent_graph_waits_for_the_latest_dependency(tmp_path):
     assert records.session_ids == ["a"]  # no session_id: the root's graph
 
 
+def test_dynamo_versioned_agent_graph_delays_each_dependency_on_its_own(tmp_path):
+    # The diamond in Dynamo's versioned form: d waits 20 ms after b (finish
+    # 25 -> 45) and 2 ms after c (finish 35 -> 37): ready at 45, [45,55].
+    header = {"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 16,
+              "hash_id_scope": "local", "source": {"format": "test", "digest": "-"}}
+
+    def v2(rid, hash_ids, deps=(), start=0.0):
+        return dict(request_id=rid, play_id="p", session_id="g", model="m", input_length=16,
+                    output_length=1, hash_ids=hash_ids, not_before_ms=start,
+                    dependencies=[dict(request_id=d, trigger="completion", delay_ms=w,
+                                       relation="join" if len(deps) > 1 else "sequence")
+                                  for d, w in deps])
+    rows = [header, v2("a", [1]), v2("b", [2], [("a", 5)]), v2("c", [3], [("a", 10)]),
+            v2("d", [4], [("b", 20), ("c", 2)])]
+    records, _ = run(make_config(), trace(tmp_path, rows, fmt="agentic_mooncake"))
+    assert records.arrival_ms.tolist() == [0, 15, 20, 45]
+    assert [req(records, x)["finish_ms"] for x in "abcd"] == [10, 25, 35, 55]
+
+
 def test_closed_loop_of_two_sessions_holds_each_slot_through_all_turns(tmp_path):
     # concurrency 2, sessions A, B, C of two turns (P=16, O=1, delay 5):
     # A0, B0 at 0 -> [0,10]; A1, B1 at 15 -> [15,25]; A and B are done at 25,
@@ -273,6 +292,12 @@ engine:
                           row(16, 1, [2], request_id="b", wait_for=["zz"])], 2, "unknown"),
     ("mooncake-delta", [row(16, 1, [1], session_id="s", timestamp=0),
                         row(-4, 1, [], session_id="s", delay=1)], 2, "shrink"),
+    ("agentic_mooncake", [{"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 16},
+                          dict(row(16, 1, [1], request_id="a", not_before_ms=0), session_id="g"),
+                          dict(row(16, 1, [2], request_id="b", session_id="g"),
+                               dependencies=[{"request_id": "a", "trigger": "dispatch",
+                                              "delay_ms": 0, "relation": "spawn"}])],
+     3, "trigger"),
 ])
 def test_bad_session_input_exits_2_naming_file_and_line(tmp_path, fmt, rows, line, words):
     path = tmp_path / "bad.jsonl"

@@ -12,7 +12,11 @@
 - `agentic_mooncake`: rows with a unique `request_id`, `wait_for` (ids of
   requests it waits for; none: a root, which has a `timestamp`), `delay` /
   `delay_ms` and `tool_wait_ms`; a request is ready at the latest finish of
-  its dependencies plus both.
+  its dependencies plus both. The versioned form NVIDIA Dynamo writes is read
+  too: a first line `{"schema": "dynamo.agentic_mooncake", "version": 2,
+  "block_size": ...}`, then rows with `not_before_ms` (a root's arrival) and
+  `dependencies: [{request_id, trigger: completion, delay_ms, relation}]`, each
+  dependency with its own delay.
 
 Every error names the file and line.
 """
@@ -40,26 +44,34 @@ def load_session_trace(path, fmt: str, tbs: int, limit=None) -> wl.Workload:
             rows = _read_rows(f, str(path), limit)
         except wl._READ_ERRORS as e:
             raise wl._corrupt(path, e) from None
+    path = str(path)
+    base = 1  # line of rows[0]
+    if fmt == "agentic_mooncake" and rows and rows[0].get("schema") is not None:
+        _check_header(rows.pop(0), path, tbs)
+        rows = [_v2_row(obj, path, k + 2) for k, obj in enumerate(rows)]
+        base = 2
     if not rows:
         raise InputError(f"{path}: empty trace: no requests" + wl._limit_note(limit))
-    path = str(path)
     delta = fmt == "mooncake-delta"
     n = len(rows)
     input_length = np.zeros(n, dtype=np.int64)
     output_length = np.zeros(n, dtype=np.int64)
     hashes = []
     for i, obj in enumerate(rows):
-        il, ol, h = _lengths(obj, path, i + 1, tbs, delta)
+        il, ol, h = _lengths(obj, path, i + base, tbs, delta)
         input_length[i] = il
         output_length[i] = ol
         hashes.append(h)
     request_ids = [str(i) for i in range(n)]
     priority = np.zeros(n, dtype=np.int64)
     dp_rank = np.full(n, -1, dtype=np.int64)
-    wl._apply_optional_fields(dict(enumerate(rows)), path, request_ids, priority, dp_rank)
+    if base == 1:
+        wl._apply_optional_fields(dict(enumerate(rows)), path, request_ids, priority, dp_rank)
+    else:
+        _v2_fields(rows, path, request_ids, priority)
     arrival = np.full(n, math.nan)
     if fmt == "agentic_mooncake":
-        plan = _graph(rows, path, request_ids, arrival)
+        plan = _graph(rows, path, request_ids, arrival, base)
     else:
         plan = _chains(rows, path, request_ids, arrival)
     if delta:
@@ -197,11 +209,13 @@ def _chains(rows, path, request_ids, arrival) -> ss.SessionPlan:
     return ss.chain_plan(names, session, turn, delay)
 
 
-def _graph(rows, path, request_ids, arrival) -> ss.SessionPlan:
-    """An agent graph: `wait_for` edges between `request_id`s."""
+def _graph(rows, path, request_ids, arrival, base=1) -> ss.SessionPlan:
+    """An agent graph: `wait_for` edges between `request_id`s (rows of the
+    versioned form carry their per-dependency delays in `_edge_delays`)."""
     wait_for, names, delay = [], [], np.zeros(len(rows))
+    edges = [obj.get("_edge_delays") for obj in rows] if base == 2 else None
     for i, obj in enumerate(rows):
-        at = f"{path}:{i + 1}:"
+        at = f"{path}:{i + base}:"
         if "request_id" not in obj:
             raise InputError(f"{at} missing field 'request_id' (agentic_mooncake rows are "
                              "named so that wait_for can refer to them)")
@@ -218,5 +232,69 @@ def _graph(rows, path, request_ids, arrival) -> ss.SessionPlan:
         wait_for.append(deps)
         names.append(_session_name(obj, at))
         delay[i] = d + tool
-    return ss.graph_plan(path, list(range(1, len(rows) + 1)), request_ids, names, wait_for,
-                         delay)
+    return ss.graph_plan(path, list(range(base, len(rows) + base)), request_ids, names, wait_for,
+                         delay, edges)
+
+
+# -------------------------------------------- Dynamo's versioned agentic rows
+
+
+def _check_header(header, path, tbs):
+    at = f"{path}:1:"
+    if header.get("schema") != "dynamo.agentic_mooncake" or header.get("version") != 2:
+        raise InputError(f"{at} unknown header {header.get('schema')!r} version "
+                         f"{header.get('version')!r}; expected dynamo.agentic_mooncake version 2")
+    if header.get("block_size") != tbs:
+        raise InputError(f"{at} the header's block_size {header.get('block_size')!r} is not "
+                         f"workload.trace_block_size ({tbs}); set trace_block_size to it")
+
+
+def _v2_row(obj, path, line):
+    """A versioned row in the shape of the plain one: `timestamp` from
+    `not_before_ms` on a root, `wait_for` and the per-dependency delays from
+    `dependencies` (only `trigger: completion`)."""
+    at = f"{path}:{line}:"
+    deps = obj.get("dependencies") or []
+    if type(deps) is not list or not all(isinstance(d, dict) for d in deps):
+        raise InputError(f"{at} dependencies must be a list of mappings, got {deps!r}")
+    row = {k: v for k, v in obj.items() if k not in ("dependencies", "not_before_ms")}
+    start = _number(obj, "not_before_ms", at, 0.0)
+    if not deps:
+        row["timestamp"] = start
+    elif start:
+        raise InputError(f"{at} not_before_ms {start!r} on a request with dependencies is not "
+                         "supported; it arrives after them")
+    waits = []
+    for d in deps:
+        if d.get("trigger") != "completion":
+            raise InputError(f"{at} dependency trigger {d.get('trigger')!r} is not supported "
+                             "(only completion: after the dependency's last token)")
+        if d.get("relation") not in ("sequence", "spawn", "join"):
+            raise InputError(f"{at} dependency relation {d.get('relation')!r} is not supported "
+                             "(sequence, spawn, join)")
+        if type(d.get("request_id")) is not str:
+            raise InputError(f"{at} a dependency needs a request_id string, got {d!r}")
+        waits.append(_number(d, "delay_ms", at, 0.0))
+    if deps:
+        row["wait_for"] = [d["request_id"] for d in deps]
+    row["_edge_delays"] = waits
+    return row
+
+
+def _v2_fields(rows, path, request_ids, priority):
+    """`request_id` (unique) and `priority` of versioned rows (line = row + 2)."""
+    seen = {}
+    for i, obj in enumerate(rows):
+        at = f"{path}:{i + 2}:"
+        rid = obj.get("request_id")
+        if type(rid) is not str or not rid:
+            raise InputError(f"{at} request_id must be a non-empty string, got {rid!r}")
+        if rid in seen:
+            raise InputError(f"{at} duplicate request_id {rid!r} (first on line {seen[rid]}); "
+                             "request ids must be unique")
+        seen[rid] = i + 2
+        request_ids[i] = rid
+        p = obj.get("priority", 0)
+        if type(p) is not int:
+            raise InputError(f"{at} priority must be an integer, got {p!r}")
+        priority[i] = p

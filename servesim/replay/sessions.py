@@ -39,7 +39,10 @@ class SessionPlan:
     `dep_flat[dep_offsets[i]:dep_offsets[i+1]]` (request indices).
     `stream_start[i]` >= 0 for a request of an accumulating (delta) session:
     the length of its session's first prompt, the tokens whose identities
-    come from the trace's hash ids; -1 otherwise."""
+    come from the trace's hash ids; -1 otherwise. `dep_delay_ms` (per entry
+    of `dep_flat`, None: all 0) delays each dependency's finish on its own
+    (Dynamo's versioned agentic rows): a request is ready at the latest
+    `finish + dep_delay_ms` among its dependencies, plus `delay_ms`."""
 
     session_ids: list
     session: np.ndarray  # int64
@@ -48,6 +51,7 @@ class SessionPlan:
     dep_offsets: np.ndarray  # int64, len n + 1
     dep_flat: np.ndarray  # int64
     stream_start: np.ndarray  # int64
+    dep_delay_ms: np.ndarray | None = None  # float64, len(dep_flat)
 
     def roots(self) -> np.ndarray:
         return np.flatnonzero(np.diff(self.dep_offsets) == 0)
@@ -78,7 +82,9 @@ def scale_delays(plan: SessionPlan, speedup: float) -> SessionPlan:
     """`speedup` divides think times and tool waits, as it divides timestamps."""
     if speedup == 1:
         return plan
-    return attrs.evolve(plan, delay_ms=plan.delay_ms / float(speedup))
+    edges = plan.dep_delay_ms
+    return attrs.evolve(plan, delay_ms=plan.delay_ms / float(speedup),
+                        dep_delay_ms=None if edges is None else edges / float(speedup))
 
 
 def head_plan(plan: SessionPlan, n: int) -> SessionPlan:
@@ -91,7 +97,9 @@ def head_plan(plan: SessionPlan, n: int) -> SessionPlan:
                        delay_ms=plan.delay_ms[:n].copy(),
                        dep_offsets=plan.dep_offsets[:n + 1].copy(),
                        dep_flat=plan.dep_flat[:end].copy(),
-                       stream_start=plan.stream_start[:n].copy())
+                       stream_start=plan.stream_start[:n].copy(),
+                       dep_delay_ms=None if plan.dep_delay_ms is None
+                       else plan.dep_delay_ms[:end].copy())
 
 
 # ----------------------------------------------------------------- delta prompts
@@ -171,13 +179,15 @@ def session_block_identities(plan: SessionPlan, idents, ident_offsets, num_ident
 # ------------------------------------------------------------------ agent graphs
 
 
-def graph_plan(path, lines, request_ids, session_names, wait_for, delay_ms) -> SessionPlan:
+def graph_plan(path, lines, request_ids, session_names, wait_for, delay_ms,
+               edge_delays=None) -> SessionPlan:
     """The plan of an agent graph (`agentic_mooncake`): `wait_for[i]` names
     request i's dependencies by request id. Unknown ids, a dependency on the
     request itself or a cycle are input errors naming the line; so is a
     dependency in another session (a session is what a closed loop counts).
     A request's session is its `session_id`, else its first dependency's,
-    else (a root) its own id."""
+    else (a root) its own id. `edge_delays[i]` (optional) are the delays of
+    request i's dependencies, in `wait_for` order."""
     index = {rid: i for i, rid in enumerate(request_ids)}
     n = len(request_ids)
     deps = []
@@ -211,9 +221,13 @@ def graph_plan(path, lines, request_ids, session_names, wait_for, delay_ms) -> S
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum([len(d) for d in deps], out=offsets[1:])
     flat = np.array([j for d in deps for j in d], dtype=np.int64)
+    edges = None
+    if edge_delays is not None:
+        edges = np.array([x for d in edge_delays for x in d], dtype=np.float64)
     return SessionPlan(session_ids=list(session_index), session=session, turn=turn,
                        delay_ms=np.asarray(delay_ms, dtype=np.float64), dep_offsets=offsets,
-                       dep_flat=flat, stream_start=np.full(n, -1, dtype=np.int64))
+                       dep_flat=flat, stream_start=np.full(n, -1, dtype=np.int64),
+                       dep_delay_ms=edges)
 
 
 def _topological_order(deps, path, lines, request_ids):
@@ -273,13 +287,15 @@ class SessionArrivals:
         self.waiting = np.diff(plan.dep_offsets).astype(np.int64)
         self.ready_ms = np.full(n, -math.inf)
         order = np.argsort(plan.dep_flat, kind="stable")
-        parents = np.repeat(np.arange(n, dtype=np.int64), np.diff(plan.dep_offsets))
-        self.child_flat = parents[order]
+        dependents = np.repeat(np.arange(n, dtype=np.int64), np.diff(plan.dep_offsets))
+        self.child_flat = dependents[order]
+        edges = plan.dep_delay_ms if plan.dep_delay_ms is not None else np.zeros(len(dependents))
+        self.child_delay = edges[order]  # the delay of each (dependency, child) edge
         self.child_offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(plan.dep_flat, minlength=n), out=self.child_offsets[1:])
         self.pending = []  # heap: times of the arrival events in the loop
-        later = plan.delay_ms[np.diff(plan.dep_offsets) > 0]
-        self.min_delay = 0.0 if concurrency is not None or not len(later) else float(later.min())
+        waits = plan.delay_ms[dependents] + edges  # each edge's delay before its child arrives
+        self.min_delay = 0.0 if concurrency is not None or not len(waits) else float(waits.min())
         self.left = np.bincount(plan.session, minlength=len(plan.session_ids)).astype(np.int64)
         roots = plan.roots()
         if concurrency is None:
@@ -338,9 +354,10 @@ class SessionArrivals:
         """Request i is done (finished at `finish_ms`, the client's last
         token; or rejected / taken out now): release what waited for it."""
         plan = self.plan
-        for c in self.child_flat[self.child_offsets[i]:self.child_offsets[i + 1]].tolist():
-            if finish_ms > self.ready_ms[c]:
-                self.ready_ms[c] = finish_ms
+        lo, hi = self.child_offsets[i], self.child_offsets[i + 1]
+        for c, wait in zip(self.child_flat[lo:hi].tolist(), self.child_delay[lo:hi].tolist()):
+            if finish_ms + wait > self.ready_ms[c]:
+                self.ready_ms[c] = finish_ms + wait
             self.waiting[c] -= 1
             if self.waiting[c] == 0:
                 t = float(self.ready_ms[c] + plan.delay_ms[c])
