@@ -2,7 +2,8 @@
 
 One click group, a command per verb. Errors are mapped to exit codes in one
 place, :meth:`ServesimGroup.invoke`: :class:`InputError` -> "error: ..." and
-exit 2 (no traceback); click's usage errors keep their exit 2; anything else
+exit 2 (no traceback); Ctrl-C -> "interrupted" and exit 130; click's usage
+errors keep their exit 2; anything else
 is an internal error, exit 1, with its traceback. Heavy modules (NumPy,
 Numba, the engine) are imported inside the commands so `--help` is instant.
 """
@@ -28,6 +29,9 @@ class ServesimGroup(click.Group):
         except InputError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
         except Exception as exc:
             click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
             click.echo(traceback.format_exc(), err=True, nl=False)
@@ -67,6 +71,14 @@ class _Progress:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
             self.bar = None
+
+
+def announce_compile() -> None:
+    """On a cold Numba cache, say on stderr that the first run compiles."""
+    from servesim.cache import COLD_START_S, kernels_cached
+
+    if not kernels_cached():
+        click.echo(f"compiling kernels, once: ~{COLD_START_S} s", err=True)
 
 
 def _fmt(value, spec=".2f", unit=""):
@@ -142,28 +154,32 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
         from servesim.replay.report import require_matplotlib
 
         require_matplotlib()  # before the run, not after it
-    progress = None
-    if fmt == "table" and not quiet and sys.stdout.isatty():
-        progress = _Progress()
-    try:
-        report = api_run(
-            config,
-            overrides=overrides,
-            limit=limit,
-            pass_log=True if pass_log else None,
-            telemetry_interval_ms=telemetry_interval_ms,
-            progress=progress,
-        )
-    finally:
-        if progress is not None:
-            progress.close()
-    for warning in report.result.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    out = report.write(output_dir)
-    if html_report:
-        from servesim.replay.report import write_report
+    from servesim.replay.outdir import claim
 
-        write_report(out)
+    with claim(output_dir):  # a folder that cannot be written fails here, before the run
+        progress = None
+        if fmt == "table" and not quiet and sys.stdout.isatty():
+            progress = _Progress()
+        try:
+            report = api_run(
+                config,
+                overrides=overrides,
+                limit=limit,
+                pass_log=True if pass_log else None,
+                telemetry_interval_ms=telemetry_interval_ms,
+                progress=progress,
+                on_start=None if quiet else announce_compile,
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+        for warning in report.result.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        out = report.write(output_dir)
+        if html_report:
+            from servesim.replay.report import write_report
+
+            write_report(out)
     if fmt == "json":
         click.echo(json.dumps(report.summary, indent=2))
     elif not quiet:

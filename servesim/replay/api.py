@@ -99,6 +99,7 @@ def run(
     pass_log=None,
     telemetry_interval_ms=None,
     progress=None,
+    on_start=None,
 ) -> Report:
     """Replay a workload through the simulated deployment and summarise it.
 
@@ -107,7 +108,9 @@ def run(
     values). `limit`, `pass_log` and `telemetry_interval_ms` override the
     config's (`workload.limit`, `output.*`) when not None. `progress`, if
     given, is called now and then as
-    `progress(sim_time_ms, requests_done, requests_total)`.
+    `progress(sim_time_ms, requests_done, requests_total)`. `on_start()`, if
+    given, is called once the config and workload are loaded and checked,
+    just before simulating.
     Raises :class:`InputError` on bad input.
     """
     from servesim.replay.driver import simulate
@@ -126,6 +129,8 @@ def run(
         def callback(sim_time_ms, requests_done):
             progress(sim_time_ms, requests_done, total)
 
+    if on_start is not None:
+        on_start()
     result = simulate(cfg, workload, progress=callback)
     wall_time_s = time.perf_counter() - start
     summary = summarize(result, cfgmod.config_to_dict(cfg), wall_time_s)

@@ -1,0 +1,260 @@
+"""Set-up and fault paths (README "Errors and faults"): where Numba's cache
+goes, one run per output folder, output folders checked before simulating,
+full disks, Ctrl-C."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import servesim
+from servesim.cache import numba_cache_dir
+from servesim.cli import main
+from servesim.replay import output
+from servesim.replay.outdir import LOCK
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = Path(servesim.__file__).resolve().parent
+
+TINY = """\
+workload:
+  synthetic: {requests: 6, input_tokens: 64, output_tokens: 4, arrival: burst}
+engine:
+  block_size: 16
+  num_gpu_blocks: 256
+  timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}
+"""
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def cli(*args, env=None, **kwargs):
+    """`python -m servesim ARGS` in a subprocess running this checkout."""
+    env = dict(os.environ if env is None else env, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "servesim", *map(str, args)], env=env,
+                          capture_output=True, text=True, **kwargs)
+
+
+def cache_files(folder: Path) -> set:
+    return {p for p in folder.rglob("*") if p.suffix in (".nbi", ".nbc")}
+
+
+# --------------------------------------------------------------------------- Numba's cache
+
+
+def test_numba_cache_folder_precedence(monkeypatch, tmp_path):
+    for name in ("SERVESIM_CACHE_DIR", "NUMBA_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert numba_cache_dir() == str(tmp_path / "home" / ".cache" / "servesim" / "numba")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert numba_cache_dir() == str(tmp_path / "xdg" / "servesim" / "numba")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "nb"))
+    assert numba_cache_dir() == str(tmp_path / "nb")
+    monkeypatch.setenv("SERVESIM_CACHE_DIR", str(tmp_path / "ss"))
+    assert numba_cache_dir() == str(tmp_path / "ss" / "numba")
+
+
+def test_a_cold_compile_writes_its_cache_outside_the_package_and_says_so(tmp_path, tiny_config):
+    before = cache_files(PACKAGE)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["SERVESIM_CACHE_DIR"] = str(tmp_path / "cache")
+    first = cli("run", tiny_config, "-o", tmp_path / "a", env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("compiling kernels, once: ~") == 1
+    assert cache_files(tmp_path / "cache" / "numba"), "the kernels were cached in the user's folder"
+    assert cache_files(PACKAGE) == before, "nothing written under the package folder"
+    second = cli("run", tiny_config, "-o", tmp_path / "b", env=env)
+    assert second.returncode == 0, second.stderr
+    assert "compiling" not in second.stderr
+
+
+# --------------------------------------------------------------------------- one folder, one run
+
+
+def test_a_folder_locked_by_a_live_run_is_refused_at_once(tmp_path, tiny_config):
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / LOCK).write_text(f"{holder.pid}\n")
+        start = time.perf_counter()
+        result = invoke("run", tiny_config, "-o", out)
+        assert time.perf_counter() - start < 5
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 2
+    assert f"output folder is in use by another run (pid {holder.pid})" in result.stderr
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in out.iterdir()) == [LOCK]  # the other run's lock is left alone
+
+
+def test_a_stale_lock_of_a_dead_run_is_taken_over(tmp_path, tiny_config):
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / LOCK).write_text(f"{dead.pid}\n")
+    result = invoke("run", tiny_config, "-o", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["itl_quantiles.json", "requests.jsonl", "summary.json"]
+
+
+def test_two_concurrent_runs_into_one_folder(tmp_path):
+    config = tmp_path / "slow.yaml"  # a run of a few seconds
+    config.write_text(TINY.replace("requests: 6", "requests: 40000").replace("num_gpu_blocks: 256",
+                                                                             "num_gpu_blocks: 4096"))
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    first = subprocess.Popen([sys.executable, "-m", "servesim", "run", str(config), "-o", str(out), "-q"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / LOCK).exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = cli("run", config, "-o", out, "-q")
+    finally:
+        _, first_err = first.communicate(timeout=300)
+    assert first.returncode == 0, first_err
+    assert second.returncode == 2
+    assert "output folder is in use by another run" in second.stderr
+    assert "Traceback" not in second.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"] == 40000
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 40000
+    assert sorted(p.name for p in out.iterdir()) == ["itl_quantiles.json", "requests.jsonl", "summary.json"]
+
+
+def test_a_second_run_replaces_every_output_of_the_first(tmp_path, tiny_config):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    first = invoke("run", tiny_config, "-o", out, "--pass-log", "--telemetry-interval-ms", "5", "--report")
+    assert first.exit_code == 0, first.output
+    assert (out / "report.html").is_file() and (out / "passes.jsonl").is_file()
+    (out / "notes.txt").write_text("mine\n")
+    second = invoke("run", tiny_config, "-o", out, "--set", "workload.synthetic.requests=3", "-q")
+    assert second.exit_code == 0, second.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "itl_quantiles.json", "notes.txt", "requests.jsonl", "summary.json"]
+    assert json.loads((out / "summary.json").read_text())["requests"] == 3
+    assert (out / "notes.txt").read_text() == "mine\n"  # not a servesim output: left alone
+
+
+# --------------------------------------------------------------------------- output folders checked first
+
+
+def _assert_refused_fast(tiny_config, out, reason, head="error: {out}: cannot create the output folder"):
+    start = time.perf_counter()
+    result = invoke("run", tiny_config, "-o", out)
+    elapsed = time.perf_counter() - start
+    assert result.exit_code == 2, result.output
+    assert head.format(out=out) in result.stderr
+    assert reason in result.stderr
+    assert "Traceback" not in result.output
+    assert elapsed < 2  # refused before the run (which would at least load the engine)
+
+
+def test_a_file_in_place_of_the_output_folder_exits_2_before_simulating(tmp_path, tiny_config):
+    (tmp_path / "out").write_text("a file\n")
+    _assert_refused_fast(tiny_config, tmp_path / "out", "is a file", head="'{out}'")  # click's check
+    assert (tmp_path / "out").read_text() == "a file\n"
+    _assert_refused_fast(tiny_config, tmp_path / "out" / "sub", "a file is in the way")
+
+
+def test_an_output_folder_in_proc_exits_2_before_simulating(tiny_config):
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+    _assert_refused_fast(tiny_config, Path("/proc/servesim-out"), "")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_parent_exits_2_before_simulating(tmp_path, tiny_config):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o500)
+    try:
+        _assert_refused_fast(tiny_config, parent / "out", "Permission denied")
+    finally:
+        parent.chmod(0o700)
+
+
+def test_a_read_only_output_folder_exits_2_before_simulating(tmp_path, tiny_config, monkeypatch):
+    # as root a chmod does not stop writes: refuse the lock file the way a read-only folder would
+    import servesim.replay.outdir as outdir
+
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if str(path).endswith(LOCK):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(outdir.os, "open", read_only)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = invoke("run", tiny_config, "-o", out)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {out}: cannot write into the output folder: {os.strerror(errno.EROFS)}\n"
+    assert list(out.iterdir()) == []
+
+
+def test_a_full_disk_exits_2_and_keeps_the_previous_outputs(tmp_path, tiny_config, monkeypatch):
+    out = tmp_path / "out"
+    assert invoke("run", tiny_config, "-o", out, "-q").exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = output._write_text
+
+    def fills_the_disk(path, chunks):
+        if path.name == "itl_quantiles.json":  # the second file written
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, chunks)
+
+    monkeypatch.setattr(output, "_write_text", fills_the_disk)
+    result = invoke("run", tiny_config, "-o", out, "-q", "--set", "workload.synthetic.requests=3")
+    assert result.exit_code == 2
+    assert "No space left on device" in result.stderr and "previous outputs are kept" in result.stderr
+    assert "Traceback" not in result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_on_run_exits_130_and_leaves_no_lock(tmp_path):
+    config = tmp_path / "slow.yaml"
+    config.write_text(TINY.replace("requests: 6", "requests: 400000").replace("num_gpu_blocks: 256",
+                                                                              "num_gpu_blocks: 4096"))
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "servesim", "run", str(config), "-o", str(out), "-q"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / LOCK).exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not out.exists() or list(out.iterdir()) == []
