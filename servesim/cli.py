@@ -156,7 +156,7 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
         require_matplotlib()  # before the run, not after it
     from servesim.replay.outdir import claim
 
-    with claim(output_dir):  # a folder that cannot be written fails here, before the run
+    with claim(output_dir, remove_if_empty=True):  # a folder that cannot be written fails here, before the run
         progress = None
         if fmt == "table" and not quiet and sys.stdout.isatty():
             progress = _Progress()
@@ -191,11 +191,11 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=OVERRIDE_HELP)
 def validate(config, overrides):
     """Check CONFIG and its workload (trace) without simulating."""
-    from servesim.replay.config import load_config
-    from servesim.replay.workload import load_workload
+    from servesim.replay.api import prepare
 
-    cfg = load_config(config, tuple(overrides))
-    workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
+    _, workload, warnings = prepare(config, tuple(overrides))
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"{config}: ok ({len(workload)} requests)")
 
 

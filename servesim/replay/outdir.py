@@ -7,8 +7,7 @@ removed when the claim ends. A lock whose pid is no longer alive (a run that
 was killed) is stale and taken over. A second run on a locked folder, or a
 folder that cannot be created or written (a file in its place, read-only,
 permission denied, `/proc`), raises an InputError naming the path and the
-reason, before anything is simulated. A folder the claim created is removed
-again if it is still empty at the end (a run that failed). Claims are re-entrant within a process,
+reason, before anything is simulated. Claims are re-entrant within a process,
 so `Report.write` can take the claim itself when the caller did not.
 """
 
@@ -81,8 +80,10 @@ def _take_lock(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def claim(path):
-    """Create `path` if needed and hold its lock for the duration."""
+def claim(path, remove_if_empty=False):
+    """Create `path` if needed and hold its lock for the duration; with
+    `remove_if_empty`, a folder this claim created is removed again if it is
+    empty at the end (the CLI's claim: a run that failed leaves nothing)."""
     folder = Path(path)
     created = not folder.exists()
     try:
@@ -106,5 +107,5 @@ def claim(path):
             with contextlib.suppress(OSError):
                 if _lock_owner(folder / LOCK) == os.getpid():
                     (folder / LOCK).unlink()
-                if created:
-                    folder.rmdir()  # only if still empty: a failed run leaves nothing
+                if created and remove_if_empty:
+                    folder.rmdir()  # fails unless empty
