@@ -228,8 +228,9 @@ def sweep(config, grid, output_dir, jobs, executor, ray_address):
 
     Each point runs in its own process (or Ray task) and writes its report
     into OUTPUT_DIR/points/NNN-*/; sweep.csv and sweep.json gather them.
-    Points already done (their folder holds a complete summary.json of the
-    same config) are not run again. Exits 1 if any point failed.
+    Points already done (their folder holds all the outputs of the same
+    config and trace) are not run again. Exits 1 if any point failed, 130 on
+    Ctrl-C (sweep.csv then lists the points that finished).
     """
     from servesim.replay.sweep import SWEEP_CSV, sweep as run_sweep
 
@@ -247,6 +248,13 @@ def sweep(config, grid, output_dir, jobs, executor, ray_address):
     try:
         result = run_sweep(config, grid, output_dir, jobs=jobs, executor=executor,
                            ray_address=ray_address, progress=progress)
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+            bar = None
+        click.echo(f"interrupted: {SWEEP_CSV} holds the points that finished; "
+                   f"run the same sweep again to resume", err=True)
+        raise
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
