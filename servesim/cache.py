@@ -23,7 +23,7 @@ from pathlib import Path
 KERNEL_MODULES = ("kvcache/block_pool.py", "engine/pricing.py", "replay/metrics.py", "replay/prefix.py")
 PACKAGE_DIR = Path(__file__).resolve().parent
 # What a first compile of every kernel takes (measured, README "Set up").
-COLD_START_S = 10
+COLD_START_S = 20
 
 
 def numba_cache_dir() -> str:

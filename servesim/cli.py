@@ -10,6 +10,7 @@ Numba, the engine) are imported inside the commands so `--help` is instant.
 
 import sys
 import traceback
+import warnings
 
 import click
 
@@ -161,15 +162,17 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
         if fmt == "table" and not quiet and sys.stdout.isatty():
             progress = _Progress()
         try:
-            report = api_run(
-                config,
-                overrides=overrides,
-                limit=limit,
-                pass_log=True if pass_log else None,
-                telemetry_interval_ms=telemetry_interval_ms,
-                progress=progress,
-                on_start=None if quiet else announce_compile,
-            )
+            with warnings.catch_warnings():  # the run's warnings are printed below, once
+                warnings.simplefilter("ignore", UserWarning)
+                report = api_run(
+                    config,
+                    overrides=overrides,
+                    limit=limit,
+                    pass_log=True if pass_log else None,
+                    telemetry_interval_ms=telemetry_interval_ms,
+                    progress=progress,
+                    on_start=None if quiet else announce_compile,
+                )
         finally:
             if progress is not None:
                 progress.close()

@@ -258,3 +258,119 @@ def test_ctrl_c_on_run_exits_130_and_leaves_no_lock(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert not out.exists() or list(out.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- smaller things
+
+
+def test_a_trace_path_that_is_a_directory_says_so(tmp_path, tiny_config):
+    (tmp_path / "traces").mkdir()
+    result = invoke("validate", tiny_config, "--set", "workload.synthetic=null",
+                    "--set", f"workload.trace={tmp_path / 'traces'}")
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {tiny_config}: --set workload.trace: {tmp_path / 'traces'} "
+                             f"is a directory, not a trace file\n")
+
+
+@pytest.mark.parametrize("tokens", ["32", "{distribution: uniform, min: 16, max: 48}"])
+def test_a_shared_prefix_longer_than_every_prompt_is_rejected(tiny_config, tokens):
+    result = invoke("validate", tiny_config, "--set", f"workload.synthetic.input_tokens={tokens}",
+                    "--set", "workload.synthetic.shared_prefix_tokens=64")
+    assert result.exit_code == 2
+    assert "workload.synthetic.shared_prefix_tokens: 64 is longer than any prompt (input_tokens is at most" \
+        in result.stderr
+
+
+def test_a_run_where_every_request_is_rejected_exits_0_and_says_why(tmp_path, tiny_config):
+    result = invoke("run", tiny_config, "-o", tmp_path / "out", "-q", "--set", "engine.num_gpu_blocks=3")
+    assert result.exit_code == 0
+    assert result.stderr == ("warning: every request was rejected at arrival, nothing was simulated "
+                             "(prompt needs more KV blocks than a rank holds (2 usable blocks): "
+                             "0, 1, 2, 3, 4 and 1 more)\n")
+    result = invoke("run", tiny_config, "-o", tmp_path / "out", "-q", "--set", "engine.max_model_len=64")
+    assert result.stderr.startswith("warning: every request was rejected at arrival, nothing was simulated "
+                                    "(prompt not shorter than max_model_len (64): 0, 1, 2")
+
+
+def test_could_never_finish_is_printed_once_with_its_cause(tmp_path, tiny_config):
+    result = invoke("run", tiny_config, "-o", tmp_path / "out", "-q",
+                    "--set", "engine.enable_chunked_prefill=false", "--set", "engine.max_num_batched_tokens=32",
+                    "--set", "engine.max_num_seqs=4")
+    assert result.exit_code == 0
+    assert result.stderr == ("warning: 6 request(s) could never finish (prompt longer than "
+                             "max_num_batched_tokens (32) with chunked prefill off: 0, 1, 2, 3, 4 and 1 more)\n")
+    # 64 prompt tokens fit the 7 usable blocks of 16; 64 + 100 output tokens never do
+    result = invoke("run", tiny_config, "-o", tmp_path / "out", "-q", "--set", "engine.num_gpu_blocks=8",
+                    "--set", "workload.synthetic.output_tokens=100")
+    assert result.stderr.count("could never finish") == 1
+    assert "prompt plus output outgrows the KV cache (7 usable blocks): 0" in result.stderr
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path, tiny_config):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n" + TINY)
+    for args in (("validate", bomb), ("sweep", tiny_config, "--grid", bomb, "-o", tmp_path / "s")):
+        start = time.perf_counter()
+        result = invoke(*args)
+        assert time.perf_counter() - start < 10
+        assert result.exit_code == 2
+        assert result.stderr == (f"error: {bomb}: more than 100000 values once aliases are expanded "
+                                 f"(an alias bomb?); refused\n")
+
+
+def test_a_recursive_mapping_given_to_the_api_is_refused():
+    from servesim.errors import InputError
+    from servesim.replay.config import config_from_dict
+
+    data = {"workload": {"synthetic": {"requests": 1}}}
+    data["engine"] = data
+    with pytest.raises(InputError, match="engine: a recursive alias"):
+        config_from_dict(data)
+
+
+def test_an_unreachable_ray_cluster_fails_within_the_timeout():
+    from servesim.errors import InputError
+    from servesim.replay.executors import connect
+
+    start = time.perf_counter()
+    with pytest.raises(InputError, match=r"^--ray-address ray://nowhere:1: cannot connect to Ray within 0.5 s"):
+        connect(lambda: time.sleep(30), "ray://nowhere:1", timeout_s=0.5)
+    assert time.perf_counter() - start < 3
+
+    def refused():
+        raise ConnectionError("connection refused")
+
+    with pytest.raises(InputError, match="cannot connect to Ray: ConnectionError: connection refused"):
+        connect(refused, "10.0.0.1:6379", timeout_s=5)
+
+
+def test_relative_paths_in_set_values_are_relative_to_the_current_folder(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "data").mkdir()
+    rows = [{"timestamp": 10 * i, "input_length": 100, "output_length": 4, "hash_ids": [i]} for i in range(3)]
+    (tmp_path / "data" / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "conf" / "c.yaml"
+    config.write_text(TINY)
+    monkeypatch.chdir(tmp_path / "data")
+    result = invoke("validate", config, "--set", "workload.synthetic=null", "--set", "workload.trace=t.jsonl")
+    assert result.exit_code == 0, result.output
+    assert "ok (3 requests)" in result.stdout
+
+
+def test_relative_paths_in_a_grid_are_relative_to_the_grid_file(tmp_path, monkeypatch):
+    for folder in ("conf", "grids", "elsewhere"):
+        (tmp_path / folder).mkdir()
+    rows = [{"timestamp": 10 * i, "input_length": 100, "output_length": 4, "hash_ids": [i]} for i in range(3)]
+    (tmp_path / "grids" / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "conf" / "c.yaml"
+    config.write_text(TINY)
+    grid = tmp_path / "grids" / "g.yaml"
+    grid.write_text("points:\n  - {workload.synthetic: null, workload.trace: t.jsonl}\n")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    result = invoke("sweep", config, "--grid", grid, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(next((tmp_path / "out" / "points").glob("*/summary.json")).read_text())
+    assert summary["requests"] == 3
+    assert summary["config"]["workload"]["trace"] == str(tmp_path / "grids" / "t.jsonl")

@@ -96,6 +96,10 @@ def load_grid(path) -> Grid:
 
     source = str(path)
     doc = parse_yaml(read_text(source, "grid file"), source)
+    try:
+        _plain(doc, "", {})  # refuses alias bombs and recursive aliases up front
+    except InputError as e:
+        raise InputError(f"{source}: {e}") from None
 
     def key_line(node, key):
         try:
@@ -231,15 +235,17 @@ def point_dir_names(grid: Grid) -> list:
 def validate_points(config_path: str, grid: Grid) -> list:
     """The resolved config dict of every point (as summary.json records it);
     the first point that does not validate raises an InputError naming the
-    grid file, the line and the key."""
+    grid file, the line and the key. Relative paths in the grid are relative
+    to the grid file's folder."""
     from servesim.replay.config import config_to_dict, load_config
 
     load_config(config_path)  # a broken base config is the config's error, not the grid's
+    grid_dir = os.path.dirname(os.path.abspath(grid.source))
     configs = []
     for i, (point, point_lines) in enumerate(zip(grid.points, grid.lines)):
         overrides = [override_text(k, v) for k, v in point.items()]
         try:
-            cfg = load_config(config_path, overrides)
+            cfg = load_config(config_path, overrides, override_dir=grid_dir)
         except InputError as e:
             text = str(e)
             culprit = next((k for k in point if re.search(rf"--set {re.escape(k)}(?![A-Za-z0-9_])", text)), None)
@@ -251,6 +257,22 @@ def validate_points(config_path: str, grid: Grid) -> list:
             raise InputError(f"{where}: {key}point {i} ({values}): {text}") from None
         configs.append(json.loads(json.dumps(config_to_dict(cfg))))
     return configs
+
+
+def point_overrides(point: dict, config: dict) -> tuple:
+    """The `--set` texts that run `point` anywhere: a relative path the grid
+    gives is replaced by the absolute path its resolved `config` holds (so a
+    worker in another folder, or on another Ray node, reads the same file)."""
+    texts = []
+    for key, value in point.items():
+        if isinstance(value, str):
+            node = config
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, str) and node != value and os.path.isabs(node):
+                value = node
+        texts.append(override_text(key, value))
+    return tuple(texts)
 
 
 # --------------------------------------------------------------------------- one point
@@ -398,7 +420,7 @@ def sweep(config, grid, out_dir="sweep-out", *, jobs=None, executor="local", ray
             results.append(PointResult(i, point, rel, STATUS_OK, None, summary, resumed=True))
         else:
             results.append(PointResult(i, point, rel, STATUS_FAILED, NOT_RUN, None))
-            overrides = tuple(override_text(k, v) for k, v in point.items())
+            overrides = point_overrides(point, cfg)
             todo.append((i, (config_path, overrides, str((out / rel).absolute()), inputs)))
 
     total = len(results)
