@@ -429,7 +429,7 @@ def _scheduler(ctx: Ctx, s: Section) -> SchedulerConfig:
 
 
 def _timing(ctx: Ctx, data, path="engine.timing") -> TimingConfig:
-    """`engine.timing`: a type and that type's parameters (vllm-engine.md §10)."""
+    """`engine.timing`: a type and that type's parameters (docs/engine.md §10)."""
     if data is None:
         return TimingConfig()
     kind, s = tagged_section(ctx, data, path, "type", "polynomial", _TIMING_PARAMS)
@@ -443,7 +443,7 @@ def _timing(ctx: Ctx, data, path="engine.timing") -> TimingConfig:
 
 
 def _launch(ctx: Ctx, data, path="engine.launch") -> LaunchConfig | None:
-    """`engine.launch` (vllm-engine.md §8), or None."""
+    """`engine.launch` (docs/engine.md §8), or None."""
     if data is None:
         return None
     d = _defaults(LaunchConfig)
@@ -457,7 +457,7 @@ def _launch(ctx: Ctx, data, path="engine.launch") -> LaunchConfig | None:
 
 
 def _kv_offloading(ctx: Ctx, data, path="engine.kv_offloading") -> KVOffloadingConfig | None:
-    """`engine.kv_offloading`: the CPU tier (vllm-engine.md §9), or None."""
+    """`engine.kv_offloading`: the CPU tier (docs/engine.md §9), or None."""
     if data is None:
         return None
     keys = [f.name for f in attrs.fields(KVOffloadingConfig)]

@@ -336,7 +336,7 @@ class Replay:
 
 
 def _add_cpu_tier_stats(stats: RunStats, connector):
-    """One rank's CPU-tier counters into the run's (vllm-engine.md §9)."""
+    """One rank's CPU-tier counters into the run's (docs/engine.md §9)."""
     stats.cpu_tier = True
     stats.cpu_tier_hit_tokens += connector.hit_tokens
     stats.cpu_tier_loads += connector.num_loads
