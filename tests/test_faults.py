@@ -12,36 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
 import servesim
 from servesim.cache import numba_cache_dir
-from servesim.cli import main
 from servesim.replay import output
 from servesim.replay.outdir import LOCK
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(servesim.__file__).resolve().parent
 
-TINY = """\
-workload:
-  synthetic: {requests: 6, input_tokens: 64, output_tokens: 4, arrival: burst}
-engine:
-  block_size: 16
-  num_gpu_blocks: 256
-  timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}
-"""
-
-
-@pytest.fixture
-def tiny_config(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
+from test_cli import TINY, invoke, tiny_config  # noqa: F401  (the same tiny run and its fixture)
 
 
 def cli(*args, env=None, **kwargs):
@@ -117,20 +96,27 @@ def test_a_stale_lock_of_a_dead_run_is_taken_over(tmp_path, tiny_config):
     assert sorted(p.name for p in out.iterdir()) == ["itl_quantiles.json", "requests.jsonl", "summary.json"]
 
 
-def test_two_concurrent_runs_into_one_folder(tmp_path):
-    config = tmp_path / "slow.yaml"  # a run of a few seconds
-    config.write_text(TINY.replace("requests: 6", "requests: 40000").replace("num_gpu_blocks: 256",
-                                                                             "num_gpu_blocks: 4096"))
+def start_slow_run(tmp_path, requests):
+    """A `servesim run` subprocess of `requests` requests (seconds long),
+    returned once it holds its output folder's lock: (process, config, out)."""
+    config = tmp_path / "slow.yaml"
+    config.write_text(TINY.replace("requests: 6", f"requests: {requests}").replace("num_gpu_blocks: 256",
+                                                                                   "num_gpu_blocks: 4096"))
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    first = subprocess.Popen([sys.executable, "-m", "servesim", "run", str(config), "-o", str(out), "-q"],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "servesim", "run", str(config), "-o", str(out), "-q"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / LOCK).exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return proc, config, out
+
+
+def test_two_concurrent_runs_into_one_folder(tmp_path):
+    first, config, out = start_slow_run(tmp_path, 40000)
     try:
-        deadline = time.monotonic() + 60
-        while not (out / LOCK).exists():
-            assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
         second = cli("run", config, "-o", out, "-q")
     finally:
         _, first_err = first.communicate(timeout=300)
@@ -240,18 +226,7 @@ def test_a_full_disk_exits_2_and_keeps_the_previous_outputs(tmp_path, tiny_confi
 
 
 def test_ctrl_c_on_run_exits_130_and_leaves_no_lock(tmp_path):
-    config = tmp_path / "slow.yaml"
-    config.write_text(TINY.replace("requests: 6", "requests: 400000").replace("num_gpu_blocks: 256",
-                                                                              "num_gpu_blocks: 4096"))
-    out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "servesim", "run", str(config), "-o", str(out), "-q"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (out / LOCK).exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    proc, _, out = start_slow_run(tmp_path, 400000)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
