@@ -2,13 +2,15 @@
 
 One click group, a command per verb. Errors are mapped to exit codes in one
 place, :meth:`ServesimGroup.invoke`: :class:`InputError` -> "error: ..." and
-exit 2 (no traceback); click's usage errors keep their exit 2; anything else
+exit 2 (no traceback); Ctrl-C -> "interrupted" and exit 130; click's usage
+errors keep their exit 2; anything else
 is an internal error, exit 1, with its traceback. Heavy modules (NumPy,
 Numba, the engine) are imported inside the commands so `--help` is instant.
 """
 
 import sys
 import traceback
+import warnings
 
 import click
 
@@ -28,6 +30,9 @@ class ServesimGroup(click.Group):
         except InputError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
         except Exception as exc:
             click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
             click.echo(traceback.format_exc(), err=True, nl=False)
@@ -67,6 +72,14 @@ class _Progress:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
             self.bar = None
+
+
+def announce_compile() -> None:
+    """On a cold Numba cache, say on stderr that the first run compiles."""
+    from servesim.cache import COLD_START_S, kernels_cached
+
+    if not kernels_cached():
+        click.echo(f"compiling kernels, once: ~{COLD_START_S} s", err=True)
 
 
 def _fmt(value, spec=".2f", unit=""):
@@ -142,28 +155,34 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
         from servesim.replay.report import require_matplotlib
 
         require_matplotlib()  # before the run, not after it
-    progress = None
-    if fmt == "table" and not quiet and sys.stdout.isatty():
-        progress = _Progress()
-    try:
-        report = api_run(
-            config,
-            overrides=overrides,
-            limit=limit,
-            pass_log=True if pass_log else None,
-            telemetry_interval_ms=telemetry_interval_ms,
-            progress=progress,
-        )
-    finally:
-        if progress is not None:
-            progress.close()
-    for warning in report.result.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    out = report.write(output_dir)
-    if html_report:
-        from servesim.replay.report import write_report
+    from servesim.replay.outdir import claim
 
-        write_report(out)
+    with claim(output_dir, remove_if_empty=True):  # a folder that cannot be written fails here, before the run
+        progress = None
+        if fmt == "table" and not quiet and sys.stdout.isatty():
+            progress = _Progress()
+        try:
+            with warnings.catch_warnings():  # the run's warnings are printed below, once
+                warnings.simplefilter("ignore", UserWarning)
+                report = api_run(
+                    config,
+                    overrides=overrides,
+                    limit=limit,
+                    pass_log=True if pass_log else None,
+                    telemetry_interval_ms=telemetry_interval_ms,
+                    progress=progress,
+                    on_start=None if quiet else announce_compile,
+                )
+        finally:
+            if progress is not None:
+                progress.close()
+        for warning in report.result.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        out = report.write(output_dir)
+        if html_report:
+            from servesim.replay.report import write_report
+
+            write_report(out)
     if fmt == "json":
         click.echo(json.dumps(report.summary, indent=2))
     elif not quiet:
@@ -175,11 +194,11 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=OVERRIDE_HELP)
 def validate(config, overrides):
     """Check CONFIG and its workload (trace) without simulating."""
-    from servesim.replay.config import load_config
-    from servesim.replay.workload import load_workload
+    from servesim.replay.api import prepare
 
-    cfg = load_config(config, tuple(overrides))
-    workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
+    _, workload, warnings = prepare(config, tuple(overrides))
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"{config}: ok ({len(workload)} requests)")
 
 
@@ -212,8 +231,9 @@ def sweep(config, grid, output_dir, jobs, executor, ray_address):
 
     Each point runs in its own process (or Ray task) and writes its report
     into OUTPUT_DIR/points/NNN-*/; sweep.csv and sweep.json gather them.
-    Points already done (their folder holds a complete summary.json of the
-    same config) are not run again. Exits 1 if any point failed.
+    Points already done (their folder holds all the outputs of the same
+    config and trace) are not run again. Exits 1 if any point failed, 130 on
+    Ctrl-C (sweep.csv then lists the points that finished).
     """
     from servesim.replay.sweep import SWEEP_CSV, sweep as run_sweep
 
@@ -231,6 +251,13 @@ def sweep(config, grid, output_dir, jobs, executor, ray_address):
     try:
         result = run_sweep(config, grid, output_dir, jobs=jobs, executor=executor,
                            ray_address=ray_address, progress=progress)
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+            bar = None
+        click.echo(f"interrupted: {SWEEP_CSV} holds the points that finished; "
+                   f"run the same sweep again to resume", err=True)
+        raise
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)

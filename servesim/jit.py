@@ -1,11 +1,17 @@
 """Numba's `njit` with the project's settings: every kernel is cached on disk
 (`cache=True`), so only the first run on a machine pays for compilation.
 
+The cache goes to a per-user folder, never into the package
+(`servesim/cache.py`); it is set here, before Numba is first imported.
 Numba is imported only by the modules that hold kernels, which the CLI imports
 inside its commands: `servesim --help` never loads it.
 """
 
-import numba
+from servesim.cache import configure_numba
+
+configure_numba()
+
+import numba  # noqa: E402  (after the cache folder is set)
 
 
 def njit(func=None, **options):

@@ -1,5 +1,5 @@
 """Property-based tests of the G1 block pool and the KV cache manager
-(vllm-engine.md §4-6), as a Hypothesis state machine.
+(docs/engine.md §4-6), as a Hypothesis state machine.
 
 One small pool (4..24 blocks of 1, 2, 4 or 16 tokens) serves fake requests that
 are admitted (prefix lookup + allocation with the hits, with or without the
@@ -58,7 +58,7 @@ class FakeRequest:
 
 
 class ReferenceModel:
-    """The spec's pool rules in plain Python (vllm-engine.md §4-5): the free
+    """The spec's pool rules in plain Python (docs/engine.md §4-5): the free
     queue as a list (head first), ref counts, each block's identity and the
     cache map identity -> its cached blocks, first entry first."""
 

@@ -1,4 +1,4 @@
-"""Several workers and attention-DP ranks (vllm-engine.md §11, §7 "Attention-DP
+"""Several workers and attention-DP ranks (docs/engine.md §11, §7 "Attention-DP
 ranks"; spec README §3 `cluster`, §4 closed loop, §6 telemetry and per-worker
 summary): routing, lockstep passes, the async free rule from the group's pass
 boundary, closed-loop releases across workers, telemetry ticks and counters.

@@ -1,5 +1,5 @@
 """Property-based tests of several workers and attention-DP ranks
-(vllm-engine.md §11, spec README §3 `cluster`, §4 closed loop, §6): small
+(docs/engine.md §11, spec README §3 `cluster`, §4 closed loop, §6): small
 random workloads on 1-3 workers of 1-3 ranks, each router, sync and async,
 open and closed loop, some requests pinned to a rank, checked for:
 

@@ -1,4 +1,4 @@
-"""Config loading and validation (spec README §3, §7; vllm-engine.md §8-10; fitting.md §2)."""
+"""Config loading and validation (spec README §3, §7; docs/engine.md §8-10; fitting.md §2)."""
 
 import json
 from pathlib import Path

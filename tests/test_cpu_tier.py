@@ -1,4 +1,4 @@
-"""The CPU KV tier (vllm-engine.md §9, and §7 "With a CPU tier"): one test per
+"""The CPU KV tier (docs/engine.md §9, and §7 "With a CPU tier"): one test per
 rule, each with the smallest timeline that shows it, worked out by hand.
 
 Conventions of the hand computations: block_size 16, linear timing of 10 ms per

@@ -1,4 +1,4 @@
-"""Property-based tests of the CPU tier (vllm-engine.md §9, §7 "With a CPU
+"""Property-based tests of the CPU tier (docs/engine.md §9, §7 "With a CPU
 tier"): a stateful machine over the tier alone, and small random simulations
 with the tier on, checked at every decision and at the end:
 

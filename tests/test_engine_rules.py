@@ -1,4 +1,4 @@
-"""One test per engine rule of vllm-engine.md (§3-7, §10): each builds the
+"""One test per engine rule of docs/engine.md (§3-7, §10): each builds the
 smallest timeline that shows its rule and asserts instants, scheduled tokens and
 block counts worked out by hand in its comment.
 

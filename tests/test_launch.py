@@ -1,4 +1,4 @@
-"""Launch timing, output release and detokenization (vllm-engine.md §8), on
+"""Launch timing, output release and detokenization (docs/engine.md §8), on
 timelines worked out by hand.
 
 Common setup: fixed pricing, a pass with prompt tokens costs 100 ms and one

@@ -1,4 +1,4 @@
-"""Property tests of launch timing (vllm-engine.md §8) on random workloads."""
+"""Property tests of launch timing (docs/engine.md §8) on random workloads."""
 
 import numpy as np
 from hypothesis import given, settings, strategies as st

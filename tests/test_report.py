@@ -168,3 +168,36 @@ def test_without_matplotlib_report_and_run_report_exit_2_with_the_install_hint(c
     assert result.exit_code == 2
     assert "pip install 'servesim[report]'" in result.stderr
     assert not (tmp_path / "other").exists()  # refused before running, nothing written
+
+
+@needs_matplotlib
+def test_a_disaggregated_run_report_shows_both_pools_and_the_kv_transfers(tmp_path):
+    config = tmp_path / "d.yaml"
+    config.write_text(invoke("example", "disaggregated").stdout)
+    out = tmp_path / "out"
+    result = invoke("run", config, "-o", out, "-q", "--limit", "40", "--report")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    html = (out / "report.html").read_text()
+    assert "<h2>Prefill and decode pools</h2>" in html
+    for pool, figures in summary["pools"].items():
+        assert f"<td>{pool}</td><td>{figures['workers']}</td><td>{figures['requests']}</td>" in html
+    t = summary["kv_transfer"]
+    assert f"{t['handoffs']:,} requests handed to a decode worker" in html
+    assert f"{t['transferred_tokens']:,} tokens" in html and "wait for KV (ms)" in html
+
+
+@needs_matplotlib
+def test_sweep_plot_names_lines_that_coincide(tmp_path):
+    from servesim.replay.report import _Plots, _sweep_plot
+
+    def row(blocks, seqs, ttft):
+        return {"engine.num_gpu_blocks": blocks, "engine.max_num_seqs": seqs, "status": "ok",
+                "ttft_ms_p90": ttft, "tpot_ms_p90": "1.0", "request_rate": "2.0", "preemptions": "0"}
+
+    keys = ["engine.num_gpu_blocks", "engine.max_num_seqs"]
+    # max_num_seqs 8 and 16 give the same figures at every num_gpu_blocks; 32 differs
+    rows = [row(b, s, "5.0" if s == "32" else str(b)) for b in ("64", "128") for s in ("8", "16", "32")]
+    uri, same = _sweep_plot(_Plots(), "engine.num_gpu_blocks", keys, rows)
+    png_size(uri)
+    assert same == [["max_num_seqs=8", "max_num_seqs=16"]]

@@ -1,4 +1,4 @@
-"""Property-based tests of whole simulations (vllm-engine.md §1-8): small
+"""Property-based tests of whole simulations (docs/engine.md §1-8): small
 random workloads through small random engines, checked against invariants
 that hold for every config: budgets, block counts, completion, causality of
 token times, pass timing, admissions, determinism and the pool at the end.

@@ -1,5 +1,5 @@
 """Requests that can never finish are taken out as `unfinished`, so that a run
-always ends and the requests behind them still run (vllm-engine.md §3: never
+always ends and the requests behind them still run (docs/engine.md §3: never
 looped on forever). vLLM itself would hang on these; both scheduler paths
 must agree."""
 

@@ -257,3 +257,80 @@ def test_ray_address_needs_the_ray_executor(files):
         from servesim.replay.sweep import sweep
 
         sweep(files / "tiny.yaml", files / "grid.yaml", files / "out", ray_address="auto")
+
+
+# ---------------------------------------------------------------- faults: Ctrl-C, resume fingerprints
+
+
+def test_sigint_stops_a_sweep_within_seconds_exit_130_and_rerunning_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    # each point runs for a second or more, so the interrupt lands mid-point
+    (tmp_path / "slow.yaml").write_text(TINY.replace("requests: 20", "requests: 30000")
+                                         .replace("rate: 50", "rate: 5000").replace("num_gpu_blocks: 64",
+                                                                                     "num_gpu_blocks: 4096"))
+    (tmp_path / "grid.yaml").write_text("engine.max_num_seqs: [8, 9, 10, 11, 12, 13]\n")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "servesim", "sweep", str(tmp_path / "slow.yaml"), "--grid",
+           str(tmp_path / "grid.yaml"), "-o", str(out)]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    first = out / "points" / "000-max_num_seqs=8" / "summary.json"
+    deadline = time.monotonic() + 120
+    while not first.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.3)  # the second point is running now
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 5
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    rows = read_rows(out)
+    assert len(rows) == 6 and rows[0]["status"] == "ok" and rows[0]["finished"] == "30000"
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert all(r["error"] == "not run" and r["requests"] == "" for r in rows[len(ok):])
+    dirs = sorted(p.name for p in (out / "points").iterdir())
+    assert dirs == [r["dir"].split("/")[1] for r in ok]  # the point in flight was removed
+
+    again = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"6 points: 6 ok, 0 failed, {len(ok)} already done" in again.stdout
+
+
+def test_resume_reruns_points_whose_trace_changed_or_whose_outputs_are_incomplete(tmp_path):
+    (tmp_path / "trace.jsonl").write_text(_mooncake_rows(10))
+    (tmp_path / "trace.yaml").write_text(
+        "workload: {trace: trace.jsonl, trace_block_size: 512}\n"
+        "engine: {block_size: 16, num_gpu_blocks: 512, timing: {type: fixed, prefill_ms: 10, decode_ms: 5}}\n")
+    (tmp_path / "grid.yaml").write_text("engine.max_num_seqs: [2, 4]\n")
+    out = tmp_path / "out"
+    args = ("sweep", tmp_path / "trace.yaml", "--grid", tmp_path / "grid.yaml", "-o", out)
+    assert invoke(*args).exit_code == 0
+    again = invoke(*args)
+    assert "2 points: 2 ok, 0 failed, 2 already done" in again.stdout
+
+    # an edited trace (same size, same config): every point reruns
+    text = (tmp_path / "trace.jsonl").read_text()
+    (tmp_path / "trace.jsonl").write_text(text.replace('"output_length": 8', '"output_length": 9', 1))
+    edited = invoke(*args)
+    assert edited.exit_code == 0 and "2 points: 2 ok, 0 failed;" in edited.stdout
+    rows = read_rows(out)
+    for row in rows:  # the reruns read the edited trace
+        first = json.loads((out / row["dir"] / "requests.jsonl").read_text().splitlines()[0])
+        assert first["output_length"] == 9
+    assert "2 already done" in invoke(*args).stdout
+
+    # a point missing an output its config asks for reruns
+    (out / rows[1]["dir"] / "requests.jsonl").unlink()
+    resumed = invoke(*args)
+    assert "2 points: 2 ok, 0 failed, 1 already done" in resumed.stdout
+    assert (out / rows[1]["dir"] / "requests.jsonl").is_file()

@@ -8,7 +8,7 @@ from servesim.scheduler.config import SchedulerConfig
 
 @attrs.frozen
 class TimingConfig:
-    """Pass pricing (vllm-engine.md §10).
+    """Pass pricing (docs/engine.md §10).
 
     type fixed: prefill_ms, decode_ms.
     type linear: base_ms, per_token_ms, per_request_ms, per_context_token_ms.
@@ -30,7 +30,7 @@ class TimingConfig:
 
 @attrs.frozen
 class LaunchConfig:
-    """`engine.launch` (vllm-engine.md §8)."""
+    """`engine.launch` (docs/engine.md §8)."""
 
     decode_ms: float = 0.0
     piecewise_ms: float = 0.0

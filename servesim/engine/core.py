@@ -3,7 +3,7 @@ life of each pass — decision, GPU start and end, output processing — on the
 shared event loop (vllm/v1/engine/core.py: `EngineCore.step` and
 `step_with_batch_queue`).
 
-Synchronous (`async_scheduling: false`, vllm-engine.md §6): pass k+1 is decided
+Synchronous (`async_scheduling: false`, docs/engine.md §6): pass k+1 is decided
 at `end(k)`, after pass k's outputs are processed (and after arrivals at that
 instant), so a finished request's blocks serve the next pass.
 

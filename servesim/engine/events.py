@@ -11,7 +11,7 @@ import heapq
 # Same-instant order: a pass ends and its outputs are processed first; then
 # requests arrive; then an engine that is free decides its next pass, so a
 # synchronous engine's decision at `end(k)` sees arrivals at exactly `end(k)`
-# (vllm-engine.md §7, "Ties").
+# (docs/engine.md §7, "Ties").
 PASS_END = 0
 ARRIVAL = 1
 DECIDE = 2

@@ -2,7 +2,7 @@
 
 Between two outside events — an arrival, a telemetry tick, a closed-loop
 release — a synchronous one-rank worker only alternates "process pass k's
-outputs at end(k)" and "decide pass k+1 at end(k)" (vllm-engine.md §6). When
+outputs at end(k)" and "decide pass k+1 at end(k)" (docs/engine.md §6). When
 the compiled scheduler runs it, `run_sync_passes` does that alternation pass
 after pass without returning to Python, with the same kernels, pricing and
 bookkeeping the engine core uses one pass at a time, so results are identical.
@@ -125,7 +125,7 @@ def run_async_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running
                      model, params, kv_capacity, num_gpu_blocks,
                      outs, feats, cur, times, index, horizon, stop_on_finish,
                      usage, counters, busy, finished):
-    """The asynchronous alternation (vllm-engine.md §7, no `launch`) between
+    """The asynchronous alternation (docs/engine.md §7, no `launch`) between
     outside events, for a one-rank worker with two passes in flight: slot
     `cur` of `outs`/`feats` ends at `times[0]` and its outputs are processed
     there; slot `1 - cur` is decided, on the GPU from `times[1]` to

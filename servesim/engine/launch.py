@@ -1,4 +1,4 @@
-"""Launch timing (vllm-engine.md §8, `engine.launch`).
+"""Launch timing (docs/engine.md §8, `engine.launch`).
 
 Launching a pass costs CPU time by its kind, from the pass's scheduled tokens
 (cache hits excluded) against `max_cudagraph_capture_size`:

@@ -1,4 +1,4 @@
-"""Pass pricing (vllm-engine.md §10): the GPU time of a pass from what it
+"""Pass pricing (docs/engine.md §10): the GPU time of a pass from what it
 schedules, as one Numba kernel.
 
 Features of a pass: `prefill_tokens` (tokens scheduled for prefill requests,

@@ -1,4 +1,4 @@
-"""Output release and detokenization (vllm-engine.md §8).
+"""Output release and detokenization (docs/engine.md §8).
 
 A token leaves the engine when its pass's outputs are released and reaches the
 client `detokenize_ms` later, detokenized in order per request:

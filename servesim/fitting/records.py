@@ -33,7 +33,7 @@ from servesim.errors import InputError
 FEATURES = ("num_prefill_requests", "sum_prefill_tokens", "num_decode_requests",
             "sum_decode_kv_tokens")
 
-# Pass kinds (vllm-engine.md §8): a decode pass replays a CUDA graph; a
+# Pass kinds (docs/engine.md §8): a decode pass replays a CUDA graph; a
 # piecewise pass has prompt tokens and fits the capture size; an eager pass
 # exceeds it.
 DECODE, PIECEWISE, EAGER = 0, 1, 2

@@ -22,7 +22,7 @@ class KVCacheConfig:
 
 @attrs.frozen
 class KVOffloadingConfig:
-    """`engine.kv_offloading`: the CPU tier (vllm-engine.md §9).
+    """`engine.kv_offloading`: the CPU tier (docs/engine.md §9).
 
     `num_cpu_blocks` CPU blocks of `block_size` tokens, `bytes_per_token ·
     block_size` bytes each; `d2h_gbps` / `h2d_gbps` are the bandwidths (GB/s)

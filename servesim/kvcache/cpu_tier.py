@@ -1,4 +1,4 @@
-"""The CPU KV tier of vLLM's CPU offloading (vllm-engine.md §9): one rank's
+"""The CPU KV tier of vLLM's CPU offloading (docs/engine.md §9): one rank's
 CPU block store, its two copy lanes and the connector's bookkeeping.
 
 vLLM: vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py

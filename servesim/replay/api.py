@@ -91,6 +91,21 @@ def _with_run_options(cfg: Config, limit, pass_log, telemetry_interval_ms) -> Co
     return cfg
 
 
+def prepare(config, overrides=(), limit=None, pass_log=None, telemetry_interval_ms=None):
+    """`(config, workload, warnings)`: the resolved config with the run
+    options, its loaded workload, and the warnings of the checks made before
+    simulating (`preflight.check_run`). `servesim validate` and `run` both
+    go through here, so validate accepts exactly what run accepts."""
+    from servesim.replay.preflight import check_config, check_run
+    from servesim.replay.workload import load_workload
+
+    cfg = resolve_config(config, overrides)
+    cfg = _with_run_options(cfg, limit, pass_log, telemetry_interval_ms)
+    check_config(cfg)  # before a synthetic workload is generated
+    workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
+    return cfg, workload, check_run(cfg, workload)
+
+
 def run(
     config,
     *,
@@ -99,6 +114,7 @@ def run(
     pass_log=None,
     telemetry_interval_ms=None,
     progress=None,
+    on_start=None,
 ) -> Report:
     """Replay a workload through the simulated deployment and summarise it.
 
@@ -107,18 +123,17 @@ def run(
     values). `limit`, `pass_log` and `telemetry_interval_ms` override the
     config's (`workload.limit`, `output.*`) when not None. `progress`, if
     given, is called now and then as
-    `progress(sim_time_ms, requests_done, requests_total)`.
+    `progress(sim_time_ms, requests_done, requests_total)`. `on_start()`, if
+    given, is called once the config and workload are loaded and checked,
+    just before simulating.
     Raises :class:`InputError` on bad input.
     """
     from servesim.replay.driver import simulate
     from servesim.replay.metrics import summarize
     from servesim.replay import config as cfgmod
-    from servesim.replay.workload import load_workload
 
     start = time.perf_counter()
-    cfg = resolve_config(config, overrides)
-    cfg = _with_run_options(cfg, limit, pass_log, telemetry_interval_ms)
-    workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
+    cfg, workload, warnings = prepare(config, overrides, limit, pass_log, telemetry_interval_ms)
     callback = None
     if progress is not None:
         total = len(workload)
@@ -126,7 +141,10 @@ def run(
         def callback(sim_time_ms, requests_done):
             progress(sim_time_ms, requests_done, total)
 
+    if on_start is not None:
+        on_start()
     result = simulate(cfg, workload, progress=callback)
+    result.warnings[:0] = warnings
     wall_time_s = time.perf_counter() - start
     summary = summarize(result, cfgmod.config_to_dict(cfg), wall_time_s)
     return Report(summary=summary, result=result, config=cfg)

@@ -104,12 +104,14 @@ _SHARED_ENGINE_KEYS = ("block_size", "max_model_len")
 # --------------------------------------------------------------------------- public API
 
 
-def load_config(path, overrides=()) -> Config:
+def load_config(path, overrides=(), override_dir=None) -> Config:
     """Read the YAML config at `path`, apply `overrides` ("dotted.key=value"
     strings, values parsed as YAML) and return the validated :class:`Config`.
 
     Relative paths in the file (workload.trace, engine.timing.model) are
-    resolved against the config file's directory, also when an override gives them.
+    resolved against the config file's directory; relative paths given by an
+    override against `override_dir` (default: the current directory, as a
+    user typing `--set` expects; a sweep passes its grid file's folder).
     """
     source = str(path)
     data, where = read_yaml(source, "config file")
@@ -121,7 +123,7 @@ def load_config(path, overrides=()) -> Config:
     for text in overrides:
         apply_override(data, where, text)
     base_dir = os.path.dirname(os.path.abspath(source))
-    return _build(Ctx(source, base_dir, where), data)
+    return _build(Ctx(source, base_dir, where, override_dir), data)
 
 
 def config_from_dict(data: dict, base_dir: str = ".", source: str | None = None, overrides=()) -> Config:
@@ -285,7 +287,9 @@ def _workload(ctx: Ctx, data, engine: EngineConfig) -> WorkloadConfig:
     fmt = s.get("format", enum("mooncake", "azure", "mooncake-delta", "agentic_mooncake"), None,
                 nullable=True)
     if trace is not None:
-        trace = ctx.resolve(trace)
+        trace = ctx.resolve(trace, "workload.trace")
+        if os.path.isdir(trace):
+            ctx.fail("workload.trace", f"{trace} is a directory, not a trace file")
         if not os.path.isfile(trace):
             ctx.fail("workload.trace", f"trace file not found: {trace}")
         fmt = fmt or _format_from_name(ctx, trace)
@@ -337,9 +341,14 @@ def _synthetic(ctx: Ctx, data, engine: EngineConfig) -> SyntheticConfig:
     block_size = engine.kv_cache.block_size
     if prefix % block_size:
         ctx.fail(s.sub("shared_prefix_tokens"), f"must be a multiple of engine.block_size ({block_size}), got {prefix}")
+    input_tokens = _lengths(ctx, s, "input_tokens")
+    longest = input_tokens.value if input_tokens.distribution == "constant" else input_tokens.max
+    if longest and prefix > longest:  # (a lognormal without max has no longest)
+        ctx.fail(s.sub("shared_prefix_tokens"), f"{prefix} is longer than any prompt "
+                 f"(input_tokens is at most {longest})")
     return SyntheticConfig(
         requests=s.get("requests", INT, d["requests"], ge(1)),
-        input_tokens=_lengths(ctx, s, "input_tokens"),
+        input_tokens=input_tokens,
         output_tokens=_lengths(ctx, s, "output_tokens"),
         arrival=arrival,
         rate=rate,
@@ -478,12 +487,12 @@ def _scheduler(ctx: Ctx, s: Section) -> SchedulerConfig:
 
 
 def _timing(ctx: Ctx, data, path="engine.timing") -> TimingConfig:
-    """`engine.timing`: a type and that type's parameters (vllm-engine.md §10)."""
+    """`engine.timing`: a type and that type's parameters (docs/engine.md §10)."""
     if data is None:
         return TimingConfig()
     kind, s = tagged_section(ctx, data, path, "type", "polynomial", _TIMING_PARAMS)
     if kind == "fitted":
-        model = ctx.resolve(s.get("model", PATH))
+        model = ctx.resolve(s.get("model", PATH), s.sub("model"))
         if not os.path.isfile(model):
             ctx.fail(s.sub("model"), f"fitted model file not found: {model}")
         return TimingConfig(type=kind, model=model, coefficients_ms=read_fitted_model(model))
@@ -492,7 +501,7 @@ def _timing(ctx: Ctx, data, path="engine.timing") -> TimingConfig:
 
 
 def _launch(ctx: Ctx, data, path="engine.launch") -> LaunchConfig | None:
-    """`engine.launch` (vllm-engine.md §8), or None."""
+    """`engine.launch` (docs/engine.md §8), or None."""
     if data is None:
         return None
     d = _defaults(LaunchConfig)
@@ -506,7 +515,7 @@ def _launch(ctx: Ctx, data, path="engine.launch") -> LaunchConfig | None:
 
 
 def _kv_offloading(ctx: Ctx, data, path="engine.kv_offloading") -> KVOffloadingConfig | None:
-    """`engine.kv_offloading`: the CPU tier (vllm-engine.md §9), or None."""
+    """`engine.kv_offloading`: the CPU tier (docs/engine.md §9), or None."""
     if data is None:
         return None
     keys = [f.name for f in attrs.fields(KVOffloadingConfig)]

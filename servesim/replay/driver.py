@@ -296,16 +296,23 @@ class Replay:
                                 warnings=result_warnings)
 
     def _close_unfinished(self):
+        """The run's warnings: requests that could never finish, or every
+        request rejected, each with its cause (`diagnosis.py`)."""
+        from servesim.replay import diagnosis
+
+        c = self.config
+        engine = c.cluster.prefill if c.cluster.disaggregated else c.engine
+        w = self.workload
+        messages = []
         left = np.flatnonzero(self.arrived & (self.status == STATUS_UNFINISHED))
-        if not len(left):
-            return []
-        ids = ", ".join(self.workload.request_ids[i] for i in left[:5])
-        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
-        message = (f"{len(left)} request(s) could never finish (their prompt plus output "
-                   f"outgrows the KV cache, or requests preempted each other without "
-                   f"progress): {ids}{more}")
-        warnings.warn(message, stacklevel=2)
-        return [message]
+        if len(left):
+            messages.append(diagnosis.unfinished_message(engine, w.request_ids, left, w.input_length,
+                                                         self.max_tokens))
+        if diagnosis.all_rejected(self.status, STATUS_REJECTED):
+            messages.append(diagnosis.all_rejected_message(engine, w.request_ids, w.input_length))
+        for message in messages:
+            warnings.warn(message, stacklevel=2)
+        return messages
 
     def _records(self) -> RequestRecords:
         return self._make_records(self.store.results(), self.worker_of, self.rank_of)
@@ -363,7 +370,7 @@ class Replay:
 
 
 def _add_cpu_tier_stats(stats: RunStats, connector):
-    """One rank's CPU-tier counters into the run's (vllm-engine.md §9)."""
+    """One rank's CPU-tier counters into the run's (docs/engine.md §9)."""
     stats.cpu_tier = True
     stats.cpu_tier_hit_tokens += connector.hit_tokens
     stats.cpu_tier_loads += connector.num_loads

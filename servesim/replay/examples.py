@@ -76,7 +76,7 @@ engine:
 """,
     "launch": """\
 # The Mooncake example with async scheduling, CPU launch costs by pass kind and
-# output detokenization (vllm-engine.md §7-8).
+# output detokenization (docs/engine.md §7-8).
 """ + _MOONCAKE_WORKLOAD + """\
 engine:
   block_size: 64

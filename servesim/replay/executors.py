@@ -12,17 +12,24 @@ result instead of raising, so the other tasks go on.
 - `ray`: one Ray task per point (`num_cpus=1`), on the cluster at `address`
   (`ray.init(address=...)`; at most `jobs` in flight when given) or on a local
   instance with `jobs` CPUs. The config, its trace and the output folder must
-  be on a filesystem the Ray workers share. Ray is an optional extra,
-  imported only here.
+  be on a filesystem the Ray workers share. Connecting to `address` gives up
+  after 30 s. Ray is an optional extra, imported only here.
+
+On Ctrl-C (KeyboardInterrupt in the caller) both stop at once: no task
+starts any more, local workers are terminated, Ray tasks cancelled.
 """
 
 import logging
 import multiprocessing
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from servesim.errors import InputError
 
 RAY_HINT = "pip install 'servesim[ray]'"
+RAY_CONNECT_TIMEOUT_S = 30.0
+POLL_S = 0.2  # how often a wait wakes up, so Ctrl-C is seen at once
 
 
 def _crashed(exc: BaseException) -> dict:
@@ -45,15 +52,20 @@ def local_executor(fn, tasks, jobs=None, address=None):
         futures = {pool.submit(fn, *args): index for index, args in tasks}
         pending = set(futures)
         while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
             for future in sorted(done, key=futures.get):
                 try:
                     result = future.result()
                 except Exception as exc:  # e.g. BrokenProcessPool: a worker died
                     result = _crashed(exc)
                 yield futures[future], result
-    except BaseException:
+    except BaseException:  # e.g. Ctrl-C: start nothing more, stop what runs
+        processes = list((pool._processes or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout=1.0)
         raise
     pool.shutdown(wait=True)
 
@@ -66,7 +78,33 @@ def import_ray():
     return ray
 
 
-def ray_executor(fn, tasks, jobs=None, address=None):
+def connect(init, address, timeout_s=RAY_CONNECT_TIMEOUT_S):
+    """Run `init()` (ray.init on `address`) in a thread, so that an
+    unreachable cluster fails after `timeout_s` with an InputError and Ctrl-C
+    works meanwhile (the main thread only waits)."""
+    outcome = {}
+
+    def target():
+        try:
+            init()
+            outcome["ok"] = True
+        except BaseException as exc:  # reported in the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="ray-connect", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(POLL_S)
+    if thread.is_alive():
+        raise InputError(f"--ray-address {address}: cannot connect to Ray within {timeout_s:g} s "
+                         f"(is the cluster up and the address right?)")
+    exc = outcome.get("error")
+    if exc is not None:
+        raise InputError(f"--ray-address {address}: cannot connect to Ray: {type(exc).__name__}: {exc}") from None
+
+
+def ray_executor(fn, tasks, jobs=None, address=None, timeout_s=RAY_CONNECT_TIMEOUT_S):
     """Run each task as a Ray task, on the cluster at `address` or on a local
     Ray instance with `jobs` CPUs (default 1). A Ray instance this function
     started is shut down at the end; one already initialised is reused."""
@@ -74,24 +112,21 @@ def ray_executor(fn, tasks, jobs=None, address=None):
     started = False
     if not ray.is_initialized():
         options = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False}
-        try:
-            if address:
-                ray.init(address=address, **options)
-            else:
-                ray.init(num_cpus=jobs or 1, **options)
-        except ConnectionError as exc:
-            raise InputError(f"--ray-address {address}: cannot connect to Ray: {exc}") from None
+        if address:
+            connect(lambda: ray.init(address=address, **options), address, timeout_s)
+        else:
+            ray.init(num_cpus=jobs or 1, **options)
         started = True
+    in_flight = {}
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(fn)
         limit = jobs if address and jobs else len(tasks)
         queue = list(tasks)
-        in_flight = {}
         while queue or in_flight:
             while queue and len(in_flight) < limit:
                 index, args = queue.pop(0)
                 in_flight[remote.remote(*args)] = index
-            done, _ = ray.wait(list(in_flight), num_returns=1)
+            done, _ = ray.wait(list(in_flight), num_returns=1, timeout=POLL_S)
             for ref in done:
                 index = in_flight.pop(ref)
                 try:
@@ -99,6 +134,13 @@ def ray_executor(fn, tasks, jobs=None, address=None):
                 except Exception as exc:  # the task's worker died
                     result = _crashed(exc)
                 yield index, result
+    except BaseException:  # e.g. Ctrl-C: cancel the tasks in flight
+        for ref in in_flight:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # already finished or gone
+                pass
+        raise
     finally:
         if started:
             ray.shutdown()

@@ -1,18 +1,26 @@
 """Writing a run's report files (spec README §6): `summary.json`,
 `requests.jsonl`, `passes.jsonl`, `telemetry.jsonl`.
 
-Writes are atomic as a set: every file goes to a hidden temporary name in the
-output directory first (`.summary.json.tmp`); only when all are written are
-they renamed into place, `summary.json` last, and files of a previous run that
-this run does not write are removed. A failed run leaves the directory as it
-was. Output is byte-identical for identical results: floats are written with
-Python's `repr` (shortest round-trip form), keys in a fixed order.
+One folder holds one run (README "Errors and faults"). The folder is locked
+for the write (`outdir.claim`; the CLI claims it before simulating). Every file
+is written into a hidden staging folder inside it first
+(`.servesim-staging-PID/`); only when all are written does the set replace the
+previous run's: the old `summary.json` is taken away first, every output of
+the previous run this one does not write is removed (a stale `report.html`
+too), the new files are renamed into place and `summary.json`, the mark of a
+complete set, comes last. Renames need no space, so a write that fails (a full
+disk: ENOSPC) fails in the staging folder and leaves the previous outputs as
+they were; an OSError is reported as an InputError naming the file. Files in
+the folder that are not servesim outputs are left alone. Output is
+byte-identical for identical results: floats are written with Python's `repr`
+(shortest round-trip form), keys in a fixed order.
 """
 
 import json
 import math
 import numbers
 import os
+import shutil
 from itertools import repeat
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
@@ -28,6 +36,8 @@ PASSES = "passes.jsonl"
 TELEMETRY = "telemetry.jsonl"
 ITL_QUANTILES = "itl_quantiles.json"
 REPORT_FILES = (SUMMARY, REQUESTS, PASSES, TELEMETRY, ITL_QUANTILES)
+HTML_REPORT = "report.html"  # written by report.py from the files above
+STAGING_PREFIX = ".servesim-staging-"
 
 REQUEST_FIELDS = (
     "id", "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms",
@@ -153,10 +163,6 @@ def _write_text(path: Path, chunks) -> None:
                 f.write("\n")
 
 
-def _tmp_name(name: str) -> str:
-    return "." + name + ".tmp"
-
-
 def write_outputs(
     out_dir,
     summary: dict,
@@ -172,8 +178,8 @@ def write_outputs(
     inter-token latency distribution (requests.jsonl has no per-token times).
     Returns the output directory.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from servesim.replay.outdir import claim, output_error
+
     contents = {}
     if per_request:
         contents[REQUESTS] = lambda: request_lines(result)
@@ -184,25 +190,36 @@ def write_outputs(
         contents[TELEMETRY] = lambda: [dict_lines(result.telemetry)]
     contents[SUMMARY] = lambda: [[json.dumps(summary, indent=2, allow_nan=False)]]
 
-    written = []
-    try:
-        for name, make_lines in contents.items():
-            tmp = out / _tmp_name(name)
-            written.append(tmp)
-            _write_text(tmp, make_lines())
-    except BaseException:
-        for tmp in written:
-            tmp.unlink(missing_ok=True)
-        raise
+    with claim(out_dir) as out:
+        for stale in out.glob(STAGING_PREFIX + "*"):  # of a run that was killed (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = out / f"{STAGING_PREFIX}{os.getpid()}"
+        name = None
+        try:
+            staging.mkdir()
+            for name, make_lines in contents.items():
+                _write_text(staging / name, make_lines())
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise output_error(out / (name or ""), exc, "write the run's outputs "
+                                   "(the previous outputs are kept)") from None
+            raise
+        try:
+            _replace_outputs(out, staging, contents)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return out
 
-    # summary.json marks a complete report: take the old one away first and
-    # put the new one in place last.
+
+def _replace_outputs(out: Path, staging: Path, contents) -> None:
+    """Put the staged set in place of the previous run's outputs;
+    summary.json goes first and comes back last."""
     (out / SUMMARY).unlink(missing_ok=True)
-    for name in contents:
-        if name != SUMMARY:
-            os.replace(out / _tmp_name(name), out / name)
-    for name in REPORT_FILES:
+    for name in (*REPORT_FILES, HTML_REPORT):
         if name not in contents:
             (out / name).unlink(missing_ok=True)
-    os.replace(out / _tmp_name(SUMMARY), out / SUMMARY)
-    return out
+    for name in contents:
+        if name != SUMMARY:
+            os.replace(staging / name, out / name)
+    os.replace(staging / SUMMARY, out / SUMMARY)

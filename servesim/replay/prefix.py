@@ -5,7 +5,7 @@ two requests share a prefix of k trace blocks iff their first k ids are equal.
 Token t of a prompt is therefore determined by the chain of ids up to its trace
 block and its offset in that block. The engine caches blocks of `block_size`
 tokens, and engine block i of two requests is the same iff their token
-prefixes `[0, (i+1)·block_size)` are the same (vllm-engine.md §5: vLLM chains
+prefixes `[0, (i+1)·block_size)` are the same (docs/engine.md §5: vLLM chains
 each block's hash from its parent's): its identity is the pair (id chain of the
 trace block holding its last token, that token's offset in the trace block).
 

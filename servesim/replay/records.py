@@ -101,7 +101,7 @@ class RunStats:
     preempted_prefix_cache_queries: int = 0
     preempted_prefix_cache_hits: int = 0
     cpu_tier_hit_tokens: int = 0
-    # CPU tier (engine.kv_offloading; vllm-engine.md §9), summed over ranks:
+    # CPU tier (engine.kv_offloading; docs/engine.md §9), summed over ranks:
     # loads and stores are transfer jobs; cpu_tier_blocks_max is the largest
     # block count any one rank's tier held
     cpu_tier: bool = False  # whether the run had a CPU tier

@@ -315,6 +315,28 @@ def _workers_html(s: dict) -> str:
     return _table(["worker", "requests", "passes", "busy (s)", "busy", "KV usage mean"], rows)
 
 
+def _pools_html(s: dict) -> str:
+    """A disaggregated run's two pools and its KV transfers (summary.json
+    `pools`, `kv_transfer`)."""
+    duration = s["duration_ms"] or 0.0
+    rows = []
+    for name, p in s["pools"].items():
+        busy = p["busy_ms"] / (duration * p["workers"]) if duration > 0 and p["workers"] else None
+        rows.append([_esc(name), _fmt(p["workers"]), _fmt(p["requests"]), _fmt(p["passes"]), _pct(busy),
+                     _pct(p["kv_usage_mean"]), _fmt(p["preemptions"]), _pct(p["prefix_cache_hit_rate"])])
+    out = [_table(["pool", "workers", "requests", "passes", "busy", "KV usage mean", "preemptions",
+                   "prefix hit rate"], rows)]
+    t = s["kv_transfer"]
+    ms = t["kv_transfer_ms"]
+    rows = [
+        ["handoffs", f"{t['handoffs']:,} requests handed to a decode worker ({t['transfers']:,} with KV moved)"],
+        ["moved", f"{t['transferred_tokens']:,} tokens, {t['transferred_bytes'] / 1e9:,.3f} GB"],
+        ["wait for KV (ms)", " · ".join(f"{st} {_fmt(ms[st])}" for st in ("mean", "p50", "p90", "p99", "max"))],
+    ]
+    out.append(_table(["KV transfer", "value"], [[_esc(a), _esc(b)] for a, b in rows]))
+    return "\n".join(out)
+
+
 def _cdf_plot(plots: _Plots, requests: list, summary: dict, itl: dict | None) -> str:
     """TTFT, TPOT and E2E from requests.jsonl; ITL (token-weighted) from the
     quantiles in itl_quantiles.json."""
@@ -520,6 +542,9 @@ def run_report(directory: Path, plots: _Plots) -> str:
         body.append("<p>No telemetry.jsonl: run with <code>--telemetry-interval-ms MS</code> for KV usage, "
                     "queues and preemptions over time.</p>")
 
+    if "pools" in summary and "kv_transfer" in summary:
+        body.append("<h2>Prefill and decode pools</h2>")
+        body.append(_pools_html(summary))
     body.append("<h2>Workers</h2>")
     if len(summary.get("workers", [])) > 1:
         body.append(_img("workers", _workers_plot(plots, summary), "Per-worker load (summary.json workers)."))
@@ -567,8 +592,9 @@ def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list) -> str:
                 x = [position[r[key]] for r in members]
                 y = [_number(r[column]) if r["status"] == "ok" else None for r in members]
                 y = [np.nan if v is None else v for v in y]
-                ax.plot(x, y, marker=MARKERS[len(ax.lines) % len(MARKERS)], markersize=5, alpha=0.85,
-                        label=label(combo))
+                n = len(ax.lines)  # later lines get smaller markers: one that coincides stays visible
+                ax.plot(x, y, marker=MARKERS[n % len(MARKERS)], markersize=max(3.0, 8.0 - 1.5 * n),
+                        alpha=0.85, label=label(combo), zorder=2 + n)
             ax.set_title(title)
             ax.set_xlabel(key)
             if column == "preemptions":
@@ -588,7 +614,21 @@ def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list) -> str:
             fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(groups)))
 
     legend_rows = math.ceil(len(groups) / 4) if len(groups) > 1 else 0
-    return plots.figure(draw, width=12.0, height=3.0 + 0.22 * legend_rows)
+    return plots.figure(draw, width=12.0, height=3.0 + 0.22 * legend_rows), _coinciding(groups, key, label)
+
+
+def _coinciding(groups: dict, key: str, label) -> list:
+    """Labels of lines whose every figure equals another line's: their
+    points sit on top of each other, which the caption says."""
+    def series(members):
+        members = sorted(members, key=lambda r: r[key])
+        return tuple((r[key], *(r[column] if r["status"] == "ok" else None for column, _ in SWEEP_METRICS))
+                     for r in members)
+
+    seen = {}
+    for combo, members in groups.items():
+        seen.setdefault(series(members), []).append(label(combo))
+    return [same for same in seen.values() if len(same) > 1]
 
 
 SWEEP_TABLE = (
@@ -625,8 +665,10 @@ def sweep_report(directory: Path, plots: _Plots) -> str:
     if swept:
         body.append("<h2>Main figures against each swept key</h2>")
     for key in swept:
-        body.append(_img(f"sweep-{key}", _sweep_plot(plots, key, keys, rows),
-                         f"{key}: one line per combination of the other keys; failed points are gaps."))
+        uri, same = _sweep_plot(plots, key, keys, rows)
+        note = "".join(f" Lines that coincide: {' = '.join(labels)}." for labels in same)
+        body.append(_img(f"sweep-{key}", uri,
+                         f"{key}: one line per combination of the other keys; failed points are gaps.{note}"))
 
     body.append("<h2>Points</h2>")
     header = ["point", *[_esc(k) for k in keys], "status", *[_esc(t) for _, t in SWEEP_TABLE], "folder"]

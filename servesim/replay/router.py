@@ -1,4 +1,4 @@
-"""Routing an arriving request to a worker and rank (vllm-engine.md §11).
+"""Routing an arriving request to a worker and rank (docs/engine.md §11).
 
 - `round_robin`: (worker, rank) pairs in order — workers first, then ranks:
   w0r0, w1r0, ..., w0r1, w1r1, ...

@@ -24,9 +24,16 @@ atomically). A point that raises is recorded as failed with its error and the
 others go on. The results are gathered in grid order into `DIR/sweep.csv` and
 `DIR/sweep.json`.
 
-Resuming: a point whose folder already holds a summary.json of the same
-resolved config (the `config` it records equals the point's) is not run
-again; its figures are read back from that file.
+Resuming: a point counts as done, and is not run again, only when its folder
+holds every output its config asks for, a summary.json of the same resolved
+config, and the fingerprint of the same inputs (`fingerprint.py`: the
+resolved config and the trace file's size and SHA-256); an edited trace or
+config reruns it. Its figures are read back from that summary.json.
+
+Ctrl-C: the executor cancels the points in flight, their folders are removed,
+sweep.csv / sweep.json are written for the points that finished (the others
+are "failed" with error "not run") and KeyboardInterrupt propagates (the CLI
+exits 130); rerunning resumes.
 """
 
 import csv
@@ -34,6 +41,7 @@ import io
 import json
 import os
 import re
+import shutil
 import traceback
 from pathlib import Path
 
@@ -60,6 +68,7 @@ FIGURES = {
 }
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
+NOT_RUN = "not run"
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -87,6 +96,10 @@ def load_grid(path) -> Grid:
 
     source = str(path)
     doc = parse_yaml(read_text(source, "grid file"), source)
+    try:
+        _plain(doc, "", {})  # refuses alias bombs and recursive aliases up front
+    except InputError as e:
+        raise InputError(f"{source}: {e}") from None
 
     def key_line(node, key):
         try:
@@ -222,15 +235,17 @@ def point_dir_names(grid: Grid) -> list:
 def validate_points(config_path: str, grid: Grid) -> list:
     """The resolved config dict of every point (as summary.json records it);
     the first point that does not validate raises an InputError naming the
-    grid file, the line and the key."""
+    grid file, the line and the key. Relative paths in the grid are relative
+    to the grid file's folder."""
     from servesim.replay.config import config_to_dict, load_config
 
     load_config(config_path)  # a broken base config is the config's error, not the grid's
+    grid_dir = os.path.dirname(os.path.abspath(grid.source))
     configs = []
     for i, (point, point_lines) in enumerate(zip(grid.points, grid.lines)):
         overrides = [override_text(k, v) for k, v in point.items()]
         try:
-            cfg = load_config(config_path, overrides)
+            cfg = load_config(config_path, overrides, override_dir=grid_dir)
         except InputError as e:
             text = str(e)
             culprit = next((k for k in point if re.search(rf"--set {re.escape(k)}(?![A-Za-z0-9_])", text)), None)
@@ -244,39 +259,100 @@ def validate_points(config_path: str, grid: Grid) -> list:
     return configs
 
 
+def point_overrides(point: dict, config: dict) -> tuple:
+    """The `--set` texts that run `point` anywhere: a relative path the grid
+    gives is replaced by the absolute path its resolved `config` holds (so a
+    worker in another folder, or on another Ray node, reads the same file)."""
+    texts = []
+    for key, value in point.items():
+        if isinstance(value, str):
+            node = config
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, str) and node != value and os.path.isabs(node):
+                value = node
+        texts.append(override_text(key, value))
+    return tuple(texts)
+
+
 # --------------------------------------------------------------------------- one point
 
 
-def run_point(config_path: str, overrides: tuple, out_dir: str) -> dict:
+def run_point(config_path: str, overrides: tuple, out_dir: str, fingerprint: str | None = None) -> dict:
     """Run one point and write its report into `out_dir` (executed in a worker
-    process or a Ray task). Never raises: returns {"status", "error",
-    "summary"} where summary is the summary.json dict without its config."""
+    process or a Ray task), then its inputs' `fingerprint` when given. Never
+    raises: returns {"status", "error", "summary"} where summary is the
+    summary.json dict without its config."""
     from servesim.replay.api import run
+    from servesim.replay.fingerprint import FINGERPRINT_FILE, write_fingerprint
+    from servesim.replay.outdir import claim
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / ERROR_FILE).unlink(missing_ok=True)
     try:
-        report = run(config_path, overrides=overrides)
-        report.write(out)
+        with claim(out):  # held while the point runs: an interrupted sweep removes such folders
+            (out / ERROR_FILE).unlink(missing_ok=True)
+            (out / FINGERPRINT_FILE).unlink(missing_ok=True)  # the outputs are about to change
+            report = run(config_path, overrides=overrides)
+            report.write(out)
+            if fingerprint is not None:
+                write_fingerprint(out, fingerprint)
     except Exception as e:  # recorded, never raised: the other points go on
         message = str(e) if isinstance(e, InputError) else f"{type(e).__name__}: {e}"
         detail = message if isinstance(e, InputError) else traceback.format_exc()
-        (out / ERROR_FILE).write_text(detail + ("" if detail.endswith("\n") else "\n"), encoding="utf-8")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / ERROR_FILE).write_text(detail + ("" if detail.endswith("\n") else "\n"), encoding="utf-8")
+        except OSError:
+            pass
         return {"status": STATUS_FAILED, "error": message, "summary": None}
     summary = {k: v for k, v in report.summary.items() if k != "config"}
     return {"status": STATUS_OK, "error": None, "summary": summary}
 
 
-def _finished_summary(point_dir: Path, config: dict):
-    """The summary.json in `point_dir` if it is complete and of `config`."""
+def expected_outputs(config: dict) -> list:
+    """The files a complete run of the resolved `config` (as summary.json
+    records it) writes."""
+    from servesim.replay.output import ITL_QUANTILES, PASSES, REQUESTS, SUMMARY, TELEMETRY
+
+    out = config.get("output") or {}
+    names = [SUMMARY]
+    if out.get("per_request", True):
+        names += [REQUESTS, ITL_QUANTILES]
+    if out.get("pass_log"):
+        names.append(PASSES)
+    if out.get("telemetry_interval_ms") is not None:
+        names.append(TELEMETRY)
+    return names
+
+
+def _finished_summary(point_dir: Path, config: dict, fingerprint: str | None = None):
+    """The summary.json in `point_dir` if the folder holds a complete run of
+    `config`: every output the config asks for, and (when given) inputs of
+    the same `fingerprint` (the config and the trace's content)."""
+    from servesim.replay.fingerprint import read_fingerprint
+
     try:
         summary = json.loads((point_dir / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(summary, dict) or summary.get("config") != config:
         return None
+    if not all((point_dir / name).is_file() for name in expected_outputs(config)):
+        return None
+    if fingerprint is not None and read_fingerprint(point_dir) != fingerprint:
+        return None
     return summary
+
+
+def _remove_interrupted(out: Path, results, todo) -> None:
+    """Remove the folders of the points an interrupt stopped mid-run (they
+    hold their run's lock, whose process is gone or cancelled)."""
+    from servesim.replay.outdir import LOCK
+
+    for i, _ in todo:
+        folder = out / results[i].dir
+        if results[i].error == NOT_RUN and (folder / LOCK).exists():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -331,34 +407,43 @@ def sweep(config, grid, out_dir="sweep-out", *, jobs=None, executor="local", ray
     configs = validate_points(config_path, grid)
     out = Path(out_dir)
     names = point_dir_names(grid)
+    from servesim.replay.fingerprint import HASH_CACHE, FileHashes, fingerprint
 
+    hashes = FileHashes(out / HASH_CACHE)
     results, todo = [], []
     for i, (point, name, cfg) in enumerate(zip(grid.points, names, configs)):
         rel = f"{POINTS_DIR}/{name}"
-        summary = _finished_summary(out / rel, cfg)
+        inputs = fingerprint(cfg, hashes)
+        summary = _finished_summary(out / rel, cfg, inputs)
         if summary is not None:
             summary.pop("config")
             results.append(PointResult(i, point, rel, STATUS_OK, None, summary, resumed=True))
         else:
-            results.append(PointResult(i, point, rel, STATUS_FAILED, "not run", None))
-            overrides = tuple(override_text(k, v) for k, v in point.items())
-            todo.append((i, (config_path, overrides, str((out / rel).absolute()))))
+            results.append(PointResult(i, point, rel, STATUS_FAILED, NOT_RUN, None))
+            overrides = point_overrides(point, cfg)
+            todo.append((i, (config_path, overrides, str((out / rel).absolute()), inputs)))
 
     total = len(results)
     done = total - len(todo)
     if progress is not None:
         progress(done, total)
+    result = SweepResult(out_dir=out, grid=grid, points=results)
     if todo:
         out.mkdir(parents=True, exist_ok=True)
         run = executors.EXECUTORS[executor]
-        for i, outcome in run(run_point, todo, jobs=jobs, address=ray_address):
-            r = results[i]
-            r.status, r.error, r.summary = outcome["status"], outcome["error"], outcome["summary"]
-            done += 1
-            if progress is not None:
-                progress(done, total)
-
-    result = SweepResult(out_dir=out, grid=grid, points=results)
+        try:
+            for i, outcome in run(run_point, todo, jobs=jobs, address=ray_address):
+                r = results[i]
+                r.status, r.error, r.summary = outcome["status"], outcome["error"], outcome["summary"]
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        except KeyboardInterrupt:  # the executor has cancelled the points in flight
+            _remove_interrupted(out, results, todo)
+            hashes.save()
+            write_sweep_files(result, config_path)
+            raise
+    hashes.save()
     write_sweep_files(result, config_path)
     return result
 

@@ -23,6 +23,7 @@ class Ctx:
     source: str | None
     base_dir: str
     where: dict  # dotted key path -> 1-based line, or OVERRIDE
+    override_dir: str | None = None  # relative paths given by overrides; None: the current directory
 
     def fail(self, path: str, message: str):
         """Raise the InputError for `path` (its line, else its nearest parent's)."""
@@ -42,9 +43,14 @@ class Ctx:
             path = path.rpartition(".")[0]
         return None
 
-    def resolve(self, path: str) -> str:
-        """An absolute path for a file named in the config."""
-        return os.path.abspath(os.path.join(self.base_dir, os.path.expanduser(path)))
+    def resolve(self, path: str, key: str | None = None) -> str:
+        """An absolute path for a file named in the config at `key`: relative
+        to the config's folder, or, when an override gave `key`, to
+        `override_dir` (default: the current directory)."""
+        base = self.base_dir
+        if key is not None and self._origin(key) == OVERRIDE:
+            base = self.override_dir or os.getcwd()
+        return os.path.abspath(os.path.join(base, os.path.expanduser(path)))
 
 
 @attrs.frozen

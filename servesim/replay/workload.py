@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 
 from servesim.errors import InputError
+from servesim.replay.preflight import check_trace_ids
 
 
 @attrs.frozen(eq=False)
@@ -169,6 +170,7 @@ def load_azure(path, trace_block_size: int = 512, limit: int | None = None) -> W
     nblocks = -(-input_length // trace_block_size)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(nblocks, out=offsets[1:])
+    check_trace_ids(str(path), input_length, int(offsets[-1]))  # before allocating them
     return Workload(
         request_ids=[str(i) for i in range(n)],
         arrival_ms=np.array(rel_ns, dtype=np.int64) / 1e6,

@@ -40,25 +40,52 @@ def read_yaml(path: str, what: str):
     """Parse a YAML file into plain data and {dotted key path: line}."""
     doc = parse_yaml(read_text(path, what), path)
     where: dict = {}
-    return plain_data(doc, "", where), where
+    try:
+        return plain_data(doc, "", where), where
+    except YAMLShapeError as e:
+        raise InputError(f"{path}: {e}") from None
 
 
-def plain_data(node, path: str, where: dict):
+# At most this many values after expanding aliases: a config or grid has
+# hundreds; an "alias bomb" (a few lines, each alias doubling the last)
+# would expand to billions.
+MAX_NODES = 100_000
+
+
+class YAMLShapeError(InputError):
+    """A document that expands beyond MAX_NODES or refers to itself."""
+
+
+def plain_data(node, path: str, where: dict, _state=None):
     """Plain dicts, lists and scalars from ruamel (or API) data; records the
-    1-based line of every mapping key in `where`."""
-    if isinstance(node, dict):
-        out = {}
-        for key, value in node.items():
-            key_path = join(path, str(key))
-            if isinstance(node, CommentedMap):
-                try:
-                    where[key_path] = node.lc.key(key)[0] + 1
-                except (KeyError, TypeError):
-                    pass
-            out[str(key)] = plain_data(value, key_path, where)
-        return out
-    if isinstance(node, (list, tuple, CommentedSeq)):
-        return [plain_data(item, path, where) for item in node]
+    1-based line of every mapping key in `where`. Refuses (YAMLShapeError) a
+    document that expands to more than MAX_NODES values through aliases, or
+    that contains itself (a recursive alias)."""
+    if _state is None:
+        _state = [0, set()]  # values so far, ids of the collections being converted
+    _state[0] += 1
+    if _state[0] > MAX_NODES:
+        raise YAMLShapeError(f"more than {MAX_NODES} values once aliases are expanded "
+                             f"(an alias bomb?); refused")
+    if isinstance(node, (dict, list, tuple)):
+        if id(node) in _state[1]:
+            raise YAMLShapeError(f"{path or 'the document'}: a recursive alias (the value contains itself)")
+        _state[1].add(id(node))
+        try:
+            if isinstance(node, dict):
+                out = {}
+                for key, value in node.items():
+                    key_path = join(path, str(key))
+                    if isinstance(node, CommentedMap):
+                        try:
+                            where[key_path] = node.lc.key(key)[0] + 1
+                        except (KeyError, TypeError):
+                            pass
+                    out[str(key)] = plain_data(value, key_path, where, _state)
+                return out
+            return [plain_data(item, path, where, _state) for item in node]
+        finally:
+            _state[1].discard(id(node))
     if isinstance(node, bool) or type(node).__name__ == "ScalarBoolean":
         return bool(node)
     if isinstance(node, numbers.Integral):

@@ -1,6 +1,6 @@
 """The compiled scheduler: the rules of the reference
 :class:`~servesim.scheduler.scheduler.Scheduler` (vllm/v1/core/sched/scheduler.py,
-async_scheduler.py; vllm-engine.md §3-7) as Numba kernels over the arrays of a
+async_scheduler.py; docs/engine.md §3-7) as Numba kernels over the arrays of a
 :class:`~servesim.scheduler.fast_table.RequestTable`, so that a pass costs a few
 microseconds of Python whatever its batch size.
 
@@ -112,7 +112,7 @@ def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i):
 @njit
 def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                       out, feats, budget, threshold):
-    """The running loop (vllm-engine.md §3 steps 1-4, §6)."""
+    """The running loop (docs/engine.md §3 steps 1-4, §6)."""
     priority = cfg[C_PRIORITY]
     index = 0
     no_hits = np.zeros(0, dtype=np.int64)
@@ -179,7 +179,7 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
 @njit
 def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                       out, feats, budget, threshold):
-    """Admission, strict head of line (vllm-engine.md §3, waiting loop)."""
+    """Admission, strict head of line (docs/engine.md §3, waiting loop)."""
     priority = cfg[C_PRIORITY]
     bs = cfg[C_BLOCK_SIZE]
     while S[WQ_LEN] > 0 and budget > 0 and S[S_RUN_N] < cfg[C_MAX_SEQS]:

@@ -26,7 +26,7 @@ class SchedulerOutput:
     `free_blocks_after_schedule` counts free G1 blocks right after it; the
     pricing features are sums over `scheduled`.
 
-    With a CPU tier (vllm-engine.md §9) it also carries the transfers it
+    With a CPU tier (docs/engine.md §9) it also carries the transfers it
     decided: `loads` queued at admission and `preemption_stores` (`simple_cpu`),
     both going out at the decision instant; `stores`, the store jobs of blocks
     full after this pass (`offloading`), going out at the pass end; and

@@ -23,7 +23,7 @@ class Request:
     the first `num_cached_blocks` of them are registered in the prefix cache.
     `idents` are the identities of its blocks (prompt, then output positions).
     `prefill_target` is its token count at its last admission: it is a prefill
-    request in a pass while `num_computed_tokens` is below it (vllm-engine.md
+    request in a pass while `num_computed_tokens` is below it (docs/engine.md
     §10). With a CPU tier, `kv_load` is the load it waits for
     (WAITING_FOR_REMOTE_KVS), `cpu_store_cursor` the blocks the `offloading`
     connector has considered for storing since its admission, and
@@ -41,7 +41,7 @@ class Request:
         "max_tokens", "num_tokens", "num_computed_tokens", "num_output_placeholders",
         "num_preemptions", "status", "idents", "block_table", "num_blocks",
         "num_cached_blocks", "prefill_target", "sort_key",
-        # CPU tier (vllm-engine.md §7, §9)
+        # CPU tier (docs/engine.md §7, §9)
         "kv_load", "kv_load_g1_hit", "cpu_store_cursor", "num_in_flight",
         # disaggregated prefill/decode (engine/disagg.py)
         "remote_decode", "kv_handoff",

@@ -8,7 +8,7 @@ This is the reference implementation, over one Python object per request;
 `servesim.scheduler.fast` implements the same rules as Numba kernels over
 arrays, and tests hold the two to identical results.
 
-One `schedule()` (vllm-engine.md §3):
+One `schedule()` (docs/engine.md §3):
 1. the running loop serves `running` in list order, preempting on allocation
    failure (§6);
 2. the waiting loop admits from `waiting`, strictly head of line, only if no
@@ -16,7 +16,7 @@ One `schedule()` (vllm-engine.md §3):
 3. every scheduled request's `num_computed_tokens` advances by its tokens, and
    under async scheduling a request that will sample gets a placeholder.
 
-With a CPU tier (`attach_connector`, vllm-engine.md §9; vLLM's KV connector
+With a CPU tier (`attach_connector`, docs/engine.md §9; vLLM's KV connector
 hooks in the same file) admission also looks past the G1 hit into the tier:
 a request with blocks there has its G1 blocks allocated, queues a load and
 waits ahead of the waiting queue (WAITING_FOR_REMOTE_KVS) until the load is
@@ -50,7 +50,7 @@ LIVELOCK_PREEMPTIONS = 1000
 
 
 class PrefixCacheStats:
-    """vLLM's `PrefixCacheStats`, counted at admissions (vllm-engine.md §5):
+    """vLLM's `PrefixCacheStats`, counted at admissions (docs/engine.md §5):
     admissions of requests preempted before go to the `preempted_` pair."""
 
     __slots__ = ("queries", "hits", "preempted_queries", "preempted_hits")
@@ -92,7 +92,7 @@ class Scheduler:
 
     def attach_connector(self, connector):
         """Use `connector` (a `servesim.kvcache.cpu_tier.CPUOffloadConnector`)
-        as this rank's CPU tier (vllm-engine.md §9)."""
+        as this rank's CPU tier (docs/engine.md §9)."""
         self.connector = connector
 
     def attach_remote_kv(self, receiver):
@@ -109,7 +109,7 @@ class Scheduler:
 
     def can_ever_fit(self, num_prompt_tokens) -> bool:
         """A prompt needing more blocks than usable, or reaching max_model_len,
-        is rejected at arrival (vllm-engine.md §3)."""
+        is rejected at arrival (docs/engine.md §3)."""
         usable = self.num_gpu_blocks - 1
         return (-(-num_prompt_tokens // self.block_size) <= usable
                 and num_prompt_tokens < self.max_model_len)
@@ -144,7 +144,7 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out, budget, threshold) -> int:
-        """The running loop (vllm-engine.md §3, steps 1-4). Returns the budget
+        """The running loop (docs/engine.md §3, steps 1-4). Returns the budget
         left."""
         running = self.running
         index = 0
@@ -175,7 +175,7 @@ class Scheduler:
 
     def _allocate_or_preempt(self, out, request, num_new, index, budget):
         """Allocate slots for `request`, preempting victims until it fits or it
-        is the victim itself (vllm-engine.md §3 step 3, §6). With a CPU tier
+        is the victim itself (docs/engine.md §3 step 3, §6). With a CPU tier
         under async scheduling a victim that the pass in flight runs would
         free its blocks only after that pass: the loop stops there and
         `request` waits a pass (§7). Returns `(scheduled, index, budget)` with
@@ -251,7 +251,7 @@ class Scheduler:
         self.waiting.prepend(request)
 
     def _schedule_waiting(self, out, budget, threshold):
-        """Admission, strict head of line (vllm-engine.md §3, waiting loop).
+        """Admission, strict head of line (docs/engine.md §3, waiting loop).
         With a CPU tier, requests waiting for a load come first, and a head
         with blocks in the tier queues a load instead (§9); a head that must
         wait for a store or another load to finish is skipped this pass."""
@@ -380,7 +380,7 @@ class Scheduler:
         (or pulled from a prefill worker). A handed-off request's first
         admission on a decode worker has prompt KV and its first token: its
         prefill is the prompt only, so the pass computing the first token's KV
-        is a decode (vllm-engine.md §10); the receiver learns of the admission
+        is a decode (docs/engine.md §10); the receiver learns of the admission
         (`admitted`: a handoff that pulled nothing releases the prefill
         worker's blocks)."""
         resumed = request.status == RequestStatus.PREEMPTED
@@ -428,7 +428,7 @@ class Scheduler:
                 out.decode_context += request.num_tokens
 
     def _connector_after_schedule(self, out):
-        """CPU-tier bookkeeping of a decided pass (vllm-engine.md §7, §9): under
+        """CPU-tier bookkeeping of a decided pass (docs/engine.md §7, §9): under
         async scheduling its requests are now in flight; with the `offloading`
         connector each scheduled request's blocks full after this pass (known
         tokens only) and not yet in the tier become one store job, going out
@@ -553,7 +553,7 @@ class Scheduler:
     def _abort_unfinishable(self, request):
         """A request that preempted itself while alone in `running` needs more
         blocks than the pool has, and its need only grows: it would preempt
-        itself forever. Take it out as `unfinished` (vllm-engine.md §3)."""
+        itself forever. Take it out as `unfinished` (docs/engine.md §3)."""
         self.waiting.remove(request)
         self._take_out(request)
 

@@ -1,0 +1,194 @@
+"""What is checked on a resolved config and its workload before simulating.
+
+`check_run(cfg, workload)` is the one function `servesim validate` and
+`servesim run` (through `servesim.run`) both call after loading, so `validate`
+says "ok" only for what `run` accepts. It checks what the config schema alone
+cannot see (a trace row's `dp_rank` against `cluster.data_parallel_size`) and
+the memory the run would take: `estimate_memory` adds up the arrays a run
+allocates from the resolved numbers (each pool's `num_gpu_blocks` and
+`num_cpu_blocks`, the requests' lengths, the telemetry samples), and
+`check_memory` refuses a run whose estimate would not fit in this machine's
+memory, naming the key that takes the most (and the estimate), instead of a
+MemoryError half-way. `check_config(cfg)` runs the part that needs no workload
+first, so a synthetic workload is never generated at a size that cannot fit.
+
+The estimate is deliberately rough (bytes per block, per token, per request,
+per telemetry sample, from the arrays in kvcache/, scheduler/, engine/ and
+replay/); it only has to tell a run that fits from one that is orders of
+magnitude too big. Every pool size, derived or given, goes through the same
+`pool_sizes` -> `check_memory` path.
+"""
+
+import os
+
+import attrs
+import numpy as np
+
+from servesim.errors import InputError
+
+# Bytes, from the arrays a run allocates (rounded up).
+GPU_BLOCK_BYTES = 48  # kvcache/block_pool.py: 6 int64 fields per block, per rank
+IDENTITY_BYTES = 4  # the block pool's identity -> block map (int32), per rank
+CPU_ENTRY_BYTES = 200  # kvcache/cpu_tier.py: one OrderedDict entry per CPU block held
+TOKEN_BYTES = 16  # engine/release.py: a client time per output token, then its compact copy
+REQUEST_BLOCK_BYTES = 16  # block identities (int64) and block tables (int32) per request block
+REQUEST_BYTES = 1024  # per-request state, records and output rows
+SAMPLE_BYTES = 1024  # replay/telemetry.py: one dict per worker-rank per sample
+TELEMETRY_WARN_SAMPLES = 1_000_000
+SYNTHETIC_PLACES = {"output_length": "workload.synthetic.requests x output_tokens",
+                    "input_length": "workload.synthetic.requests x input_tokens"}
+
+
+@attrs.frozen
+class PoolSize:
+    """The resolved sizes of one pool of engines (a worker's DP ranks): the
+    config key path its sizes come from, how many ranks, and their blocks."""
+
+    key: str  # "engine", "cluster.prefill", "cluster.decode"
+    ranks: int
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    block_size: int
+
+
+def pool_sizes(cfg) -> list:
+    """The :class:`PoolSize` of every pool of a resolved config."""
+    c = cfg.cluster
+    dp = c.data_parallel_size
+    if c.disaggregated:
+        pools = [("cluster.prefill", c.prefill, c.prefill_workers), ("cluster.decode", c.decode, c.decode_workers)]
+    else:
+        pools = [("engine", cfg.engine, c.workers)]
+    out = []
+    for key, engine, workers in pools:
+        off = engine.kv_offloading
+        out.append(PoolSize(key, workers * dp, engine.kv_cache.num_gpu_blocks,
+                            off.num_cpu_blocks if off is not None else 0, engine.kv_cache.block_size))
+    return out
+
+
+def memory_limit_bytes() -> int:
+    """This machine's physical memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def estimate_memory(pools, requests: int, request_blocks: int, output_tokens: int,
+                    telemetry_samples: int = 0) -> dict:
+    """Bytes a run would allocate, per config key that sizes them:
+    {key: (bytes, what)}. `request_blocks` / `output_tokens` are sums over
+    the requests (prompt plus output blocks; output tokens)."""
+    parts = {}
+    identities = request_blocks  # at most one identity per request block
+    for p in pools:
+        parts[f"{p.key}.num_gpu_blocks"] = (
+            p.ranks * (p.num_gpu_blocks * GPU_BLOCK_BYTES + identities * IDENTITY_BYTES),
+            f"{p.ranks} rank(s) x {p.num_gpu_blocks} blocks")
+        if p.num_cpu_blocks:
+            held = min(p.num_cpu_blocks, identities)
+            parts[f"{p.key}.kv_offloading.num_cpu_blocks"] = (
+                p.ranks * held * CPU_ENTRY_BYTES, f"{p.ranks} rank(s) x up to {held} CPU blocks")
+    parts["output_length"] = (output_tokens * TOKEN_BYTES, f"{output_tokens} output tokens")
+    parts["input_length"] = (request_blocks * REQUEST_BLOCK_BYTES + requests * REQUEST_BYTES,
+                             f"{requests} requests, {request_blocks} KV blocks")
+    if telemetry_samples:
+        ranks = sum(p.ranks for p in pools)
+        parts["output.telemetry_interval_ms"] = (telemetry_samples * ranks * SAMPLE_BYTES,
+                                                 f"{telemetry_samples} samples x {ranks} rank(s)")
+    return parts
+
+
+def check_memory(parts: dict, limit: int | None = None, where: dict | None = None) -> None:
+    """Refuse (InputError) when the estimate `parts` (from `estimate_memory`)
+    exceeds `limit` bytes (default: this machine's memory), naming the key
+    that takes the most; `where` maps keys to a better place for the
+    message (e.g. the trace file and request)."""
+    limit = memory_limit_bytes() if limit is None else limit
+    total = sum(b for b, _ in parts.values())
+    if total <= limit:
+        return
+    key, (size, what) = max(parts.items(), key=lambda kv: kv[1][0])
+    place = (where or {}).get(key, key)
+    hint = " (use a larger interval)" if key == "output.telemetry_interval_ms" else ""
+    raise InputError(f"{place}: the run would need ~{_gb(total)} of memory (~{_gb(size)} for {what}), "
+                     f"more than this machine has ({_gb(limit)}){hint}")
+
+
+def check_trace_ids(source: str, input_length, num_ids: int, limit: int | None = None) -> None:
+    """Refuse a trace whose hash ids (generated, one per trace block, for a
+    format without them) would not fit, naming its longest prompt."""
+    i = int(np.argmax(input_length))
+    check_memory({"input_length": (num_ids * 8, f"{num_ids} prompt hash ids")}, limit,
+                 {"input_length": f"{source}: request '{i}': input_length {int(input_length[i])}"})
+
+
+def _blocks(tokens, block_size: int):
+    return -(-tokens // block_size)
+
+
+def check_config(cfg, limit: int | None = None) -> None:
+    """The checks that need no workload: the pools' sizes, `max_model_len`,
+    and a synthetic workload's size before it is generated."""
+    pools = pool_sizes(cfg)
+    requests = blocks = tokens = 0
+    syn = cfg.workload.synthetic
+    if syn is not None and cfg.workload.trace is None:
+        requests = syn.requests
+        block_size = pools[0].block_size
+        lengths = []
+        for dist in (syn.input_tokens, syn.output_tokens):  # the least any draw can give
+            lengths.append(dist.value if dist.distribution == "constant" else max(dist.min, 1))
+        blocks = requests * _blocks(lengths[0] + lengths[1], block_size)
+        tokens = requests * lengths[1]
+    parts = estimate_memory(pools, requests, blocks, tokens)
+    where = SYNTHETIC_PLACES if syn is not None else {}
+    max_model_len = cfg.engine.scheduler.max_model_len
+    if max_model_len is not None:  # one request of max_model_len tokens
+        parts["engine.max_model_len"] = (max_model_len * TOKEN_BYTES, f"one request of {max_model_len} tokens")
+    check_memory(parts, limit, where)
+
+
+def check_run(cfg, workload, limit: int | None = None) -> list:
+    """Everything checked before simulating a loaded config and workload
+    (see the module docstring); returns the warnings to print."""
+    check_config(cfg, limit)
+    dp = cfg.cluster.data_parallel_size
+    pinned = np.flatnonzero(workload.dp_rank >= dp)
+    if len(pinned):
+        i = int(pinned[0])
+        raise InputError(f"{workload.source or 'workload'}: request {workload.request_ids[i]!r}: dp_rank "
+                         f"{int(workload.dp_rank[i])} is out of range (cluster.data_parallel_size is {dp})")
+    pools = pool_sizes(cfg)
+    block_size = pools[0].block_size
+    prompt = workload.input_length.astype(np.int64)
+    max_tokens = workload.output_length.astype(np.int64)
+    max_model_len = cfg.engine.scheduler.max_model_len
+    if max_model_len is not None:
+        max_tokens = np.maximum(np.minimum(max_tokens, max_model_len - prompt), 0)
+    blocks = int(_blocks(prompt + max_tokens, block_size).sum())
+    tokens = int(max_tokens.sum())
+    interval = cfg.output.telemetry_interval_ms
+    samples = 0
+    if interval and len(workload):
+        samples = int(float(workload.arrival_ms[-1]) // interval) + 1  # at least the arrivals' span
+    parts = estimate_memory(pools, len(workload), blocks, tokens, samples)
+    where = {}
+    if workload.source is not None:
+        for key, column in (("output_length", max_tokens), ("input_length", prompt)):
+            i = int(np.argmax(column))
+            where[key] = f"{workload.source}: request {workload.request_ids[i]!r}: {key} {int(column[i])}"
+    elif cfg.workload.synthetic is not None:
+        where = SYNTHETIC_PLACES
+    check_memory(parts, limit, where)
+    warnings = []
+    if samples > TELEMETRY_WARN_SAMPLES:
+        warnings.append(f"output.telemetry_interval_ms: {interval:g} ms over at least "
+                        f"{float(workload.arrival_ms[-1]) / 1000:.0f} s of simulated time gives more than "
+                        f"{samples} samples per rank; telemetry.jsonl will be large")
+    return warnings

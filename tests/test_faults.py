@@ -1,0 +1,351 @@
+"""Set-up and fault paths (README "Errors and faults"): where Numba's cache
+goes, one run per output folder, output folders checked before simulating,
+full disks, Ctrl-C."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import servesim
+from servesim.cache import numba_cache_dir
+from servesim.replay import output
+from servesim.replay.outdir import LOCK
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = Path(servesim.__file__).resolve().parent
+
+from test_cli import TINY, invoke, tiny_config  # noqa: F401  (the same tiny run and its fixture)
+
+
+def cli(*args, env=None, **kwargs):
+    """`python -m servesim ARGS` in a subprocess running this checkout."""
+    env = dict(os.environ if env is None else env, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "servesim", *map(str, args)], env=env,
+                          capture_output=True, text=True, **kwargs)
+
+
+def cache_files(folder: Path) -> set:
+    return {p for p in folder.rglob("*") if p.suffix in (".nbi", ".nbc")}
+
+
+# --------------------------------------------------------------------------- Numba's cache
+
+
+def test_numba_cache_folder_precedence(monkeypatch, tmp_path):
+    for name in ("SERVESIM_CACHE_DIR", "NUMBA_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert numba_cache_dir() == str(tmp_path / "home" / ".cache" / "servesim" / "numba")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert numba_cache_dir() == str(tmp_path / "xdg" / "servesim" / "numba")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "nb"))
+    assert numba_cache_dir() == str(tmp_path / "nb")
+    monkeypatch.setenv("SERVESIM_CACHE_DIR", str(tmp_path / "ss"))
+    assert numba_cache_dir() == str(tmp_path / "ss" / "numba")
+
+
+def test_a_cold_compile_writes_its_cache_outside_the_package_and_says_so(tmp_path, tiny_config):
+    before = cache_files(PACKAGE)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["SERVESIM_CACHE_DIR"] = str(tmp_path / "cache")
+    first = cli("run", tiny_config, "-o", tmp_path / "a", env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("compiling kernels, once: ~") == 1
+    assert cache_files(tmp_path / "cache" / "numba"), "the kernels were cached in the user's folder"
+    assert cache_files(PACKAGE) == before, "nothing written under the package folder"
+    second = cli("run", tiny_config, "-o", tmp_path / "b", env=env)
+    assert second.returncode == 0, second.stderr
+    assert "compiling" not in second.stderr
+
+
+# --------------------------------------------------------------------------- one folder, one run
+
+
+def test_a_folder_locked_by_a_live_run_is_refused_at_once(tmp_path, tiny_config):
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / LOCK).write_text(f"{holder.pid}\n")
+        start = time.perf_counter()
+        result = invoke("run", tiny_config, "-o", out)
+        assert time.perf_counter() - start < 5
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 2
+    assert f"output folder is in use by another run (pid {holder.pid})" in result.stderr
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in out.iterdir()) == [LOCK]  # the other run's lock is left alone
+
+
+def test_a_stale_lock_of_a_dead_run_is_taken_over(tmp_path, tiny_config):
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / LOCK).write_text(f"{dead.pid}\n")
+    result = invoke("run", tiny_config, "-o", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["itl_quantiles.json", "requests.jsonl", "summary.json"]
+
+
+def start_slow_run(tmp_path, requests):
+    """A `servesim run` subprocess of `requests` requests (seconds long),
+    returned once it holds its output folder's lock: (process, config, out)."""
+    config = tmp_path / "slow.yaml"
+    config.write_text(TINY.replace("requests: 6", f"requests: {requests}").replace("num_gpu_blocks: 256",
+                                                                                   "num_gpu_blocks: 4096"))
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "servesim", "run", str(config), "-o", str(out), "-q"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / LOCK).exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return proc, config, out
+
+
+def test_two_concurrent_runs_into_one_folder(tmp_path):
+    first, config, out = start_slow_run(tmp_path, 40000)
+    try:
+        second = cli("run", config, "-o", out, "-q")
+    finally:
+        _, first_err = first.communicate(timeout=300)
+    assert first.returncode == 0, first_err
+    assert second.returncode == 2
+    assert "output folder is in use by another run" in second.stderr
+    assert "Traceback" not in second.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"] == 40000
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 40000
+    assert sorted(p.name for p in out.iterdir()) == ["itl_quantiles.json", "requests.jsonl", "summary.json"]
+
+
+def test_a_second_run_replaces_every_output_of_the_first(tmp_path, tiny_config):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    first = invoke("run", tiny_config, "-o", out, "--pass-log", "--telemetry-interval-ms", "5", "--report")
+    assert first.exit_code == 0, first.output
+    assert (out / "report.html").is_file() and (out / "passes.jsonl").is_file()
+    (out / "notes.txt").write_text("mine\n")
+    second = invoke("run", tiny_config, "-o", out, "--set", "workload.synthetic.requests=3", "-q")
+    assert second.exit_code == 0, second.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "itl_quantiles.json", "notes.txt", "requests.jsonl", "summary.json"]
+    assert json.loads((out / "summary.json").read_text())["requests"] == 3
+    assert (out / "notes.txt").read_text() == "mine\n"  # not a servesim output: left alone
+
+
+# --------------------------------------------------------------------------- output folders checked first
+
+
+def _assert_refused_fast(tiny_config, out, reason, head="error: {out}: cannot create the output folder"):
+    start = time.perf_counter()
+    result = invoke("run", tiny_config, "-o", out)
+    elapsed = time.perf_counter() - start
+    assert result.exit_code == 2, result.output
+    assert head.format(out=out) in result.stderr
+    assert reason in result.stderr
+    assert "Traceback" not in result.output
+    assert elapsed < 2  # refused before the run (which would at least load the engine)
+
+
+def test_a_file_in_place_of_the_output_folder_exits_2_before_simulating(tmp_path, tiny_config):
+    (tmp_path / "out").write_text("a file\n")
+    _assert_refused_fast(tiny_config, tmp_path / "out", "is a file", head="'{out}'")  # click's check
+    assert (tmp_path / "out").read_text() == "a file\n"
+    _assert_refused_fast(tiny_config, tmp_path / "out" / "sub", "a file is in the way")
+
+
+def test_an_output_folder_in_proc_exits_2_before_simulating(tiny_config):
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+    _assert_refused_fast(tiny_config, Path("/proc/servesim-out"), "")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_parent_exits_2_before_simulating(tmp_path, tiny_config):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o500)
+    try:
+        _assert_refused_fast(tiny_config, parent / "out", "Permission denied")
+    finally:
+        parent.chmod(0o700)
+
+
+def test_a_read_only_output_folder_exits_2_before_simulating(tmp_path, tiny_config, monkeypatch):
+    # as root a chmod does not stop writes: refuse the lock file the way a read-only folder would
+    import servesim.replay.outdir as outdir
+
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if str(path).endswith(LOCK):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(outdir.os, "open", read_only)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = invoke("run", tiny_config, "-o", out)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {out}: cannot write into the output folder: {os.strerror(errno.EROFS)}\n"
+    assert list(out.iterdir()) == []
+
+
+def test_a_full_disk_exits_2_and_keeps_the_previous_outputs(tmp_path, tiny_config, monkeypatch):
+    out = tmp_path / "out"
+    assert invoke("run", tiny_config, "-o", out, "-q").exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = output._write_text
+
+    def fills_the_disk(path, chunks):
+        if path.name == "itl_quantiles.json":  # the second file written
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, chunks)
+
+    monkeypatch.setattr(output, "_write_text", fills_the_disk)
+    result = invoke("run", tiny_config, "-o", out, "-q", "--set", "workload.synthetic.requests=3")
+    assert result.exit_code == 2
+    assert "No space left on device" in result.stderr and "previous outputs are kept" in result.stderr
+    assert "Traceback" not in result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_on_run_exits_130_and_leaves_no_lock(tmp_path):
+    proc, _, out = start_slow_run(tmp_path, 400000)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- smaller things
+
+
+def test_a_trace_path_that_is_a_directory_says_so(tmp_path, tiny_config):
+    (tmp_path / "traces").mkdir()
+    result = invoke("validate", tiny_config, "--set", "workload.synthetic=null",
+                    "--set", f"workload.trace={tmp_path / 'traces'}")
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {tiny_config}: --set workload.trace: {tmp_path / 'traces'} "
+                             f"is a directory, not a trace file\n")
+
+
+@pytest.mark.parametrize("tokens", ["32", "{distribution: uniform, min: 16, max: 48}"])
+def test_a_shared_prefix_longer_than_every_prompt_is_rejected(tiny_config, tokens):
+    result = invoke("validate", tiny_config, "--set", f"workload.synthetic.input_tokens={tokens}",
+                    "--set", "workload.synthetic.shared_prefix_tokens=64")
+    assert result.exit_code == 2
+    assert "workload.synthetic.shared_prefix_tokens: 64 is longer than any prompt (input_tokens is at most" \
+        in result.stderr
+
+
+def test_a_run_where_every_request_is_rejected_exits_0_and_says_why(tmp_path, tiny_config):
+    result = invoke("run", tiny_config, "-o", tmp_path / "out", "-q", "--set", "engine.num_gpu_blocks=3")
+    assert result.exit_code == 0
+    assert result.stderr == ("warning: every request was rejected at arrival, nothing was simulated "
+                             "(prompt needs more KV blocks than a rank holds (2 usable blocks): "
+                             "0, 1, 2, 3, 4 and 1 more)\n")
+    result = invoke("run", tiny_config, "-o", tmp_path / "out", "-q", "--set", "engine.max_model_len=64")
+    assert result.stderr.startswith("warning: every request was rejected at arrival, nothing was simulated "
+                                    "(prompt not shorter than max_model_len (64): 0, 1, 2")
+
+
+def test_could_never_finish_is_printed_once_with_its_cause(tmp_path, tiny_config):
+    result = invoke("run", tiny_config, "-o", tmp_path / "out", "-q",
+                    "--set", "engine.enable_chunked_prefill=false", "--set", "engine.max_num_batched_tokens=32",
+                    "--set", "engine.max_num_seqs=4")
+    assert result.exit_code == 0
+    assert result.stderr == ("warning: 6 request(s) could never finish (prompt longer than "
+                             "max_num_batched_tokens (32) with chunked prefill off: 0, 1, 2, 3, 4 and 1 more)\n")
+    # 64 prompt tokens fit the 7 usable blocks of 16; 64 + 100 output tokens never do
+    result = invoke("run", tiny_config, "-o", tmp_path / "out", "-q", "--set", "engine.num_gpu_blocks=8",
+                    "--set", "workload.synthetic.output_tokens=100")
+    assert result.stderr.count("could never finish") == 1
+    assert "prompt plus output outgrows the KV cache (7 usable blocks): 0" in result.stderr
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path, tiny_config):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n" + TINY)
+    for args in (("validate", bomb), ("sweep", tiny_config, "--grid", bomb, "-o", tmp_path / "s")):
+        start = time.perf_counter()
+        result = invoke(*args)
+        assert time.perf_counter() - start < 10
+        assert result.exit_code == 2
+        assert result.stderr == (f"error: {bomb}: more than 100000 values once aliases are expanded "
+                                 f"(an alias bomb?); refused\n")
+
+
+def test_a_recursive_mapping_given_to_the_api_is_refused():
+    from servesim.errors import InputError
+    from servesim.replay.config import config_from_dict
+
+    data = {"workload": {"synthetic": {"requests": 1}}}
+    data["engine"] = data
+    with pytest.raises(InputError, match="engine: a recursive alias"):
+        config_from_dict(data)
+
+
+def test_an_unreachable_ray_cluster_fails_within_the_timeout():
+    from servesim.errors import InputError
+    from servesim.replay.executors import connect
+
+    start = time.perf_counter()
+    with pytest.raises(InputError, match=r"^--ray-address ray://nowhere:1: cannot connect to Ray within 0.5 s"):
+        connect(lambda: time.sleep(30), "ray://nowhere:1", timeout_s=0.5)
+    assert time.perf_counter() - start < 3
+
+    def refused():
+        raise ConnectionError("connection refused")
+
+    with pytest.raises(InputError, match="cannot connect to Ray: ConnectionError: connection refused"):
+        connect(refused, "10.0.0.1:6379", timeout_s=5)
+
+
+def test_relative_paths_in_set_values_are_relative_to_the_current_folder(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "data").mkdir()
+    rows = [{"timestamp": 10 * i, "input_length": 100, "output_length": 4, "hash_ids": [i]} for i in range(3)]
+    (tmp_path / "data" / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "conf" / "c.yaml"
+    config.write_text(TINY)
+    monkeypatch.chdir(tmp_path / "data")
+    result = invoke("validate", config, "--set", "workload.synthetic=null", "--set", "workload.trace=t.jsonl")
+    assert result.exit_code == 0, result.output
+    assert "ok (3 requests)" in result.stdout
+
+
+def test_relative_paths_in_a_grid_are_relative_to_the_grid_file(tmp_path, monkeypatch):
+    for folder in ("conf", "grids", "elsewhere"):
+        (tmp_path / folder).mkdir()
+    rows = [{"timestamp": 10 * i, "input_length": 100, "output_length": 4, "hash_ids": [i]} for i in range(3)]
+    (tmp_path / "grids" / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "conf" / "c.yaml"
+    config.write_text(TINY)
+    grid = tmp_path / "grids" / "g.yaml"
+    grid.write_text("points:\n  - {workload.synthetic: null, workload.trace: t.jsonl}\n")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    result = invoke("sweep", config, "--grid", grid, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(next((tmp_path / "out" / "points").glob("*/summary.json")).read_text())
+    assert summary["requests"] == 3
+    assert summary["config"]["workload"]["trace"] == str(tmp_path / "grids" / "t.jsonl")
