@@ -56,6 +56,8 @@ from servesim.replay.validation import (
     show,
     tagged_section,
 )
+from servesim.replay.speculative_config import parse_speculative
+from servesim.replay.speculative_config import to_data as speculative_to_data
 from servesim.replay.yaml_input import apply_override, plain_data, read_yaml
 from servesim.scheduler.config import SchedulerConfig
 
@@ -88,7 +90,7 @@ _DISTRIBUTION_PARAMS = {
 }
 _KV_CACHE_KEYS = tuple(f.name for f in attrs.fields(KVCacheConfig))
 _SCHEDULER_KEYS = tuple(f.name for f in attrs.fields(SchedulerConfig))
-_ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "timing")
+_ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "speculative", "timing")
 _TOP_KEYS = ("workload", "engine", "cluster", "output")
 _AGGREGATED_KEYS = ("workers", "data_parallel_size", "router")
 _DISAGGREGATED_KEYS = ("mode", "prefill_workers", "decode_workers", "data_parallel_size",
@@ -165,6 +167,7 @@ def _engine_to_data(engine: EngineConfig) -> dict:
         "launch": None if engine.launch is None else attrs.asdict(engine.launch),
         "detokenize_ms": engine.detokenize_ms,
         "kv_offloading": None if engine.kv_offloading is None else attrs.asdict(engine.kv_offloading),
+        **({} if engine.speculative is None else {"speculative": speculative_to_data(engine.speculative)}),
         "timing": _timing_to_data(engine.timing),
     }
 
@@ -374,6 +377,11 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
     launch = _launch(ctx, s.data.get("launch"), s.sub("launch"))
     if launch is not None and not scheduler.async_scheduling:
         ctx.fail(s.sub("launch"), f"requires {s.sub('async_scheduling')}: true")
+    speculative = parse_speculative(ctx, s.data.get("speculative"), s.sub("speculative"),
+                                    scheduler, launch)
+    if speculative is not None and s.given("kv_offloading"):
+        ctx.fail(s.sub("speculative"), f"does not combine with {s.sub('kv_offloading')} "
+                 "(speculative decoding runs on the compiled scheduler, the CPU tier does not)")
     return EngineConfig(
         kv_cache=kv_cache,
         scheduler=scheduler,
@@ -381,6 +389,7 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
         launch=launch,
         detokenize_ms=s.get("detokenize_ms", NUMBER, 0.0, ge(0)),
         kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading"), s.sub("kv_offloading")),
+        speculative=speculative,
     )
 
 
@@ -525,6 +534,8 @@ def _pool_engine(ctx: Ctx, s: Section, pool: str, engine_data, engine: EngineCon
         return join(path, key) if key in overrides else join("engine", key)
 
     for key, reason in (("launch", "launch timing models one-GPU aggregated workers"),
+                        ("speculative", "speculative decoding is simulated on aggregated "
+                         "workers only"),
                         ("kv_offloading", "the CPU tier does not combine with the KV "
                          "transfer connector in servesim (vLLM would need a MultiConnector)")):
         if merged.get(key) is not None:

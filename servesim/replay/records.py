@@ -56,6 +56,9 @@ class RequestRecords:
     decode_worker: np.ndarray | None = None
     kv_transfer_ms: np.ndarray | None = None
     transferred_tokens: np.ndarray | None = None
+    # speculative decoding (None without it): real drafts scheduled / accepted
+    spec_drafted: np.ndarray | None = None
+    spec_accepted: np.ndarray | None = None
 
 
 @attrs.define(eq=False)
