@@ -339,6 +339,9 @@ class Replay:
                 stats.preempted_prefix_cache_hits += pcs.preempted_hits
                 if rank.connector is not None:
                     _add_cpu_tier_stats(stats, rank.connector)
+        if self.config.engine.speculative is not None:
+            stats.spec_positions = sum(rank.scheduler.spec[3] for core in self.workers
+                                       for rank in core.ranks)
         stats.kv_usage_mean = sum(usage_means) / len(usage_means)
         stats.kv_usage_max = max(w.kv_usage_max for w in stats.workers)
         return stats

@@ -380,6 +380,8 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
         R[i, COMPUTED] -= rejected
         if cfg[C_ASYNC]:
             R[i, PLACEHOLDERS] -= rejected
+        # accepted drafts are computed tokens: a recompute after preemption counts them
+        R[i, MAX_COMPUTED] = max(R[i, MAX_COMPUTED], R[i, COMPUTED] - R[i, PLACEHOLDERS])
     return 1 + accepted
 
 
