@@ -69,6 +69,8 @@ FITTED_FEATURES = (
     "num_decode_requests",
     "sum_decode_kv_tokens",
 )
+# a model fitted on records of speculative decoding has a sixth feature
+FITTED_SPEC_FEATURE = "sum_draft_tokens"
 
 # Parameters of each timing type and length distribution: name -> default.
 _TIMING_PARAMS = {
@@ -189,7 +191,8 @@ def _cluster_to_data(cluster: ClusterConfig, engine: EngineConfig) -> dict:
 
 def read_fitted_model(model_path: str) -> tuple:
     """The five `coefficients_ms` of a fitted model file (fitting.md §2), checked:
-    `type: fitted`, `features` exactly FITTED_FEATURES, five finite numbers.
+    `type: fitted`, `features` exactly FITTED_FEATURES (optionally followed
+    by FITTED_SPEC_FEATURE), one finite number per feature.
     Other keys (records, r2, mape, metadata, ...) are not checked."""
     data, where = read_yaml(model_path, "fitted model file")
     ctx = Ctx(model_path, os.path.dirname(model_path), where)
@@ -197,15 +200,17 @@ def read_fitted_model(model_path: str) -> tuple:
         ctx.fail("", f"a fitted model must be a YAML mapping, got {show(data)}")
     if data.get("type") != "fitted":
         ctx.fail("type", f"must be 'fitted', got {show(data.get('type'))}")
-    if data.get("features") != list(FITTED_FEATURES):
-        ctx.fail("features", f"must be [{', '.join(FITTED_FEATURES)}], got {show(data.get('features'))}")
+    features = data.get("features")
+    if features not in (list(FITTED_FEATURES), [*FITTED_FEATURES, FITTED_SPEC_FEATURE]):
+        ctx.fail("features", f"must be [{', '.join(FITTED_FEATURES)}], optionally followed by "
+                 f"{FITTED_SPEC_FEATURE}, got {show(features)}")
     coefficients = data.get("coefficients_ms")
     if not (
         isinstance(coefficients, list)
-        and len(coefficients) == len(FITTED_FEATURES)
+        and len(coefficients) == len(features)
         and all(NUMBER.accepts(c) for c in coefficients)
     ):
-        n = len(FITTED_FEATURES)
+        n = len(features)
         ctx.fail("coefficients_ms", f"must be a list of {n} finite numbers, got {show(coefficients)}")
     return tuple(float(c) for c in coefficients)
 
