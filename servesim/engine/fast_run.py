@@ -58,9 +58,9 @@ def run_sync_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running,
     t = end_ms
     while True:
         # outputs of the pass ending at t
-        n = fast.update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq, out,
-                                    feats[fast.N_SCHED], t, pass_index, detokenize_ms,
-                                    client_ms, token_offsets, last_client,
+        n = fast.update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, S,
+                                    running, wq, out, feats[fast.N_SCHED], t, pass_index,
+                                    detokenize_ms, client_ms, token_offsets, last_client,
                                     finished[num_finished:])
         num_finished += n
         track_usage(usage, pscal, num_gpu_blocks, t)
@@ -144,10 +144,10 @@ def run_async_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running
     num_finished = 0
     while True:
         t = times[0]
-        n = fast.update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq,
-                                    outs[cur], feats[cur, fast.N_SCHED], t, index[cur],
-                                    detokenize_ms, client_ms, token_offsets, last_client,
-                                    finished[num_finished:])
+        n = fast.update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, S,
+                                    running, wq, outs[cur], feats[cur, fast.N_SCHED], t,
+                                    index[cur], detokenize_ms, client_ms, token_offsets,
+                                    last_client, finished[num_finished:])
         num_finished += n
         track_usage(usage, pscal, num_gpu_blocks, t)
         if (n > 0 and stop_on_finish) or S[fast.S_STALL] > fast.LIVELOCK_PREEMPTIONS:

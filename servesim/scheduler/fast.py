@@ -67,13 +67,25 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     # else: the blocks it holds cover the tokens and the check (most decodes)
     if num_hit > 0:
         R[i, NUM_CACHED] = num_hit
+    cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
+    return True
+
+
+@njit
+def cache_blocks(R, idents, tables, blocks, idmap, cfg, i, num_tokens):
+    """`KVCacheManager.cache_blocks` (kvcache/manager.py) over the table:
+    register request i's held blocks full within `min(num_tokens, its known
+    tokens)` not registered yet. Called by `_allocate` and, for a RUNNING
+    request whose sampled token arrives, by `update_from_output` with the
+    tokens whose pass has completed (vllm-engine.md §7)."""
     if cfg[C_CACHING]:
-        num_full = min(total, R[i, NUM_TOKENS]) // bs
+        num_full = min(num_tokens, R[i, NUM_TOKENS]) // cfg[C_BLOCK_SIZE]
         if num_full > R[i, NUM_CACHED]:
+            off = R[i, OFFSET]
+            end = off + R[i, CAPACITY]
             bp.cache_full_blocks(blocks, idmap, tables[off:end], idents[off:end],
                                  R[i, NUM_CACHED], num_full)
             R[i, NUM_CACHED] = num_full
-    return True
 
 
 @njit
@@ -282,12 +294,14 @@ def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, ou
 
 
 @njit
-def update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq, out, n_sched,
-                       release_ms, pass_index, detokenize_ms, client_ms, token_offsets,
-                       last_client, finished):
+def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+                       out, n_sched, release_ms, pass_index, detokenize_ms, client_ms,
+                       token_offsets, last_client, finished):
     """`Scheduler.update_from_output`: append sampled tokens (released at
-    `release_ms`, reaching the client after detokenization), finish requests
-    and free their blocks. Fills `finished` and returns how many."""
+    `release_ms`, reaching the client after detokenization), register the
+    blocks of requests that were RUNNING up to their completed tokens
+    (`cache_blocks`), finish requests and free their blocks. Fills `finished`
+    and returns how many."""
     num_finished = 0
     max_model_len = cfg[C_MAX_MODEL_LEN]
     for e in range(n_sched):
@@ -300,6 +314,9 @@ def update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq, out, n_
         S[S_STALL] = 0
         if R[i, PLACEHOLDERS] > 0:
             R[i, PLACEHOLDERS] -= 1
+        if R[i, STATUS] == RUNNING:
+            cache_blocks(R, idents, tables, blocks, idmap, cfg, i,
+                         R[i, COMPUTED] - R[i, PLACEHOLDERS])
         produced = R[i, NUM_TOKENS] - R[i, PROMPT]
         client = max(release_ms, last_client[i]) + detokenize_ms
         last_client[i] = client
@@ -489,7 +506,8 @@ class FastScheduler:
     def update_from_output(self, out: FastOutput, release_ms: float, pass_index: int):
         t = self.table
         tok = self.tokens
-        n = update_from_output(t.R, t.F, t.tables, self.pool.blocks, self.pool.scalars,
+        p = self.pool
+        n = update_from_output(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars,
                                self.cfg, self.S, self.running, self.wq, out.out,
                                out.feats[N_SCHED], release_ms, pass_index,
                                tok.detokenize_ms, tok.client_ms, tok.offsets,

@@ -465,7 +465,9 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, release_ms: float, pass_index: int):
         """Process a pass's outputs (`update_from_output`): every entry that
         samples appends one token — also for a request preempted since, whose
-        in-flight token still lands — released at `release_ms`; a request with
+        in-flight token still lands — released at `release_ms`; a request that
+        was RUNNING then registers its blocks full within the tokens whose
+        pass has completed (`cache_blocks`, vllm-engine.md §7); a request with
         `max_tokens` tokens or at `max_model_len` finishes and frees its
         blocks. Returns the indices of the requests that finished."""
         finished = []
@@ -478,10 +480,14 @@ class Scheduler:
             request = entry.request
             if request.status >= RequestStatus.FINISHED:
                 continue
+            was_running = request.status == RequestStatus.RUNNING
             request.num_tokens += 1
             self.preemptions_since_token = 0
             if request.num_output_placeholders:
                 request.num_output_placeholders -= 1
+            if was_running:
+                self.kv.cache_blocks(request, request.num_computed_tokens
+                                     - request.num_output_placeholders)
             self.tokens.release(request, release_ms)
             if request.first_token_pass < 0:
                 request.first_token_pass = pass_index
