@@ -60,8 +60,7 @@ def run_sync_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, ru
         # outputs of the pass ending at t
         n = fast.update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                                     running, wq, out, feats[fast.N_SCHED], t, pass_index,
-                                    detokenize_ms,
-                                    client_ms, token_offsets, last_client,
+                                    detokenize_ms, client_ms, token_offsets, last_client,
                                     finished[num_finished:])
         num_finished += n
         track_usage(usage, pscal, num_gpu_blocks, t)
@@ -146,9 +145,9 @@ def run_async_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, r
     while True:
         t = times[0]
         n = fast.update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
-                                    running, wq, outs[cur], feats[cur, fast.N_SCHED], t, index[cur],
-                                    detokenize_ms, client_ms, token_offsets, last_client,
-                                    finished[num_finished:])
+                                    running, wq, outs[cur], feats[cur, fast.N_SCHED], t,
+                                    index[cur], detokenize_ms, client_ms, token_offsets,
+                                    last_client, finished[num_finished:])
         num_finished += n
         track_usage(usage, pscal, num_gpu_blocks, t)
         if (n > 0 and stop_on_finish) or S[fast.S_STALL] > fast.LIVELOCK_PREEMPTIONS:

@@ -34,13 +34,12 @@ from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
 # cfg
 (C_MAX_SEQS, C_BUDGET, C_MAX_MODEL_LEN, C_CHUNKED, C_THRESHOLD, C_PRIORITY, C_RESERVE,
  C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE,
- C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_CACHE_ON_OUTPUT, C_SEED) = range(17)
-NUM_CFG = 17
+ C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED) = range(16)
+NUM_CFG = 16
 # speculative decoding (docs/engine.md "Speculative decoding"): C_SPEC_K drafts
 # per decode (0: off), C_LOOKAHEAD KV slots reserved beyond the scheduled
-# tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash,
-# C_CACHE_ON_OUTPUT registers blocks when outputs are processed, C_SEED keys
-# acceptance draws
+# tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash, C_SEED
+# keys acceptance draws
 # S (after the waiting queue's two slots)
 (S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL) = range(2, 9)
 NUM_SCALARS = 9
@@ -79,13 +78,26 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     # else: the blocks it holds cover the tokens and the check (most decodes)
     if num_hit > 0:
         R[i, NUM_CACHED] = num_hit
+    cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
+    return True
+
+
+@njit
+def cache_blocks(R, idents, tables, blocks, idmap, cfg, i, num_tokens):
+    """`KVCacheManager.cache_blocks` (kvcache/manager.py) over the table:
+    register request i's held blocks full within `min(num_tokens, its known
+    tokens)` not registered yet. Called by `_allocate` and, for a RUNNING
+    request whose sampled token arrives, by `update_from_output` with the
+    tokens whose pass has completed (vllm-engine.md §7)."""
     if cfg[C_CACHING]:
-        num_full = min(total, R[i, NUM_TOKENS] - cfg[C_HASH_LOOKAHEAD]) // bs
+        # with a hash lookahead token, a block's hash exists once the next token does
+        num_full = min(num_tokens, R[i, NUM_TOKENS] - cfg[C_HASH_LOOKAHEAD]) // cfg[C_BLOCK_SIZE]
         if num_full > R[i, NUM_CACHED]:
+            off = R[i, OFFSET]
+            end = off + R[i, CAPACITY]
             bp.cache_full_blocks(blocks, idmap, tables[off:end], idents[off:end],
                                  R[i, NUM_CACHED], num_full)
             R[i, NUM_CACHED] = num_full
-    return True
 
 
 @njit
@@ -338,13 +350,17 @@ def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, ou
 
 
 @njit
-def _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms, token_offsets,
-                  last_client, max_model_len):
-    """Append one sampled token; True when the request stops on it (`check_stop`:
-    max_tokens, then max_model_len)."""
+def _append_token(R, idents, tables, blocks, idmap, cfg, i, release_ms, pass_index,
+                  detokenize_ms, client_ms, token_offsets, last_client, max_model_len):
+    """Append one sampled token, register the blocks of a RUNNING request up to
+    its completed tokens (`cache_blocks`); True when the request stops on the
+    token (`check_stop`: max_tokens, then max_model_len)."""
     R[i, NUM_TOKENS] += 1
     if R[i, PLACEHOLDERS] > 0:
         R[i, PLACEHOLDERS] -= 1
+    if R[i, STATUS] == RUNNING:
+        cache_blocks(R, idents, tables, blocks, idmap, cfg, i,
+                     R[i, COMPUTED] - R[i, PLACEHOLDERS])
     produced = R[i, NUM_TOKENS] - R[i, PROMPT]
     client = max(release_ms, last_client[i]) + detokenize_ms
     last_client[i] = client
@@ -386,30 +402,14 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
 
 
 @njit
-def cache_blocks_on_output(R, tables, blocks, idmap, idents, cfg, i):
-    """`Scheduler.update_from_output`'s `cache_blocks(request,
-    num_computed_tokens - num_in_flight_tokens)`: register the request's
-    blocks full within the tokens whose pass has completed (and whose hash
-    lookahead token exists). vLLM does it when speculative decoding is on,
-    in sync mode too."""
-    bs = cfg[C_BLOCK_SIZE]
-    num = min(R[i, COMPUTED] - R[i, PLACEHOLDERS], R[i, NUM_TOKENS] - cfg[C_HASH_LOOKAHEAD])
-    num_full = num // bs
-    if num_full > R[i, NUM_CACHED]:
-        off = R[i, OFFSET]
-        end = off + R[i, CAPACITY]
-        bp.cache_full_blocks(blocks, idmap, tables[off:end], idents[off:end],
-                             R[i, NUM_CACHED], num_full)
-        R[i, NUM_CACHED] = num_full
-
-
-@njit
 def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
                        out, n_sched, release_ms, pass_index, detokenize_ms, client_ms,
                        token_offsets, last_client, finished):
     """`Scheduler.update_from_output`: append sampled tokens (released at
-    `release_ms`, reaching the client after detokenization), finish requests
-    and free their blocks. Fills `finished` and returns how many.
+    `release_ms`, reaching the client after detokenization), register the
+    blocks of requests that were RUNNING up to their completed tokens
+    (`cache_blocks`), finish requests and free their blocks. Fills `finished`
+    and returns how many.
 
     Under speculative decoding a pass yields 1 + accepted tokens per request,
     appended one at a time; at the stop the rest is trimmed (and taken off
@@ -426,8 +426,9 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
             continue
         S[S_STALL] = 0
         if k == 0:
-            if _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
-                             token_offsets, last_client, max_model_len):
+            if _append_token(R, idents, tables, blocks, idmap, cfg, i, release_ms,
+                             pass_index, detokenize_ms, client_ms, token_offsets,
+                             last_client, max_model_len):
                 finished[num_finished] = i
                 num_finished += 1
             continue
@@ -438,8 +439,9 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
             tokens = _verify_drafts(R, cfg, spec, i, drafts, out[O_KIND, e] == K_RUNNING, stale)
         stopped = False
         for t in range(tokens):
-            if _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
-                             token_offsets, last_client, max_model_len):
+            if _append_token(R, idents, tables, blocks, idmap, cfg, i, release_ms,
+                             pass_index, detokenize_ms, client_ms, token_offsets,
+                             last_client, max_model_len):
                 if not stale:
                     R[i, COMPUTED] -= tokens - 1 - t  # trimmed
                 stopped = True
@@ -449,8 +451,6 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                 finished[num_finished] = i
                 num_finished += 1
             continue
-        if cfg[C_CACHE_ON_OUTPUT]:
-            cache_blocks_on_output(R, tables, blocks, idmap, idents, cfg, i)
         if stopped:
             finished[num_finished] = i
             num_finished += 1
@@ -585,7 +585,6 @@ class FastScheduler:
             self.cfg[C_SPEC_K] = k
             self.cfg[C_LOOKAHEAD] = k  # num_lookahead_tokens for mtp / eagle / ngram
             self.cfg[C_HASH_LOOKAHEAD] = int(pool.enable_caching)
-            self.cfg[C_CACHE_ON_OUTPUT] = int(pool.enable_caching)
             self.cfg[C_SEED] = speculative.seed
             rates[:] = speculative.acceptance_rates
         # (accepted-list offsets, values, rates, per-position [drafted, accepted])
