@@ -180,6 +180,10 @@ def validate(config, overrides):
 
     cfg = load_config(config, tuple(overrides))
     workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
+    if cfg.engine.speculative is not None:
+        from servesim.replay.speculative_config import check_accepted
+
+        check_accepted(workload, cfg.engine.speculative.num_speculative_tokens)
     click.echo(f"{config}: ok ({len(workload)} requests)")
 
 

@@ -312,3 +312,113 @@ def test_launch_classifies_a_pass_by_its_tokens_drafts_included():
 def test_the_reference_path_rejects_speculative_decoding():
     with pytest.raises(InputError, match="engine.speculative"):
         run(spec_config(1), [dict(id="a", t=0, P=4, O=2)], path="reference")
+
+
+# ------------------------------------------------------------------ bad input
+
+SPEC_TRACE = """\
+{"request_id": "a", "timestamp": 0, "input_length": 20, "output_length": 4, "hash_ids": [1, 2], "accepted": [1, 0]}
+{"request_id": "b", "timestamp": 1, "input_length": 20, "output_length": 4, "hash_ids": [3, 4]%s}
+"""
+SPEC_CONFIG = """\
+workload:
+  trace: trace.jsonl
+  trace_block_size: 16
+engine:
+  num_gpu_blocks: 64
+  max_num_seqs: 8
+  async_scheduling: %s
+  speculative:
+    method: %s
+    num_speculative_tokens: %s
+    acceptance_rates: %s
+  timing: {type: linear, base_ms: 1.0, per_token_ms: 0.1}
+"""
+
+
+def _cli(tmp_path, accepted="", method="mtp", k="2", rates="[0.5, 0.5]", async_="false",
+         command="run", extra=()):
+    from click.testing import CliRunner
+
+    from servesim.cli import main
+
+    (tmp_path / "trace.jsonl").write_text(SPEC_TRACE % accepted)
+    (tmp_path / "c.yaml").write_text(SPEC_CONFIG % (async_, method, k, rates))
+    args = [command, str(tmp_path / "c.yaml")]
+    if command == "run":
+        args += ["-q", "-o", str(tmp_path / "out")]
+    return CliRunner().invoke(main, args + list(extra))
+
+
+@pytest.mark.parametrize("accepted, message", [
+    (', "accepted": [0, 3]', r"trace.jsonl:2: accepted: entries must be in 0..2 "
+                             r"\(engine.speculative.num_speculative_tokens\), got 3"),
+    (', "accepted": [-1]', r"trace.jsonl:2: accepted must be a non-empty list of integers >= 0"),
+    (', "accepted": [1.5]', r"trace.jsonl:2: accepted must be a non-empty list of integers"),
+    (', "accepted": 2', r"trace.jsonl:2: accepted must be a non-empty list of integers"),
+])
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_bad_accepted_lists_exit_2_naming_file_line_and_key(tmp_path, accepted, message,
+                                                             command):
+    result = _cli(tmp_path, accepted=accepted, command=command)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    import re
+
+    assert re.search(message, result.output), result.output
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(rates="[0.5, 1.5]"), r"c.yaml:\d+: engine.speculative.acceptance_rates: must be a "
+                               r"number >= 0 and <= 1, got 1.5"),
+    (dict(rates="[0.5]"), r"c.yaml:\d+: engine.speculative.acceptance_rates: must be a list "
+                          r"of 2 numbers"),
+    (dict(k="0", rates="[]"), r"c.yaml:\d+: engine.speculative.num_speculative_tokens: must be "
+                              r"an integer >= 1 and <= 8, got 0"),
+    (dict(k="9", rates="[]"), r"engine.speculative.num_speculative_tokens: .*got 9"),
+    (dict(method="medusa"), r"engine.speculative.method: must be one of mtp, eagle, ngram"),
+    (dict(method="ngram", async_="true"),
+     r"c.yaml:\d+: engine.speculative.method: ngram needs engine.async_scheduling: false"),
+])
+def test_bad_speculative_config_exits_2_naming_the_keys(tmp_path, overrides, message):
+    import re
+
+    result = _cli(tmp_path, **overrides)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert re.search(message, result.output), result.output
+
+
+def test_ngram_with_launch_and_speculative_with_the_reference_only_features_are_rejected():
+    with pytest.raises(InputError, match="engine.speculative.method: ngram does not combine "
+                                         "with engine.launch"):
+        make_config(speculative={"method": "ngram", "num_speculative_tokens": 1},
+                    launch={"decode_ms": 1})
+    with pytest.raises(InputError, match="engine.speculative: does not combine with "
+                                         "engine.kv_offloading"):
+        make_config(speculative={"method": "mtp", "num_speculative_tokens": 1},
+                    kv_offloading={"num_cpu_blocks": 8, "bytes_per_token": 1,
+                                   "d2h_gbps": 1, "h2d_gbps": 1})
+    cluster = {"mode": "disaggregated", "kv_transfer": {"bytes_per_token": 1,
+                                                        "bandwidth_gbps": 1}}
+    with pytest.raises(InputError, match="engine.speculative: is not supported on "
+                                         "disaggregated prefill workers"):
+        make_config(speculative={"method": "mtp", "num_speculative_tokens": 1},
+                    cluster=cluster)
+
+
+def test_a_speculative_run_writes_its_fields_and_summary(tmp_path):
+    import json
+
+    result = _cli(tmp_path, accepted=', "accepted": [2]')
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "requests.jsonl").open()]
+    # a: 20 + 4 tokens, accepted [1, 0]: passes 1 (2 drafts, 1 accepted: 2 tokens),
+    # 2 (0 accepted: token 4); b: accepted [2]: one verification gives 3 tokens
+    assert [(r["spec_drafted"], r["spec_accepted"], r["spec_acceptance_rate"]) for r in rows] == [
+        (4, 1, 0.25), (2, 2, 1.0)]
+    spec = json.loads((tmp_path / "out" / "summary.json").read_text())["speculative"]
+    assert spec["verification_passes"] == 3
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + 3 / 3)
+    assert spec["acceptance_rate_per_position"] == [pytest.approx(2 / 3), pytest.approx(1 / 3)]

@@ -380,10 +380,10 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
     kv_cache = _kv_cache(s)
     scheduler = _scheduler(ctx, s)
     launch = _launch(ctx, s.data.get("launch"), s.sub("launch"))
-    if launch is not None and not scheduler.async_scheduling:
-        ctx.fail(s.sub("launch"), f"requires {s.sub('async_scheduling')}: true")
     speculative = parse_speculative(ctx, s.data.get("speculative"), s.sub("speculative"),
                                     scheduler, launch)
+    if launch is not None and not scheduler.async_scheduling:
+        ctx.fail(s.sub("launch"), f"requires {s.sub('async_scheduling')}: true")
     if speculative is not None and s.given("kv_offloading"):
         ctx.fail(s.sub("speculative"), f"does not combine with {s.sub('kv_offloading')} "
                  "(speculative decoding runs on the compiled scheduler, the CPU tier does not)")

@@ -32,13 +32,13 @@ def parse_speculative(ctx, data, path, scheduler, launch):
     seed = s.get("seed", INT, 42, ge(0))
     if method == "ngram":
         engine = path.rpartition(".")[0] or "engine"
+        if launch is not None:
+            ctx.fail(s.sub("method"), f"ngram does not combine with {engine}.launch (launch "
+                     "timing models async engines, and vLLM runs ngram synchronously)")
         if scheduler.async_scheduling:
             ctx.fail(s.sub("method"), f"ngram needs {engine}.async_scheduling: false (vLLM turns "
                      "async scheduling off for ngram drafts); use method mtp or eagle, or set "
                      f"{engine}.async_scheduling: false")
-        if launch is not None:
-            ctx.fail(s.sub("method"), f"ngram does not combine with {engine}.launch (launch "
-                     "timing models async engines, and vLLM runs ngram synchronously)")
     return SpeculativeConfig(method=method, num_speculative_tokens=k,
                              acceptance_rates=rates, seed=seed)
 
