@@ -9,8 +9,9 @@ Acceptance is an input: per request, the trace field `accepted` (one entry per
 pass that verified real drafts, cycled) replays measured acceptance;
 otherwise draft position i is accepted with probability `acceptance_rates[i]`
 given the drafts before it were, from a counter-based generator keyed by
-(seed, request index, pass number, position) — deterministic, and independent
-of the order in which requests are processed.
+(seed, request id, verification number, position) — deterministic, and
+independent of the order in which requests are processed or stand in the
+workload.
 """
 
 import attrs
@@ -57,16 +58,17 @@ def uniform(seed, request, draw, position):
 
 
 @njit
-def accepted_drafts(seed, rates, acc_offsets, acc_values, request, draw, num_drafts):
+def accepted_drafts(seed, rates, acc_offsets, acc_values, request, key, draw, num_drafts):
     """How many of `num_drafts` real drafts the request's `draw`-th
     verification pass accepts: its `accepted` list (cycled) when the trace
-    gives one, else a draw from the per-position rates; at most `num_drafts`."""
+    gives one, else a draw keyed by the request's `key` from the per-position
+    rates; at most `num_drafts`."""
     lo = acc_offsets[request]
     n = acc_offsets[request + 1] - lo
     if n > 0:
         return min(acc_values[lo + draw % n], num_drafts)
     a = 0
-    while a < num_drafts and uniform(seed, request, draw, a) < rates[a]:
+    while a < num_drafts and uniform(seed, key, draw, a) < rates[a]:
         a += 1
     return a
 

@@ -379,11 +379,12 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
     rejected ones roll `num_computed_tokens` back (async: the placeholders
     too) and keep their blocks. A stale output (the request was preempted
     with it in flight) touches no counter. Returns the tokens it yields."""
-    acc_offsets, acc_values, rates, pos_counts = spec
+    acc_offsets, acc_values, rates, pos_counts, keys = spec
     accepted = 0
     if real:
         draw = R[i, SPEC_PASSES]
-        accepted = accepted_drafts(cfg[C_SEED], rates, acc_offsets, acc_values, i, draw, drafts)
+        accepted = accepted_drafts(cfg[C_SEED], rates, acc_offsets, acc_values, i, keys[i],
+                                   draw, drafts)
         R[i, SPEC_PASSES] = draw + 1
         R[i, SPEC_DRAFTED] += drafts
         R[i, SPEC_ACCEPTED] += accepted
@@ -587,9 +588,10 @@ class FastScheduler:
             self.cfg[C_HASH_LOOKAHEAD] = int(pool.enable_caching)
             self.cfg[C_SEED] = speculative.seed
             rates[:] = speculative.acceptance_rates
-        # (accepted-list offsets, values, rates, per-position [drafted, accepted])
+        # (accepted-list offsets, values, rates, per-position [drafted, accepted],
+        # each request's key for its acceptance draws)
         self.spec = (table.accepted_offsets, table.accepted_values, rates,
-                     np.zeros((2, max(k, 1)), dtype=np.int64))
+                     np.zeros((2, max(k, 1)), dtype=np.int64), table.request_keys())
         self.S = np.zeros(NUM_SCALARS, dtype=np.int64)
         self.running = np.zeros(config.max_num_seqs + 1, dtype=np.int64)
         self.wq = np.zeros(len(table.request_ids) + 1, dtype=np.int64)

@@ -63,6 +63,14 @@ class RequestTable:
         self.accepted_offsets = accepted_offsets
         self.accepted_values = accepted_values
 
+    def request_keys(self):
+        """A key per request from its id (CRC-32), for draws that must not
+        depend on where the request stands in the workload."""
+        import zlib
+
+        return np.array([zlib.crc32(str(rid).encode()) for rid in self.request_ids],
+                        dtype=np.int64)
+
     def results(self):
         """Per-request result arrays (the driver's record columns)."""
         R = self.R
