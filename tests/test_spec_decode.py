@@ -1,4 +1,4 @@
-"""Speculative decoding (docs/engine.md, "Speculative decoding"): one test per
+"""Speculative decoding (README.md, "Speculative decoding"): one test per
 scheduling rule, each on the smallest timeline that shows it, with the
 passes, tokens, drafts and blocks worked out by hand in its comment.
 

@@ -1,4 +1,4 @@
-"""Property-based tests of speculative decoding (docs/engine.md,
+"""Property-based tests of speculative decoding (README.md,
 "Speculative decoding") on random small workloads and engines (the
 strategies of tests/test_scheduler_properties.py):
 

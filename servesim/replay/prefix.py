@@ -16,7 +16,7 @@ else can.
 
 With speculative decoding on and prefix caching on, vLLM hashes each block
 together with the first token of the next block (one hash lookahead token,
-docs/engine.md "Speculative decoding"): engine block i's identity is then that
+README.md "Speculative decoding"): engine block i's identity is then that
 of the token prefix `[0, (i+1)·block_size + 1)`, and only blocks whose
 lookahead token is still a prompt token can be shared (`hash_lookahead=1`).
 

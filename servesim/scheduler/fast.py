@@ -36,7 +36,7 @@ from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
  C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE,
  C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED) = range(16)
 NUM_CFG = 16
-# speculative decoding (docs/engine.md "Speculative decoding"): C_SPEC_K drafts
+# speculative decoding (README.md, "Speculative decoding"): C_SPEC_K drafts
 # per decode (0: off), C_LOOKAHEAD KV slots reserved beyond the scheduled
 # tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash, C_SEED
 # keys acceptance draws
