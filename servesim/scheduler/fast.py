@@ -78,7 +78,8 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     # else: the blocks it holds cover the tokens and the check (most decodes)
     if num_hit > 0:
         R[i, NUM_CACHED] = num_hit
-    cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
+    if cfg[C_CACHING] and total >= (R[i, NUM_CACHED] + 1) * bs:  # a block may be full
+        cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
     return True
 
 
@@ -350,17 +351,13 @@ def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, ou
 
 
 @njit
-def _append_token(R, idents, tables, blocks, idmap, cfg, i, release_ms, pass_index,
-                  detokenize_ms, client_ms, token_offsets, last_client, max_model_len):
-    """Append one sampled token, register the blocks of a RUNNING request up to
-    its completed tokens (`cache_blocks`); True when the request stops on the
-    token (`check_stop`: max_tokens, then max_model_len)."""
+def _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms, token_offsets,
+                  last_client, max_model_len):
+    """Append one sampled token; True when the request stops on it (`check_stop`:
+    max_tokens, then max_model_len)."""
     R[i, NUM_TOKENS] += 1
     if R[i, PLACEHOLDERS] > 0:
         R[i, PLACEHOLDERS] -= 1
-    if R[i, STATUS] == RUNNING:
-        cache_blocks(R, idents, tables, blocks, idmap, cfg, i,
-                     R[i, COMPUTED] - R[i, PLACEHOLDERS])
     produced = R[i, NUM_TOKENS] - R[i, PROMPT]
     client = max(release_ms, last_client[i]) + detokenize_ms
     last_client[i] = client
@@ -369,6 +366,29 @@ def _append_token(R, idents, tables, blocks, idmap, cfg, i, release_ms, pass_ind
         R[i, FIRST_TOKEN_PASS] = pass_index
     R[i, FINISH_PASS] = pass_index
     return produced >= R[i, MAX_TOKENS] or R[i, NUM_TOKENS] >= max_model_len
+
+
+@njit
+def _append_verified(R, cfg, spec, out, e, i, stale, release_ms, pass_index, detokenize_ms,
+                     client_ms, token_offsets, last_client):
+    """Speculative decoding: the 1 + accepted tokens of entry e, appended one
+    at a time; at the stop the rest is trimmed (taken off
+    `num_computed_tokens`, and off the placeholders under async). True when
+    the request stops."""
+    drafts = out[O_SPEC, e]
+    tokens = 1
+    if drafts > 0:
+        tokens = _verify_drafts(R, cfg, spec, i, drafts, out[O_KIND, e] == K_RUNNING, stale)
+    for t in range(tokens):
+        if _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
+                         token_offsets, last_client, cfg[C_MAX_MODEL_LEN]):
+            if not stale:
+                trimmed = tokens - 1 - t
+                R[i, COMPUTED] -= trimmed
+                if cfg[C_ASYNC]:
+                    R[i, PLACEHOLDERS] -= trimmed
+            return True
+    return False
 
 
 @njit
@@ -412,9 +432,8 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
     (`cache_blocks`), finish requests and free their blocks. Fills `finished`
     and returns how many.
 
-    Under speculative decoding a pass yields 1 + accepted tokens per request,
-    appended one at a time; at the stop the rest is trimmed (and taken off
-    `num_computed_tokens`); a sync engine's drafter then proposes k drafts for
+    Under speculative decoding a pass yields 1 + accepted tokens per request
+    (`_append_verified`); a sync engine's drafter then proposes k drafts for
     every request that sampled and did not finish."""
     num_finished = 0
     max_model_len = cfg[C_MAX_MODEL_LEN]
@@ -426,36 +445,24 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
         if R[i, STATUS] >= FINISHED:
             continue
         S[S_STALL] = 0
+        was_running = R[i, STATUS] == RUNNING
         if k == 0:
-            if _append_token(R, idents, tables, blocks, idmap, cfg, i, release_ms,
-                             pass_index, detokenize_ms, client_ms, token_offsets,
-                             last_client, max_model_len):
-                finished[num_finished] = i
-                num_finished += 1
-            continue
-        stale = R[i, STATUS] != RUNNING
-        drafts = out[O_SPEC, e]
-        tokens = 1
-        if drafts > 0:
-            tokens = _verify_drafts(R, cfg, spec, i, drafts, out[O_KIND, e] == K_RUNNING, stale)
-        stopped = False
-        for t in range(tokens):
-            if _append_token(R, idents, tables, blocks, idmap, cfg, i, release_ms,
-                             pass_index, detokenize_ms, client_ms, token_offsets,
-                             last_client, max_model_len):
-                if not stale:
-                    R[i, COMPUTED] -= tokens - 1 - t  # trimmed
-                stopped = True
-                break
-        if stale:
-            if stopped:
-                finished[num_finished] = i
-                num_finished += 1
-            continue
+            stopped = _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
+                                    token_offsets, last_client, max_model_len)
+        else:
+            stopped = _append_verified(R, cfg, spec, out, e, i, not was_running, release_ms,
+                                       pass_index, detokenize_ms, client_ms, token_offsets,
+                                       last_client)
+        if was_running:
+            # cache_blocks(request, num_computed_tokens - num_in_flight_tokens); most
+            # outputs fill no block, so test that before the call
+            completed = R[i, COMPUTED] - R[i, PLACEHOLDERS]
+            if cfg[C_CACHING] and completed >= (R[i, NUM_CACHED] + 1) * cfg[C_BLOCK_SIZE]:
+                cache_blocks(R, idents, tables, blocks, idmap, cfg, i, completed)
         if stopped:
             finished[num_finished] = i
             num_finished += 1
-        elif not cfg[C_ASYNC]:
+        elif k and was_running and not cfg[C_ASYNC]:
             R[i, SPEC] = k  # EngineCore.post_step: update_draft_token_ids
     if num_finished:
         for j in range(num_finished):
