@@ -422,3 +422,52 @@ def test_a_speculative_run_writes_its_fields_and_summary(tmp_path):
     assert spec["verification_passes"] == 3
     assert spec["mean_acceptance_length"] == pytest.approx(1 + 3 / 3)
     assert spec["acceptance_rate_per_position"] == [pytest.approx(2 / 3), pytest.approx(1 / 3)]
+
+
+# ------------------------------------------------------- fitting and the report
+
+
+def test_fit_on_records_with_draft_tokens_learns_their_cost_and_prices_a_run(tmp_path):
+    # pass time = 2 + 0.5 per decode request + 0.25 per draft token (exact records)
+    import json
+
+    from click.testing import CliRunner
+
+    from servesim.cli import main
+
+    rng = np.random.default_rng(3)
+    lines = []
+    for n in range(200):
+        reqs, drafts = int(rng.integers(1, 64)), int(rng.integers(0, 200))
+        prefill = int(rng.integers(0, 2))
+        tokens = int(rng.integers(100, 2000)) * prefill
+        ms = 2 + 3 * prefill + 0.01 * tokens + 0.5 * reqs + 1e-5 * 1000 * reqs + 0.25 * drafts
+        lines.append(json.dumps({"worker_id": "w", "counter_id": n, "wall_time": ms / 1000,
+                                 "scheduled_requests": {
+                                     "num_prefill_requests": prefill, "sum_prefill_tokens": tokens,
+                                     "num_decode_requests": reqs,
+                                     "sum_decode_kv_tokens": 1000 * reqs,
+                                     "sum_draft_tokens": drafts}}))
+    (tmp_path / "fpm.jsonl").write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(main, ["fit", str(tmp_path / "fpm.jsonl"), "-o",
+                                       str(tmp_path / "model.yaml")])
+    assert result.exit_code == 0, result.output
+    from servesim.replay.config import read_fitted_model
+
+    coefficients = read_fitted_model(str(tmp_path / "model.yaml"))
+    assert len(coefficients) == 6 and coefficients[5] == pytest.approx(0.25, rel=1e-6)
+    cfg = spec_config(2, timing={"type": "fitted", "model": str(tmp_path / "model.yaml")})
+    _, log = run(cfg, [dict(id="a", t=0, P=10, O=2, accepted=[0])])
+    # pass 1: one decode request of 1 + 2 drafts
+    c = coefficients
+    assert log[1]["end_ms"] - log[1]["start_ms"] == pytest.approx(
+        c[0] + c[3] + c[4] * 11 + c[5] * 2)
+
+
+def test_the_report_names_the_acceptance(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = _cli(tmp_path, extra=["--report"])
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "speculative mtp, k = 2" in html
+    assert "mean acceptance length" in html
