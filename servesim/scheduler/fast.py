@@ -4,6 +4,10 @@ async_scheduler.py; vllm-engine.md §3-7) as Numba kernels over the arrays of a
 :class:`~servesim.scheduler.fast_table.RequestTable`, so that a pass costs a few
 microseconds of Python whatever its batch size.
 
+Speculative decoding (README.md, "Speculative decoding") exists only here:
+drafts in the running loop's ask, padding in the waiting loop, lookahead slots
+in `_allocate`, verification and trimming in `update_from_output`.
+
 It is the engine's fast path; the reference scheduler stays the readable
 statement of the rules, and tests hold the two to identical pass logs and
 request records (tests/test_fast_path.py). Each kernel below mirrors the
@@ -274,11 +278,11 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
 
 @njit
 def scheduled_drafts(R, i, num_new):
-    """`Scheduler.schedule`, running loop: the drafts a request granted
-    `num_new` tokens schedules are the tail of its ask beyond its known
-    tokens and placeholders, `num_new + computed - num_tokens -
-    placeholders` (so b granted tokens keep b - 1 drafts); its draft list is
-    cleared once it is scheduled."""
+    """`Scheduler.schedule`, running loop (vllm/v1/core/sched/scheduler.py):
+    the drafts a request granted `num_new` tokens schedules are the tail of
+    its ask beyond its known tokens and placeholders, `num_new + computed -
+    num_tokens - placeholders` (so b granted tokens keep b - 1 drafts); its
+    draft list (`spec_token_ids`) is cleared once it is scheduled."""
     drafts = max(0, num_new + R[i, COMPUTED] - R[i, NUM_TOKENS] - R[i, PLACEHOLDERS])
     R[i, SPEC] = 0
     return drafts
@@ -286,8 +290,9 @@ def scheduled_drafts(R, i, num_new):
 
 @njit
 def _padding_drafts(R, cfg, out, feats, hit):
-    """`Scheduler.schedule`, waiting loop: an admission with one token to
-    compute is padded with k never-accepted drafts when no request scheduled
+    """`Scheduler.schedule`, waiting loop (vllm/v1/core/sched/scheduler.py):
+    an admission with one token to compute is padded with k never-accepted
+    drafts when no request scheduled
     in this pass is a prefill chunk, a request was already scheduled in this
     pass or the admission has cached tokens, and `hit + 1 + k + 1 <=
     max_model_len`. Returns the padding drafts (0: none)."""
@@ -371,8 +376,10 @@ def _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms, token_
 @njit
 def _append_verified(R, cfg, spec, out, e, i, stale, release_ms, pass_index, detokenize_ms,
                      client_ms, token_offsets, last_client):
-    """Speculative decoding: the 1 + accepted tokens of entry e, appended one
-    at a time; at the stop the rest is trimmed (taken off
+    """Speculative decoding (`_update_request_with_output`,
+    vllm/v1/core/sched/scheduler.py; `check_stop` after each token): the 1 +
+    accepted tokens of entry e, appended one at a time; at the stop the rest
+    is trimmed (taken off
     `num_computed_tokens`, and off the placeholders under async). True when
     the request stops."""
     drafts = out[O_SPEC, e]
@@ -393,7 +400,8 @@ def _append_verified(R, cfg, spec, out, e, i, stale, release_ms, pass_index, det
 
 @njit
 def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
-    """`Scheduler._update_request_with_output` under speculative decoding: of
+    """`Scheduler.update_from_output` / `_update_request_with_output`
+    (vllm/v1/core/sched/scheduler.py) under speculative decoding: of
     `drafts` drafts, the accepted ones (none for padding; `real` drafts draw
     from the request's `accepted` list or the rates) stay computed, the
     rejected ones roll `num_computed_tokens` back (async: the placeholders
