@@ -38,7 +38,7 @@ class SpeculativeConfig:
 DEFAULT_RATE = 0.7
 
 
-@njit
+@njit(inline="always")
 def _mix(x):
     """splitmix64's finaliser: a well-mixed 64-bit value of x."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -46,7 +46,7 @@ def _mix(x):
     return x ^ (x >> np.uint64(31))
 
 
-@njit
+@njit(inline="always")
 def uniform(seed, request, draw, position):
     """A uniform number in [0, 1) for one draft position of one verification
     pass of one request: a pure function of its four keys."""
@@ -57,7 +57,7 @@ def uniform(seed, request, draw, position):
     return float(x >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@njit
+@njit(inline="always")
 def accepted_drafts(seed, rates, acc_offsets, acc_values, request, key, draw, num_drafts):
     """How many of `num_drafts` real drafts the request's `draw`-th
     verification pass accepts: its `accepted` list (cycled) when the trace

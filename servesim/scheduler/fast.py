@@ -276,7 +276,7 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
         budget -= num_new
 
 
-@njit
+@njit(inline="always")
 def scheduled_drafts(R, i, num_new):
     """`Scheduler.schedule`, running loop (vllm/v1/core/sched/scheduler.py):
     the drafts a request granted `num_new` tokens schedules are the tail of
@@ -355,7 +355,7 @@ def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, ou
     feats[FREE_BLOCKS] = pscal[bp.NUM_FREE]
 
 
-@njit
+@njit(inline="always")
 def _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms, token_offsets,
                   last_client, max_model_len):
     """Append one sampled token; True when the request stops on it (`check_stop`:
@@ -373,7 +373,7 @@ def _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms, token_
     return produced >= R[i, MAX_TOKENS] or R[i, NUM_TOKENS] >= max_model_len
 
 
-@njit
+@njit(inline="always")
 def _append_verified(R, cfg, spec, out, e, i, stale, release_ms, pass_index, detokenize_ms,
                      client_ms, token_offsets, last_client):
     """Speculative decoding (`_update_request_with_output`,
@@ -398,7 +398,7 @@ def _append_verified(R, cfg, spec, out, e, i, stale, release_ms, pass_index, det
     return False
 
 
-@njit
+@njit(inline="always")
 def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
     """`Scheduler.update_from_output` / `_update_request_with_output`
     (vllm/v1/core/sched/scheduler.py) under speculative decoding: of
