@@ -471,3 +471,20 @@ def test_the_report_names_the_acceptance(tmp_path):
     html = (tmp_path / "out" / "report.html").read_text()
     assert "speculative mtp, k = 2" in html
     assert "mean acceptance length" in html
+
+
+def test_baseline_reports_the_plain_runs_tpot_and_the_speedup(tmp_path):
+    import json
+
+    from servesim.replay.api import run as api_run
+
+    result = _cli(tmp_path, extra=["--baseline"])
+    assert result.exit_code == 0, result.output
+    spec = json.loads((tmp_path / "out" / "summary.json").read_text())
+    plain = api_run(str(tmp_path / "c.yaml"), overrides=["engine.speculative=null"]).summary
+    block = spec["speculative"]
+    assert block["baseline_tpot_ms"] == plain["tpot_ms"]
+    assert block["tpot_speedup"] == pytest.approx(plain["tpot_ms"]["mean"] / spec["tpot_ms"]["mean"],
+                                                  rel=1e-5)
+    no_spec = _cli(tmp_path, extra=["--baseline", "--set", "engine.speculative=null"])
+    assert no_spec.exit_code == 2 and "--baseline" in no_spec.output

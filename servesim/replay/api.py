@@ -99,6 +99,7 @@ def run(
     pass_log=None,
     telemetry_interval_ms=None,
     progress=None,
+    baseline=False,
 ) -> Report:
     """Replay a workload through the simulated deployment and summarise it.
 
@@ -107,7 +108,10 @@ def run(
     values). `limit`, `pass_log` and `telemetry_interval_ms` override the
     config's (`workload.limit`, `output.*`) when not None. `progress`, if
     given, is called now and then as
-    `progress(sim_time_ms, requests_done, requests_total)`.
+    `progress(sim_time_ms, requests_done, requests_total)`. With `baseline`
+    (speculative decoding only) the workload is also run without
+    `engine.speculative`, and the summary's `speculative` block gets the
+    plain run's TPOT and the speedup.
     Raises :class:`InputError` on bad input.
     """
     from servesim.replay.driver import simulate
@@ -126,7 +130,17 @@ def run(
         def callback(sim_time_ms, requests_done):
             progress(sim_time_ms, requests_done, total)
 
+    if baseline and cfg.engine.speculative is None:
+        raise InputError("--baseline: compares against a run without speculative decoding, "
+                         "so it needs engine.speculative")
     result = simulate(cfg, workload, progress=callback)
     wall_time_s = time.perf_counter() - start
     summary = summarize(result, cfgmod.config_to_dict(cfg), wall_time_s)
+    if baseline:
+        from servesim.replay.metrics import with_baseline
+
+        plain = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, speculative=None),
+                             output=attrs.evolve(cfg.output, pass_log=False,
+                                                 telemetry_interval_ms=None))
+        summary = with_baseline(summary, simulate(plain, workload))
     return Report(summary=summary, result=result, config=cfg)

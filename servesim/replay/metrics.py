@@ -281,3 +281,16 @@ def _with_speculative(summary: dict, stats, rec, config_dict: dict) -> dict:
         if key == "recomputed_tokens":
             out["speculative"] = block
     return out
+
+
+def with_baseline(summary: dict, plain: SimulationResult) -> dict:
+    """`--baseline`: the same workload's TPOT without speculative decoding
+    (`plain`, finished requests), and the speculative run's speedup over it
+    (plain mean TPOT / speculative mean TPOT), in the `speculative` block."""
+    finished = np.asarray(plain.records.status) == STATUS_FINISHED
+    tpot = latency_stats(tpot_samples(plain.records, finished))
+    ours = summary["tpot_ms"]["mean"]
+    summary["speculative"]["baseline_tpot_ms"] = tpot
+    summary["speculative"]["tpot_speedup"] = (_round(tpot["mean"] / ours)
+                                              if ours and tpot["mean"] else None)
+    return summary
