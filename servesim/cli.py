@@ -145,7 +145,10 @@ def format_table(summary: dict, out_dir) -> str:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no table.")
 @click.option("--report", "html_report", is_flag=True,
               help="Also write report.html (plots; needs servesim[report]).")
-def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet, html_report):
+@click.option("--baseline", is_flag=True,
+              help="With engine.speculative: also run without it and report the TPOT speedup.")
+def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet, html_report,
+        baseline):
     """Replay CONFIG and write its report (summary.json, requests.jsonl, ...)."""
     import json
 
@@ -172,6 +175,7 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
                     telemetry_interval_ms=telemetry_interval_ms,
                     progress=progress,
                     on_start=None if quiet else announce_compile,
+                    baseline=baseline,
                 )
         finally:
             if progress is not None:

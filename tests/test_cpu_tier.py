@@ -324,6 +324,36 @@ def test_offloading_stores_blocks_as_they_fill_known_tokens_only():
     assert [(j[1], j[3]) for j in jobs] == [(["a0"], 10.0), (["a1"], 140.0)]
 
 
+@pytest.mark.parametrize("async_scheduling, a1_at, b1_at",
+                         [(False, 130.0, 170.0), (True, 140.0, 180.0)])
+def test_offloading_stores_a_finished_requests_last_block_with_its_free(
+        async_scheduling, a1_at, b1_at):
+    # offloading, d2h 1 ms/block, ample KV. a: t=0 P=20 O=13; b: t=0 P=16 O=20.
+    # Pass k runs [10k, 10k + 10] in both modes (b keeps the engine busy).
+    # G1 blocks: a0 = 1, a1 = 2 (pass 0); b0 = 3 (pass 0), b1 = 4 (pass 1).
+    # pass 0 fills a0 (20 tokens) and b0 (16): stored at 10, a0 [10, 11], b0 [11, 12].
+    # a computes 20 + k tokens in pass k and samples token k + 1: its last pass,
+    # 12, computes token 32 (20 + 13 - 1), filling a1.
+    # Sync: token 31 is known when pass 12 is decided: a1 goes with pass 12, at 130.
+    # Async: pass 12 is decided before token 31's output (known tokens 31): its
+    # store cannot take a1, and a is not scheduled again. a finishes when pass
+    # 12's outputs are processed (130); a1 is stored with its free, at the end of
+    # the pass in flight then (pass 13): 140. Same blocks, one pass later.
+    # b1 fills in pass 16 (32 computed): sync stored at 170; async with b's next
+    # pass, 17, at 180 (as blocks fill, known tokens only). b finishes in pass 19
+    # with 35 computed: nothing more to store.
+    cfg = make_config(num_gpu_blocks=20, async_scheduling=async_scheduling,
+                      kv_offloading=tier())
+    wl = make_workload([dict(id="a", t=0, P=20, O=13), dict(id="b", t=0, P=16, O=20)])
+    records, log, jobs, result = run_logged(cfg, wl)
+    assert log[12]["finished"] == ["a"] and times(log[12:14]) == [(120, 130), (130, 140)]
+    assert jobs == [
+        ("store", ["a0"], [1], 10.0, 10.0, 11.0),
+        ("store", ["b0"], [3], 10.0, 11.0, 12.0),
+        ("store", ["a1"], [2], a1_at, a1_at, a1_at + 1),
+        ("store", ["b1"], [4], b1_at, b1_at, b1_at + 1)]
+
+
 def test_full_tier_evicts_least_recently_used_ready_blocks():
     # 3 CPU blocks, simple_cpu, d2h 1 ms/block. a: t=0 P=32 O=1 finishes at 10: a0,
     # a1 stored [10, 12], inserted in that order (a0 least recently used). b: t=20

@@ -1,22 +1,45 @@
-"""Conformance with vLLM 0.33: every recorded scenario in tests/golden/vllm-0.33
-(a copy of the shared recordings, with their README) is replayed through the
-public API and must match pass for pass, as the recordings' README says:
-scheduled entries (ids, tokens, cached, kind, in order), preempted and finished
-(as sets), free blocks after schedule, the number of passes, and per request
-the preemptions, first-admission hit, first-token and finish passes (and
-output tokens where given); sync scenarios also match every time to 1e-6 ms.
+"""Conformance with vLLM 0.33: every recorded scenario of every recordings set
+in tests/golden (copies of the shared recordings, each with its README) is
+replayed and must match as the recordings' README says.
+
+Each scenario is replayed on every scheduler path (the reference scheduler
+and the compiled one, when it supports the config), each both with the pass
+log (pass by pass) and without it — the way users run it, which on the
+compiled path hands stretches of passes to compiled runs:
+
+- with the pass log, pass for pass: scheduled entries (ids, tokens, cached,
+  kind, and any further keys the recording has, in order), preempted and
+  finished (as sets), free blocks after schedule, the number of passes, and
+  sync start and end times to 1e-6 ms;
+- in both modes, per request: the preemptions, first-admission hit,
+  first-token and finish passes (and output tokens where given), and the
+  first-token and finish times to 1e-6 ms where the recording has them.
+
+A further recordings set plugs in by adding its folder to FOLDERS;
+`vllm-0.33-spec` (speculative decoding, MTP) runs on the compiled path only.
 """
 
+import functools
 import json
+import re
 from pathlib import Path
 
+import attrs
 import pytest
 
-import servesim
+from servesim.replay.api import resolve_config
+from servesim.replay.driver import fast_path_supports, simulate
+from servesim.replay.workload import load_workload
 
-GOLDEN = Path(__file__).parent / "golden" / "vllm-0.33"
-SCENARIOS = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
+GOLDEN = Path(__file__).parent / "golden"
+FOLDERS = ["vllm-0.33", "vllm-0.33-spec"]
+PATHS = ["reference", "fast"]
 TOL = 1e-6
+SCENARIOS = [(folder, d.name) for folder in FOLDERS
+             for d in sorted((GOLDEN / folder).iterdir()) if d.is_dir()]
+REPLAYS = [(folder, name, path, pass_log) for folder, name in SCENARIOS
+           for path in PATHS for pass_log in (True, False)]
+LOGGED = [r for r in REPLAYS if r[3]]
 
 
 def _read_jsonl(path):
@@ -24,21 +47,45 @@ def _read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-@pytest.fixture(scope="module", params=SCENARIOS)
-def scenario(request):
-    d = GOLDEN / request.param
-    report = servesim.run(str(d / "config.yaml"), pass_log=True)
-    return d, report
+def _replay_id(replay):
+    folder, name, path, pass_log = replay
+    return f"{folder}/{name}-{path}-{'pass-log' if pass_log else 'runs'}"
 
 
-def test_recordings_are_all_here():
-    assert len(SCENARIOS) == 16
+@functools.lru_cache(maxsize=None)
+def replay_scenario(folder, name, path, pass_log):
+    """`(scenario dir, SimulationResult)` of one recorded scenario on scheduler
+    `path`, with or without the pass log; skips a path that does not support
+    the scenario's config."""
+    d = GOLDEN / folder / name
+    config = resolve_config(str(d / "config.yaml"))
+    if path == "fast" and not fast_path_supports(config):
+        pytest.skip("the compiled path does not support this config")
+    if path == "reference" and config.engine.speculative is not None:
+        pytest.skip("speculative decoding runs on the compiled path only")
+    config = attrs.evolve(config, output=attrs.evolve(config.output, pass_log=pass_log))
+    workload = load_workload(config.workload, config.engine.kv_cache.block_size)
+    return d, simulate(config, workload, path=path)
 
 
-def test_passes_match_vllm(scenario):
-    d, report = scenario
+@pytest.fixture
+def replay(request):
+    return replay_scenario(*request.param)
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_recordings_are_all_here(folder):
+    """Every scenario the set's README lists has its folder, and no more."""
+    readme = (GOLDEN / folder / "README.md").read_text()
+    listed = set(re.findall(r"^\|\s*`?(\d\d-[\w-]+)`?\s*\|", readme, flags=re.M))
+    assert listed and listed == {name for f, name in SCENARIOS if f == folder}
+
+
+@pytest.mark.parametrize("replay", LOGGED, ids=_replay_id, indirect=True)
+def test_passes_match_vllm(replay):
+    d, result = replay
+    got = result.pass_log
     expected = _read_jsonl(d / "expected" / "passes.jsonl")
-    got = report.pass_log
     for e, g in zip(expected, got):
         where = f"{d.name} pass {e['pass']}"
         assert g["pass"] == e["pass"], where
@@ -52,9 +99,10 @@ def test_passes_match_vllm(scenario):
     assert len(got) == len(expected)
 
 
-def test_requests_match_vllm(scenario):
-    d, report = scenario
-    rec = report.records
+@pytest.mark.parametrize("replay", REPLAYS, ids=_replay_id, indirect=True)
+def test_requests_match_vllm(replay):
+    d, result = replay
+    rec = result.records
     expected = _read_jsonl(d / "expected" / "requests.jsonl")
     assert rec.ids == [e["id"] for e in expected]
     for i, e in enumerate(expected):

@@ -2,6 +2,7 @@
 
 import attrs
 
+from servesim.engine.speculative import SpeculativeConfig
 from servesim.kvcache.config import KVCacheConfig, KVOffloadingConfig  # noqa: F401 (re-exported)
 from servesim.scheduler.config import SchedulerConfig
 
@@ -47,6 +48,7 @@ class EngineConfig:
     launch: LaunchConfig | None = None
     detokenize_ms: float = 0.0
     kv_offloading: KVOffloadingConfig | None = None
+    speculative: SpeculativeConfig | None = None
 
 
 @attrs.frozen

@@ -23,8 +23,9 @@ The CPU tier's time side (§9; vLLM's connector worker reports finished
 transfers with a pass's outputs): transfers done by a decision take effect at
 that decision; loads and `simple_cpu` preemption stores go out at the decision
 that queues them, `offloading` stores at the end of their pass, and a
-`simple_cpu` finished request's store with its free (under async scheduling
-at the end of the pass in flight when it is freed). A pass that writes a G1
+finished request's store with its free (under async scheduling at the end of
+the pass in flight when it is freed; for `offloading` that is the block its
+last pass filled with a then in-flight token). A pass that writes a G1
 block still read by a store in flight starts no earlier than that store's end.
 An idle engine whose requests wait on a transfer decides again when the next
 transfer completes.
@@ -347,7 +348,7 @@ class EngineCore:
                     rank.connector.submit(job, p.end_ms)
 
     def _submit_finished_stores(self, rank, now):
-        """`simple_cpu`: a finished request's store goes out with its free — at
+        """A finished request's store goes out with its free — at
         once when synchronous; under async scheduling the pass in flight was
         decided while the request still held its blocks, so at that pass's
         end."""

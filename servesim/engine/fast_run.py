@@ -45,7 +45,7 @@ def track_usage(usage, pscal, num_gpu_blocks, now):
 
 
 @njit
-def run_sync_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+def run_sync_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
                     client_ms, token_offsets, last_client, detokenize_ms,
                     model, params, kv_capacity, num_gpu_blocks,
                     out, feats, end_ms, pass_index, horizon, stop_on_finish,
@@ -58,9 +58,9 @@ def run_sync_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running,
     t = end_ms
     while True:
         # outputs of the pass ending at t
-        n = fast.update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq, out,
-                                    feats[fast.N_SCHED], t, pass_index, detokenize_ms,
-                                    client_ms, token_offsets, last_client,
+        n = fast.update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
+                                    running, wq, out, feats[fast.N_SCHED], t, pass_index,
+                                    detokenize_ms, client_ms, token_offsets, last_client,
                                     finished[num_finished:])
         num_finished += n
         track_usage(usage, pscal, num_gpu_blocks, t)
@@ -107,7 +107,7 @@ def run_from(scheduler: fast.FastScheduler, out: fast.FastOutput, end_ms, pass_i
     finished = scheduler.finished_buffer
     state, n = run_sync_passes(
         t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, scheduler.cfg,
-        scheduler.S, scheduler.running, scheduler.wq, tok.client_ms, tok.offsets,
+        scheduler.spec, scheduler.S, scheduler.running, scheduler.wq, tok.client_ms, tok.offsets,
         tok.last_client, tok.detokenize_ms, pricer.model, pricer.params,
         pricer.kv_capacity_tokens, p.num_gpu_blocks, last.out, last.feats, end_ms,
         pass_index, horizon, scheduler.stop_on_finish, usage, counters, busy, finished,
@@ -120,7 +120,7 @@ A_DECIDE_NEXT, A_NEEDS_CORE, A_IN_FLIGHT = 10, 11, 12
 
 
 @njit
-def run_async_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+def run_async_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
                      client_ms, token_offsets, last_client, detokenize_ms,
                      model, params, kv_capacity, num_gpu_blocks,
                      outs, feats, cur, times, index, horizon, stop_on_finish,
@@ -144,10 +144,10 @@ def run_async_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running
     num_finished = 0
     while True:
         t = times[0]
-        n = fast.update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq,
-                                    outs[cur], feats[cur, fast.N_SCHED], t, index[cur],
-                                    detokenize_ms, client_ms, token_offsets, last_client,
-                                    finished[num_finished:])
+        n = fast.update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
+                                    running, wq, outs[cur], feats[cur, fast.N_SCHED], t,
+                                    index[cur], detokenize_ms, client_ms, token_offsets,
+                                    last_client, finished[num_finished:])
         num_finished += n
         track_usage(usage, pscal, num_gpu_blocks, t)
         if (n > 0 and stop_on_finish) or S[fast.S_STALL] > fast.LIVELOCK_PREEMPTIONS:
@@ -198,7 +198,7 @@ def run_async_from(scheduler: fast.FastScheduler, first, second, horizon, usage,
     finished = scheduler.finished_buffer
     state, cur, n = run_async_passes(
         t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, scheduler.cfg,
-        scheduler.S, scheduler.running, scheduler.wq, tok.client_ms, tok.offsets,
+        scheduler.spec, scheduler.S, scheduler.running, scheduler.wq, tok.client_ms, tok.offsets,
         tok.last_client, tok.detokenize_ms, pricer.model, pricer.params,
         pricer.kv_capacity_tokens, p.num_gpu_blocks, outs, feats, 0, times, index,
         horizon, scheduler.stop_on_finish, usage, counters, busy, finished)

@@ -4,7 +4,9 @@ schedules, as one Numba kernel.
 Features of a pass: `prefill_tokens` (tokens scheduled for prefill requests,
 cache hits excluded), `num_prefill_requests`, `decode_requests`,
 `decode_context` (sum of decode requests' known tokens), `tokens` (all
-scheduled tokens), `requests` (scheduled requests).
+scheduled tokens, draft tokens included), `requests` (scheduled requests),
+`draft_tokens` (speculative decoding's draft tokens, 0 without it; the
+`fitted` model's optional sixth feature `sum_draft_tokens` prices them).
 """
 
 import numpy as np
@@ -19,7 +21,7 @@ _TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": 
 
 @njit
 def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_requests,
-               decode_context, tokens, requests, kv_capacity_tokens):
+               decode_context, tokens, requests, kv_capacity_tokens, draft_tokens=0):
     """Milliseconds of GPU time for one pass of one rank."""
     if model == FIXED:
         t = 0.0
@@ -41,9 +43,12 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
             u = min(1.0, decode_context / kv_capacity_tokens)
             t += max(1.0, -25.74 * u * u + 54.01 * u + 5.74)
         return t
-    # FITTED: intercept + the four forward-pass-record features, clamped at 0.
+    # FITTED: intercept + the four forward-pass-record features (+ draft
+    # tokens, 0 for a five-feature model), clamped at 0.
     t = (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
          + params[3] * decode_requests + params[4] * decode_context)
+    if draft_tokens:
+        t += params[5] * draft_tokens
     return max(t, 0.0)
 
 
@@ -52,7 +57,8 @@ def price_features(model, params, feats, kv_capacity_tokens):
     """`price_pass` over a compiled scheduler's feature array."""
     return price_pass(model, params, feats[fast.PREFILL_TOKENS], feats[fast.NUM_PREFILL],
                       feats[fast.DECODE_REQS], feats[fast.DECODE_CTX],
-                      feats[fast.TOTAL_TOKENS], feats[fast.N_SCHED], kv_capacity_tokens)
+                      feats[fast.TOTAL_TOKENS], feats[fast.N_SCHED], kv_capacity_tokens,
+                      feats[fast.SPEC_TOKENS])
 
 
 class PassPricer:
@@ -69,7 +75,7 @@ class PassPricer:
             params = list(timing.coefficients_ms)
         else:
             params = []
-        self.params = np.array(params + [0.0] * (5 - len(params)), dtype=np.float64)
+        self.params = np.array(params + [0.0] * (6 - len(params)), dtype=np.float64)
         self.kv_capacity_tokens = float(num_gpu_blocks * block_size)
 
     def price(self, out) -> float:
@@ -79,4 +85,4 @@ class PassPricer:
         return price_pass(self.model, self.params, out.prefill_tokens,
                           out.num_prefill_requests, out.decode_requests,
                           out.decode_context, out.total_tokens, out.num_scheduled,
-                          self.kv_capacity_tokens)
+                          self.kv_capacity_tokens, out.spec_tokens)

@@ -87,7 +87,7 @@ def evaluate_command(records_files, model_path, launch_stall_path, capture_size,
 
 
 def _fit_report(records, wall_ms, stall, stall_path, window, capture_size, fit, output_path):
-    from servesim.replay.config import FITTED_FEATURES
+    from servesim.fitting.fit import model_features
 
     files = ", ".join(records.sources)
     lines = [f"records        {len(records)} from {files} ({len(records.worker_ids)} workers)"]
@@ -104,10 +104,11 @@ def _fit_report(records, wall_ms, stall, stall_path, window, capture_size, fit, 
         lines.append(f"fitted on      {fit.rows} windows of >= {window} records "
                      f"(capture size {capture_size})")
     lines.append("coefficients (ms):")
-    for name, value in zip(FITTED_FEATURES, fit.coefficients):
+    features = model_features(len(fit.coefficients))
+    for name, value in zip(features, fit.coefficients):
         lines.append(f"  {name:<22} {value:.6g}")
-    if fit.rank < len(FITTED_FEATURES):
-        lines.append(f"  note: the features have rank {fit.rank} of {len(FITTED_FEATURES)} "
+    if fit.rank < len(features):
+        lines.append(f"  note: the features have rank {fit.rank} of {len(features)} "
                      "(some never vary independently); the least-norm solution is kept")
     lines.append(f"r2             {'-' if fit.r2 is None else f'{fit.r2:.6f}'}")
     lines.append(f"mape           {'-' if fit.mape is None else f'{100 * fit.mape:.2f}%'}")

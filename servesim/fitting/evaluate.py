@@ -20,6 +20,8 @@ def predict(coefficients, records: ForwardPassRecords) -> np.ndarray:
     c = [float(v) for v in coefficients]
     t = (c[0] + c[1] * records.num_prefill_requests + c[2] * records.sum_prefill_tokens
          + c[3] * records.num_decode_requests + c[4] * records.sum_decode_kv_tokens)
+    if len(c) > 5:
+        t = t + np.where(records.sum_draft_tokens != 0, c[5] * records.sum_draft_tokens, 0.0)
     return np.maximum(t, 0.0)
 
 

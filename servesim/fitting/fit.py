@@ -19,7 +19,7 @@ from ruamel.yaml.representer import RoundTripRepresenter
 
 from servesim.errors import InputError
 from servesim.fitting.records import DECODE, ForwardPassRecords
-from servesim.replay.config import FITTED_FEATURES
+from servesim.replay.config import FITTED_FEATURES, FITTED_SPEC_FEATURE
 
 
 @attrs.frozen
@@ -110,6 +110,17 @@ def mean_abs_pct_error(y: np.ndarray, predicted: np.ndarray) -> float | None:
     return float(np.mean(np.abs(predicted[positive] - y[positive]) / y[positive]))
 
 
+def model_features(num_coefficients: int) -> list:
+    """The feature names of a model with that many coefficients: the five of
+    FITTED_FEATURES, or six with the draft tokens of speculative decoding."""
+    if num_coefficients == len(FITTED_FEATURES):
+        return list(FITTED_FEATURES)
+    if num_coefficients == len(FITTED_FEATURES) + 1:
+        return [*FITTED_FEATURES, FITTED_SPEC_FEATURE]
+    raise ValueError(f"a fitted model has {len(FITTED_FEATURES)} or {len(FITTED_FEATURES) + 1} "
+                     f"coefficients, got {num_coefficients}")
+
+
 def write_model(path, coefficients, records: int, r2, mape, metadata: dict) -> None:
     """Write the model file of fitting.md §2 (loads with
     `servesim.replay.config.read_fitted_model`). `metadata` is
@@ -117,12 +128,10 @@ def write_model(path, coefficients, records: int, r2, mape, metadata: dict) -> N
     window: W | None}`. Written to a temporary file and renamed, so a failure
     never leaves a half-written model."""
     coefficients = [float(c) for c in coefficients]
-    if len(coefficients) != len(FITTED_FEATURES):
-        raise ValueError(f"a fitted model has {len(FITTED_FEATURES)} coefficients, "
-                         f"got {len(coefficients)}")
+    features = model_features(len(coefficients))
     doc = {
         "type": "fitted",
-        "features": list(FITTED_FEATURES),
+        "features": features,
         "coefficients_ms": coefficients,
         "records": int(records),
         "r2": _rounded(r2),

@@ -32,6 +32,9 @@ from servesim.errors import InputError
 # intercept; servesim.replay.config.FITTED_FEATURES).
 FEATURES = ("num_prefill_requests", "sum_prefill_tokens", "num_decode_requests",
             "sum_decode_kv_tokens")
+# optional (0 when absent): draft tokens of speculative decoding, a sixth
+# feature of the fit when any record has some (FITTED_SPEC_FEATURE)
+DRAFT_FEATURE = "sum_draft_tokens"
 
 # Pass kinds (docs/engine.md §8): a decode pass replays a CUDA graph; a
 # piecewise pass has prompt tokens and fits the capture size; an eager pass
@@ -60,6 +63,7 @@ class ForwardPassRecords:
     sum_prefill_tokens: np.ndarray  # float64
     num_decode_requests: np.ndarray  # float64
     sum_decode_kv_tokens: np.ndarray  # float64
+    sum_draft_tokens: np.ndarray  # float64, 0 without speculative decoding
     wall_ms: np.ndarray  # float64
     worker_ids: list
     sources: list
@@ -76,8 +80,9 @@ class ForwardPassRecords:
 
     @property
     def tokens(self) -> np.ndarray:
-        """Scheduled tokens: prefill tokens plus one per decode request."""
-        return self.sum_prefill_tokens + self.num_decode_requests
+        """Scheduled tokens: prefill tokens plus one per decode request, plus
+        draft tokens."""
+        return self.sum_prefill_tokens + self.num_decode_requests + self.sum_draft_tokens
 
     def kinds(self, capture_size: int) -> np.ndarray:
         """Pass kind of each record (int8): EAGER if its tokens exceed
@@ -87,10 +92,17 @@ class ForwardPassRecords:
         return kind
 
     def features(self) -> np.ndarray:
-        """The (n, 5) design matrix: a column of ones, then the four features."""
-        return np.column_stack([np.ones(len(self)), self.num_prefill_requests,
-                                self.sum_prefill_tokens, self.num_decode_requests,
-                                self.sum_decode_kv_tokens])
+        """The (n, 5) design matrix: a column of ones, then the four features;
+        (n, 6) with the draft tokens when any record has some."""
+        columns = [np.ones(len(self)), self.num_prefill_requests, self.sum_prefill_tokens,
+                   self.num_decode_requests, self.sum_decode_kv_tokens]
+        if self.has_drafts:
+            columns.append(self.sum_draft_tokens)
+        return np.column_stack(columns)
+
+    @property
+    def has_drafts(self) -> bool:
+        return bool(self.sum_draft_tokens.any())
 
     def where(self, i: int) -> str:
         """`file:line` of record i."""
@@ -145,8 +157,8 @@ class _Reader:
         self.worker_ids = []
         self.worker_code = {}  # worker_id value -> index into worker_ids
         self.seen = {}  # (worker code, counter) -> (file index, line)
-        self.columns = {name: [] for name in ("worker", "counter", *FEATURES, "wall_ms",
-                                              "file", "line")}
+        self.columns = {name: [] for name in ("worker", "counter", *FEATURES, DRAFT_FEATURE,
+                                              "wall_ms", "file", "line")}
 
     def read_file(self, path: str) -> None:
         try:
@@ -194,6 +206,7 @@ class _Reader:
             raise InputError(f"{at}: a record must be a JSON object or a non-empty list of "
                              f"objects (one per DP rank), got {_show(obj)}")
         sums = [0.0] * len(FEATURES)
+        drafts = 0.0
         wall_s = 0.0
         for r, rank in enumerate(ranks):
             where = at if len(ranks) == 1 and isinstance(obj, dict) else f"{at}: rank {r}"
@@ -207,6 +220,8 @@ class _Reader:
                                  f"{', '.join(FEATURES)})")
             for k, name in enumerate(FEATURES):
                 sums[k] += _number(scheduled, name, where, "", prefix="scheduled_requests.")
+            if DRAFT_FEATURE in scheduled:
+                drafts += _number(scheduled, DRAFT_FEATURE, where, "", prefix="scheduled_requests.")
         worker, counter = self._ids(ranks[0], at)
         if worker >= 0 and counter >= 0:
             first = self.seen.get((worker, counter))
@@ -221,6 +236,7 @@ class _Reader:
         c["counter"].append(counter)
         for name, value in zip(FEATURES, sums):
             c[name].append(value)
+        c[DRAFT_FEATURE].append(drafts)
         c["wall_ms"].append(wall_s * 1000.0)
         c["file"].append(file_index)
         c["line"].append(number)
@@ -253,7 +269,7 @@ class _Reader:
         return ForwardPassRecords(
             worker=np.array(c["worker"], dtype=np.int64),
             counter=np.array(c["counter"], dtype=np.int64),
-            **{name: np.array(c[name], dtype=np.float64) for name in FEATURES},
+            **{name: np.array(c[name], dtype=np.float64) for name in (*FEATURES, DRAFT_FEATURE)},
             wall_ms=np.array(c["wall_ms"], dtype=np.float64),
             worker_ids=list(self.worker_ids),
             sources=list(self.sources),

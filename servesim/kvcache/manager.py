@@ -74,7 +74,20 @@ class KVCacheManager:
 
     def cache_blocks(self, request, num_tokens):
         """Register the request's held blocks that are full within
-        `min(num_tokens, request.num_tokens)` tokens and not registered yet."""
+        `min(num_tokens, request.num_tokens)` tokens and not registered yet
+        (`KVCacheManager.cache_blocks`, vllm/v1/core/kv_cache_manager.py).
+
+        Called by `allocate_slots` for the tokens a pass will compute, and by
+        the scheduler's `update_from_output` for a RUNNING request when its
+        sampled token arrives, with `num_computed_tokens` minus the tokens
+        still in flight (vLLM's async scheduler,
+        vllm/v1/core/sched/async_scheduler.py `_update_request_with_output`):
+        under async scheduling allocation sees only known tokens, so the block
+        a pass fills with an in-flight token is registered here — also for a
+        request finishing on that token, before its blocks are freed (it then
+        goes back to the free queue as a cached block). Without tokens in
+        flight allocation has already registered every block the pass
+        filled, and the call changes nothing."""
         if self.enable_caching:
             num_full = min(num_tokens, request.num_tokens) // self.block_size
             if num_full > request.num_cached_blocks:

@@ -103,6 +103,10 @@ def prepare(config, overrides=(), limit=None, pass_log=None, telemetry_interval_
     cfg = _with_run_options(cfg, limit, pass_log, telemetry_interval_ms)
     check_config(cfg)  # before a synthetic workload is generated
     workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
+    if cfg.engine.speculative is not None:
+        from servesim.replay.speculative_config import check_accepted
+
+        check_accepted(workload, cfg.engine.speculative.num_speculative_tokens)
     return cfg, workload, check_run(cfg, workload)
 
 
@@ -115,6 +119,7 @@ def run(
     telemetry_interval_ms=None,
     progress=None,
     on_start=None,
+    baseline=False,
 ) -> Report:
     """Replay a workload through the simulated deployment and summarise it.
 
@@ -125,7 +130,10 @@ def run(
     given, is called now and then as
     `progress(sim_time_ms, requests_done, requests_total)`. `on_start()`, if
     given, is called once the config and workload are loaded and checked,
-    just before simulating.
+    just before simulating. With `baseline`
+    (speculative decoding only) the workload is also run without
+    `engine.speculative`, and the summary's `speculative` block gets the
+    plain run's TPOT and the speedup.
     Raises :class:`InputError` on bad input.
     """
     from servesim.replay.driver import simulate
@@ -141,10 +149,20 @@ def run(
         def callback(sim_time_ms, requests_done):
             progress(sim_time_ms, requests_done, total)
 
+    if baseline and cfg.engine.speculative is None:
+        raise InputError("--baseline: compares against a run without speculative decoding, "
+                         "so it needs engine.speculative")
     if on_start is not None:
         on_start()
     result = simulate(cfg, workload, progress=callback)
     result.warnings[:0] = warnings
     wall_time_s = time.perf_counter() - start
     summary = summarize(result, cfgmod.config_to_dict(cfg), wall_time_s)
+    if baseline:
+        from servesim.replay.metrics import with_baseline
+
+        plain = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, speculative=None),
+                             output=attrs.evolve(cfg.output, pass_log=False,
+                                                 telemetry_interval_ms=None))
+        summary = with_baseline(summary, simulate(plain, workload))
     return Report(summary=summary, result=result, config=cfg)

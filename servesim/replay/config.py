@@ -57,6 +57,8 @@ from servesim.replay.validation import (
     show,
     tagged_section,
 )
+from servesim.replay.speculative_config import parse_speculative
+from servesim.replay.speculative_config import to_data as speculative_to_data
 from servesim.replay.yaml_input import apply_override, plain_data, read_yaml
 from servesim.scheduler.config import SchedulerConfig
 
@@ -68,6 +70,8 @@ FITTED_FEATURES = (
     "num_decode_requests",
     "sum_decode_kv_tokens",
 )
+# a model fitted on records of speculative decoding has a sixth feature
+FITTED_SPEC_FEATURE = "sum_draft_tokens"
 
 # Parameters of each timing type and length distribution: name -> default.
 _TIMING_PARAMS = {
@@ -89,7 +93,7 @@ _DISTRIBUTION_PARAMS = {
 }
 _KV_CACHE_KEYS = tuple(f.name for f in attrs.fields(KVCacheConfig))
 _SCHEDULER_KEYS = tuple(f.name for f in attrs.fields(SchedulerConfig))
-_ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "timing")
+_ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "speculative", "timing")
 _TOP_KEYS = ("workload", "engine", "cluster", "output")
 _AGGREGATED_KEYS = ("workers", "data_parallel_size", "router")
 _DISAGGREGATED_KEYS = ("mode", "prefill_workers", "decode_workers", "data_parallel_size",
@@ -172,6 +176,7 @@ def _engine_to_data(engine: EngineConfig) -> dict:
         "launch": None if engine.launch is None else attrs.asdict(engine.launch),
         "detokenize_ms": engine.detokenize_ms,
         "kv_offloading": None if engine.kv_offloading is None else attrs.asdict(engine.kv_offloading),
+        **({} if engine.speculative is None else {"speculative": speculative_to_data(engine.speculative)}),
         "timing": _timing_to_data(engine.timing),
     }
 
@@ -193,7 +198,8 @@ def _cluster_to_data(cluster: ClusterConfig, engine: EngineConfig) -> dict:
 
 def read_fitted_model(model_path: str) -> tuple:
     """The five `coefficients_ms` of a fitted model file (fitting.md §2), checked:
-    `type: fitted`, `features` exactly FITTED_FEATURES, five finite numbers.
+    `type: fitted`, `features` exactly FITTED_FEATURES (optionally followed
+    by FITTED_SPEC_FEATURE), one finite number per feature.
     Other keys (records, r2, mape, metadata, ...) are not checked."""
     data, where = read_yaml(model_path, "fitted model file")
     ctx = Ctx(model_path, os.path.dirname(model_path), where)
@@ -201,15 +207,17 @@ def read_fitted_model(model_path: str) -> tuple:
         ctx.fail("", f"a fitted model must be a YAML mapping, got {show(data)}")
     if data.get("type") != "fitted":
         ctx.fail("type", f"must be 'fitted', got {show(data.get('type'))}")
-    if data.get("features") != list(FITTED_FEATURES):
-        ctx.fail("features", f"must be [{', '.join(FITTED_FEATURES)}], got {show(data.get('features'))}")
+    features = data.get("features")
+    if features not in (list(FITTED_FEATURES), [*FITTED_FEATURES, FITTED_SPEC_FEATURE]):
+        ctx.fail("features", f"must be [{', '.join(FITTED_FEATURES)}], optionally followed by "
+                 f"{FITTED_SPEC_FEATURE}, got {show(features)}")
     coefficients = data.get("coefficients_ms")
     if not (
         isinstance(coefficients, list)
-        and len(coefficients) == len(FITTED_FEATURES)
+        and len(coefficients) == len(features)
         and all(NUMBER.accepts(c) for c in coefficients)
     ):
-        n = len(FITTED_FEATURES)
+        n = len(features)
         ctx.fail("coefficients_ms", f"must be a list of {n} finite numbers, got {show(coefficients)}")
     return tuple(float(c) for c in coefficients)
 
@@ -439,8 +447,13 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
     kv_cache = _kv_cache(s)
     scheduler = _scheduler(ctx, s)
     launch = _launch(ctx, s.data.get("launch"), s.sub("launch"))
+    speculative = parse_speculative(ctx, s.data.get("speculative"), s.sub("speculative"),
+                                    scheduler, launch)
     if launch is not None and not scheduler.async_scheduling:
         ctx.fail(s.sub("launch"), f"requires {s.sub('async_scheduling')}: true")
+    if speculative is not None and s.given("kv_offloading"):
+        ctx.fail(s.sub("speculative"), f"does not combine with {s.sub('kv_offloading')} "
+                 "(speculative decoding runs on the compiled scheduler, the CPU tier does not)")
     return EngineConfig(
         kv_cache=kv_cache,
         scheduler=scheduler,
@@ -448,6 +461,7 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
         launch=launch,
         detokenize_ms=s.get("detokenize_ms", NUMBER, 0.0, ge(0)),
         kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading"), s.sub("kv_offloading")),
+        speculative=speculative,
     )
 
 
@@ -593,6 +607,8 @@ def _pool_engine(ctx: Ctx, s: Section, pool: str, engine_data, engine: EngineCon
         return join(path, key) if key in overrides else join("engine", key)
 
     for key, reason in (("launch", "launch timing models one-GPU aggregated workers"),
+                        ("speculative", "speculative decoding is simulated on aggregated "
+                         "workers only"),
                         ("kv_offloading", "the CPU tier does not combine with the KV "
                          "transfer connector in servesim (vLLM would need a MultiConnector)")):
         if merged.get(key) is not None:

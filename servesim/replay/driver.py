@@ -12,7 +12,10 @@ import numpy as np
 from servesim.engine.core import EngineCore
 from servesim.engine.events import ARRIVAL, EventLoop
 from servesim.engine.release import TokenLog
+from servesim.engine.speculative import spec_table_slack
+from servesim.errors import InputError
 from servesim.replay.config_types import Config
+from servesim.replay.speculative_config import check_accepted
 from servesim.replay.prefix import block_identities
 from servesim.replay.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
                                      RequestRecords, RunStats, SimulationResult,
@@ -75,21 +78,26 @@ class ArrayRequests:
         self.replay = replay
         w = replay.workload
         self.table = fast_table.RequestTable(w.request_ids, w.input_length, replay.max_tokens,
-                                  w.priority, replay.idents, replay.ident_offsets)
+                                  w.priority, replay.idents, replay.ident_offsets,
+                                  w.accepted_offsets, w.accepted_values)
 
     def create(self, i):
         self.table.F[i, fast_table.ARRIVAL] = self.replay.arrival_ms[i]
         return i
 
     def make_scheduler(self, config, pool):
-        scheduler = FastScheduler(config, pool, self.table, self.replay.tokens)
+        scheduler = FastScheduler(config, pool, self.table, self.replay.tokens,
+                                  self.replay.config.engine.speculative)
         w = self.replay.workload
         # a finish may release an arrival: closed loop, or a session's next turn
         scheduler.stop_on_finish = w.concurrency is not None or w.sessions is not None
         return scheduler
 
     def results(self):
-        return self.table.results()
+        out = self.table.results()
+        if self.replay.config.engine.speculative is not None:
+            out.update(self.table.spec_results())
+        return out
 
 
 def fast_path_supports(config: Config) -> bool:
@@ -127,22 +135,30 @@ class Replay:
         if max_model_len is not None:
             self.max_tokens = np.minimum(self.max_tokens, max_model_len - prompt)
         self.max_tokens = np.maximum(self.max_tokens, 0)
-        num_blocks = np.maximum(-(-(prompt + self.max_tokens) // block_size), 1)
+        speculative = engine.speculative
+        slack, hash_lookahead = 0, 0
+        if speculative is not None:
+            slack, hash_lookahead = spec_table_slack(speculative, engine.kv_cache)
+            check_accepted(workload, speculative.num_speculative_tokens)
+        num_blocks = np.maximum(-(-(prompt + self.max_tokens + slack) // block_size), 1)
         self.idents, self.ident_offsets, num_identities = block_identities(
             workload.hash_flat, workload.hash_offsets, workload.trace_block_size,
-            prompt, num_blocks, block_size)
+            prompt, num_blocks, block_size, hash_lookahead)
         if workload.sessions is not None:
             from servesim.replay.sessions import session_block_identities
 
             self.idents, num_identities = session_block_identities(
                 workload.sessions, self.idents, self.ident_offsets, num_identities,
-                prompt, self.max_tokens, block_size)
+                prompt, self.max_tokens, block_size, hash_lookahead)
         self.arrival_ms = workload.arrival_ms.astype(np.float64).copy()
         self.tokens = TokenLog(self.max_tokens, engine.detokenize_ms)
         if path == "auto":
             path = "fast" if fast_path_supports(config) else "reference"
         if path == "fast" and not fast_path_supports(config):
             raise ValueError("the fast path does not support this config")
+        if path == "reference" and speculative is not None:
+            raise InputError("engine.speculative: speculative decoding is simulated on the "
+                             "compiled scheduler only; run without path='reference'")
         self.path = path
         self.loop = EventLoop()
         n = len(workload)
@@ -364,6 +380,9 @@ class Replay:
                 stats.preempted_prefix_cache_hits += pcs.preempted_hits
                 if rank.connector is not None:
                     _add_cpu_tier_stats(stats, rank.connector)
+        if self.config.engine.speculative is not None:
+            stats.spec_positions = sum(rank.scheduler.spec[3] for core in self.workers
+                                       for rank in core.ranks)
         stats.kv_usage_mean = sum(usage_means) / len(usage_means)
         stats.kv_usage_max = max(w.kv_usage_max for w in stats.workers)
         return stats

@@ -118,6 +118,23 @@ cluster:
   workers: 4
   router: session_affinity    # a session's turns go to its first turn's worker
 """,
+    "speculative": """\
+# The Mooncake example with speculative decoding (vLLM's --speculative-config):
+# one MTP module proposes 3 draft tokens per decode under async scheduling; each
+# draft is accepted with its position's rate given the earlier ones were (a trace
+# row's `accepted` list would replay measured acceptance instead).
+""" + _MOONCAKE_WORKLOAD + """\
+engine:
+  block_size: 64
+  num_gpu_blocks: 16384
+  async_scheduling: true
+  speculative:
+    method: mtp               # mtp | eagle | ngram (ngram: async_scheduling false)
+    num_speculative_tokens: 3
+    acceptance_rates: [0.8, 0.6, 0.5]  # P(draft i accepted | drafts before it were)
+    seed: 42
+  timing: {type: polynomial}  # prices every scheduled token, drafts included
+""",
     "disaggregated": """\
 # The Mooncake example on disaggregated prefill and decode workers (vLLM with a
 # KV-transfer connector such as NIXL, as NVIDIA Dynamo and llm-d deploy it): the

@@ -191,6 +191,8 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
         "workers": [_worker_dict(w) for w in stats.workers],
         "config": config_dict,
     }
+    if stats.spec_positions is not None:
+        summary = _with_speculative(summary, stats, rec, config_dict)
     if stats.cpu_tier:
         summary = _with_cpu_tier(summary, stats)
     if stats.pools is not None:
@@ -252,3 +254,47 @@ def _with_cpu_tier(summary: dict, stats) -> dict:
             out["cpu_tier_bytes_stored"] = int(stats.cpu_tier_bytes_stored)
             out["cpu_tier_blocks_max"] = int(stats.cpu_tier_blocks_max)
     return out
+
+
+def _with_speculative(summary: dict, stats, rec, config_dict: dict) -> dict:
+    """A speculative run also reports, right after `recomputed_tokens`, its
+    drafts (`speculative`): real drafts scheduled and accepted, the
+    acceptance rate, the mean acceptance length (tokens a verification pass
+    yields per request, 1 + accepted drafts per pass, vLLM's figure) and the
+    acceptance rate per draft position (accepted at position i / verification
+    passes). Plain runs keep the spec's keys."""
+    counts = np.asarray(stats.spec_positions)
+    verifications = int(counts[0, 0])
+    drafted = int(np.asarray(rec.spec_drafted).sum())
+    accepted = int(np.asarray(rec.spec_accepted).sum())
+    spec = config_dict["engine"]["speculative"]
+    block = {
+        "method": spec["method"],
+        "num_speculative_tokens": spec["num_speculative_tokens"],
+        "verification_passes": verifications,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": _round(accepted / drafted) if drafted else 0.0,
+        "mean_acceptance_length": _round(1 + accepted / verifications) if verifications else 1.0,
+        "acceptance_rate_per_position": [_round(int(a) / verifications) if verifications else 0.0
+                                         for a in counts[1]],
+    }
+    out = {}
+    for key, value in summary.items():
+        out[key] = value
+        if key == "recomputed_tokens":
+            out["speculative"] = block
+    return out
+
+
+def with_baseline(summary: dict, plain: SimulationResult) -> dict:
+    """`--baseline`: the same workload's TPOT without speculative decoding
+    (`plain`, finished requests), and the speculative run's speedup over it
+    (plain mean TPOT / speculative mean TPOT), in the `speculative` block."""
+    finished = np.asarray(plain.records.status) == STATUS_FINISHED
+    tpot = latency_stats(tpot_samples(plain.records, finished))
+    ours = summary["tpot_ms"]["mean"]
+    summary["speculative"]["baseline_tpot_ms"] = tpot
+    summary["speculative"]["tpot_speedup"] = (_round(tpot["mean"] / ours)
+                                              if ours and tpot["mean"] else None)
+    return summary

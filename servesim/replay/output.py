@@ -53,6 +53,10 @@ DISAGGREGATED_FIELDS = ("prefill_worker", "prefill_dp_rank", "decode_worker",
 # session workloads only: after `id`
 SESSION_FIELDS = ("session_id", "turn")
 
+# speculative decoding only, at the end: real drafts scheduled, accepted, and
+# their ratio (null with no draft)
+SPEC_FIELDS = ("spec_drafted", "spec_accepted", "spec_acceptance_rate")
+
 
 def _floats(arr) -> list:
     """JSON texts of a float array: Python float repr, or null for NaN/inf
@@ -119,6 +123,12 @@ def request_lines(result: SimulationResult, chunk: int = 8192):
     if sessions:
         names = names[:1] + SESSION_FIELDS + names[1:]
         session_texts = _ids(r.session_ids)
+
+    spec = r.spec_drafted is not None
+    if spec:
+        names = names + SPEC_FIELDS
+        with np.errstate(invalid="ignore", divide="ignore"):
+            spec_rate = np.where(r.spec_drafted > 0, r.spec_accepted / r.spec_drafted, nan)
     for start in range(0, len(r.ids), chunk):
         s = slice(start, start + chunk)
         status = ['"%s"' % STATUS_NAMES[x] for x in r.status[s].tolist()]
@@ -140,6 +150,9 @@ def request_lines(result: SimulationResult, chunk: int = 8192):
             _ints(r.recomputed_tokens[s]), *placement, status,
             _passes(r.first_token_pass[s]), _passes(r.finish_pass[s]),
         )
+        if spec:
+            columns += (_ints(r.spec_drafted[s]), _ints(r.spec_accepted[s]),
+                        _floats(spec_rate[s]))
         parts = []
         for i, (name, column) in enumerate(zip(names, columns)):
             parts.append(repeat(('{"%s": ' if i == 0 else ', "%s": ') % name))

@@ -14,6 +14,12 @@ outputs, or output blocks) are unique to their request and position, so a
 request resumed after a preemption can hit its own generated blocks and nobody
 else can.
 
+With speculative decoding on and prefix caching on, vLLM hashes each block
+together with the first token of the next block (one hash lookahead token,
+README.md "Speculative decoding"): engine block i's identity is then that
+of the token prefix `[0, (i+1)·block_size + 1)`, and only blocks whose
+lookahead token is still a prompt token can be shared (`hash_lookahead=1`).
+
 Identities are dense integers, so the prefix cache can index arrays by them.
 """
 
@@ -49,15 +55,15 @@ def chain_ids(hash_flat: np.ndarray, hash_offsets: np.ndarray) -> np.ndarray:
 
 @njit
 def _prompt_identities(chain, hash_offsets, input_length, offsets, block_size,
-                       trace_block_size, idents):
+                       trace_block_size, hash_lookahead, idents):
     """Fill each request's slice: its full prompt blocks get the key (chain id
     of the trace block holding their last token, that token's offset in it);
     every other block gets -1."""
     for r in range(len(input_length)):
         base = offsets[r]
-        full = input_length[r] // block_size
+        full = (input_length[r] - hash_lookahead) // block_size
         for k in range(full):
-            last = (k + 1) * block_size - 1
+            last = (k + 1) * block_size - 1 + hash_lookahead
             chain_id = chain[hash_offsets[r] + last // trace_block_size]
             idents[base + k] = chain_id * trace_block_size + last % trace_block_size
         for k in range(base + full, offsets[r + 1]):
@@ -65,7 +71,7 @@ def _prompt_identities(chain, hash_offsets, input_length, offsets, block_size,
 
 
 def block_identities(hash_flat, hash_offsets, trace_block_size, input_length,
-                     num_blocks, block_size):
+                     num_blocks, block_size, hash_lookahead=0):
     """Identities of every engine block of every request.
 
     `num_blocks[r]` is how many blocks request r can ever hold (its prompt plus
@@ -79,7 +85,7 @@ def block_identities(hash_flat, hash_offsets, trace_block_size, input_length,
     chain = chain_ids(hash_flat, hash_offsets)
     idents = np.empty(int(offsets[-1]), dtype=np.int64)
     _prompt_identities(chain, hash_offsets, input_length, offsets, block_size,
-                       trace_block_size, idents)
+                       trace_block_size, hash_lookahead, idents)
     unique = idents < 0
     prompt = ~unique
     if trace_block_size % block_size == 0:

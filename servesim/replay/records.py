@@ -63,6 +63,10 @@ class RequestRecords:
     session: np.ndarray | None = None
     turn: np.ndarray | None = None
 
+    # speculative decoding (None without it): real drafts scheduled / accepted
+    spec_drafted: np.ndarray | None = None
+    spec_accepted: np.ndarray | None = None
+
 
 @attrs.define(eq=False)
 class WorkerStats:
@@ -117,6 +121,9 @@ class RunStats:
     # prefix-cache figures above are then the prefill pool's
     pools: dict | None = None
     kv_transfer_bytes: int = 0  # disaggregated mode: bytes moved over the links
+    # speculative decoding: per draft position, [real drafts scheduled, accepted]
+    # summed over ranks (row 0, position 0 counts the verification passes)
+    spec_positions: np.ndarray | None = None
 
 
 @attrs.define(eq=False)

@@ -261,6 +261,9 @@ def _workload_text(config: dict) -> str:
              f"timing {e.get('timing', {}).get('type')}"]
     if e.get("async_scheduling"):
         parts.append("async scheduling")
+    if e.get("speculative"):
+        spec = e["speculative"]
+        parts.append(f"speculative {spec.get('method')}, k = {spec.get('num_speculative_tokens')}")
     return " · ".join(_esc(p) for p in parts)
 
 
@@ -293,6 +296,7 @@ def _summary_html(s: dict) -> str:
                          f"{s['prefix_cache_queries']:,} tokens)"],
         ["CPU tier hits", f"{s['cpu_tier_hit_tokens']:,} tokens"],
         ["KV usage", f"{_pct(s['kv_usage_mean'])} mean, {_pct(s['kv_usage_max'])} max"],
+        *_speculative_rows(s),
         ["simulator", f"{s['passes']:,} passes in {s['wall_time_s']:.3f} s wall "
                       f"({_fmt(s['passes_per_s'])} passes/s)"],
     ]
@@ -335,6 +339,20 @@ def _pools_html(s: dict) -> str:
     ]
     out.append(_table(["KV transfer", "value"], [[_esc(a), _esc(b)] for a, b in rows]))
     return "\n".join(out)
+
+
+def _speculative_rows(s: dict) -> list:
+    """A speculative run's figures (the ITL and TPOT plots then include the
+    tokens a verification pass yields together: ITL 0 between them)."""
+    spec = s.get("speculative")
+    if not spec:
+        return []
+    positions = " / ".join(_pct(p) for p in spec["acceptance_rate_per_position"])
+    return [["speculative decoding",
+             f"{spec['method']} k = {spec['num_speculative_tokens']}: mean acceptance length "
+             f"{spec['mean_acceptance_length']:.2f} tokens per pass, "
+             f"{_pct(spec['acceptance_rate'])} of {spec['draft_tokens']:,} drafts accepted "
+             f"(per position {positions})"]]
 
 
 def _cdf_plot(plots: _Plots, requests: list, summary: dict, itl: dict | None) -> str:

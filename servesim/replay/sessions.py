@@ -146,19 +146,21 @@ def accumulate_deltas(session, delta_length, output_length, delta_hashes, tbs, p
 
 
 def session_block_identities(plan: SessionPlan, idents, ident_offsets, num_identities,
-                             input_length, max_tokens, block_size):
+                             input_length, max_tokens, block_size, hash_lookahead=0):
     """Give the blocks of each accumulating session's token stream, past its
     first prompt's full blocks, identities of the session: block j of every
     turn of a session that holds only tokens of that turn's prompt and output
     is the same block (the next turn's prompt starts with exactly those
-    tokens). Blocks the turn never fills keep their unique identities.
+    tokens). Blocks the turn never fills keep their unique identities; with
+    speculative decoding's `hash_lookahead` a block counts as full only once
+    the token after it is known too (see `prefix.block_identities`).
     Returns `(idents, num_identities)`."""
     start = plan.stream_start
     rows = np.flatnonzero(start >= 0)
     if not len(rows):
         return idents, num_identities
     first = start[rows] // block_size
-    full = (input_length[rows] + max_tokens[rows]) // block_size
+    full = (input_length[rows] + max_tokens[rows] - hash_lookahead) // block_size
     capacity = ident_offsets[rows + 1] - ident_offsets[rows]
     end = np.minimum(full, capacity)
     sessions = plan.session[rows]

@@ -50,6 +50,11 @@ class Workload:
     source: str | None = None
     sessions: object = None
 
+    # speculative decoding: request i's trace `accepted` list is
+    # accepted_values[accepted_offsets[i]:accepted_offsets[i+1]] (None: no row has one)
+    accepted_values: np.ndarray | None = None  # int64
+    accepted_offsets: np.ndarray | None = None  # int64, len n + 1
+
     def __len__(self) -> int:
         return len(self.request_ids)
 
@@ -220,7 +225,15 @@ def _head(w: Workload, n: int) -> Workload:
         dp_rank=w.dp_rank[:n].copy(),
         hash_flat=w.hash_flat[:end].copy(),
         hash_offsets=w.hash_offsets[: n + 1].copy(),
+        **_head_accepted(w, n),
     )
+
+
+def _head_accepted(w: Workload, n: int) -> dict:
+    if w.accepted_offsets is None:
+        return {}
+    return {"accepted_values": w.accepted_values[:int(w.accepted_offsets[n])].copy(),
+            "accepted_offsets": w.accepted_offsets[: n + 1].copy()}
 
 
 def _check_speedup(speedup) -> None:
@@ -378,8 +391,10 @@ def _mooncake_workload(rows, path: str, tbs: int) -> Workload:
     request_ids = [str(i) for i in range(n)]
     priority = np.zeros(n, dtype=np.int64)
     dp_rank = np.full(n, -1, dtype=np.int64)
+    accepted = {}
     if extras:
         _apply_optional_fields(extras, path, request_ids, priority, dp_rank)
+        accepted = _accepted_lists(extras, path, n)
     return Workload(
         request_ids=request_ids,
         arrival_ms=np.array(ts_l, dtype=np.float64),
@@ -391,7 +406,30 @@ def _mooncake_workload(rows, path: str, tbs: int) -> Workload:
         hash_offsets=offsets,
         trace_block_size=tbs,
         source=path,
+        **accepted,
     )
+
+
+def _accepted_lists(extras: dict, path: str, n: int) -> dict:
+    """The `accepted` lists of speculative decoding (lists of integers >= 0;
+    their upper bound, num_speculative_tokens, is checked against the config
+    in servesim/replay/speculative_config.py)."""
+    counts = np.zeros(n, dtype=np.int64)
+    values = []
+    for row in sorted(extras):
+        a = extras[row].get("accepted")
+        if a is None:
+            continue
+        if type(a) is not list or not a or any(type(v) is not int or v < 0 for v in a):
+            raise InputError(f"{path}:{row + 1}: accepted must be a non-empty list of integers "
+                             f">= 0 (drafts accepted per verification pass), got {a!r}")
+        counts[row] = len(a)
+        values.extend(a)
+    if not values:
+        return {}
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return {"accepted_values": np.array(values, dtype=np.int64), "accepted_offsets": offsets}
 
 
 def _hash_array(flat: list, offsets: np.ndarray, path: str) -> np.ndarray:

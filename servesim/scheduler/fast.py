@@ -4,6 +4,10 @@ async_scheduler.py; docs/engine.md §3-7) as Numba kernels over the arrays of a
 :class:`~servesim.scheduler.fast_table.RequestTable`, so that a pass costs a few
 microseconds of Python whatever its batch size.
 
+Speculative decoding (README.md, "Speculative decoding") exists only here:
+drafts in the running loop's ask, padding in the waiting loop, lookahead slots
+in `_allocate`, verification and trimming in `update_from_output`.
+
 It is the engine's fast path; the reference scheduler stays the readable
 statement of the rules, and tests hold the two to identical pass logs and
 request records (tests/test_fast_path.py). Each kernel below mirrors the
@@ -16,6 +20,7 @@ cached, kind, flags) plus the preempted and unfinishable requests, and
 
 import numpy as np
 
+from servesim.engine.speculative import accepted_drafts
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
 from servesim.scheduler.fast_queue import (WQ_LEN, wq_add, wq_peek, wq_pop, wq_prepend,
@@ -25,38 +30,48 @@ from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINIS
                                            MAX_COMPUTED, MAX_TOKENS, NUM_BLOCKS, NUM_CACHED,
                                            NUM_TOKENS, OFFSET, CAPACITY, PLACEHOLDERS,
                                            PREEMPTED, PREEMPTIONS, PREFILL_TARGET, PRIORITY,
-                                           PROMPT, RECOMPUTED, RUNNING, STATUS, UNFINISHED)
+                                           PROMPT, RECOMPUTED, RUNNING, SPEC, SPEC_ACCEPTED,
+                                           SPEC_DRAFTED, SPEC_PASSES, STATUS, UNFINISHED)
 from servesim.scheduler.output import KIND_NEW, KIND_RESUMED, KIND_RUNNING
 from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
 
 # cfg
 (C_MAX_SEQS, C_BUDGET, C_MAX_MODEL_LEN, C_CHUNKED, C_THRESHOLD, C_PRIORITY, C_RESERVE,
- C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE) = range(12)
-NUM_CFG = 12
+ C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE,
+ C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED) = range(16)
+NUM_CFG = 16
+# speculative decoding (README.md, "Speculative decoding"): C_SPEC_K drafts
+# per decode (0: off), C_LOOKAHEAD KV slots reserved beyond the scheduled
+# tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash, C_SEED
+# keys acceptance draws
 # S (after the waiting queue's two slots)
 (S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL) = range(2, 9)
 NUM_SCALARS = 9
 # out rows
-O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_PRE, O_UNFIN = range(7)
-NUM_OUT_ROWS = 7
+O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_SPEC, O_PRE, O_UNFIN = range(8)
+NUM_OUT_ROWS = 8  # O_SPEC: draft tokens scheduled (included in O_TOK)
 K_NEW, K_RESUMED, K_RUNNING = 0, 1, 2
 KIND_NAMES = (KIND_NEW, KIND_RESUMED, KIND_RUNNING)
 F_SAMPLES = 1  # flags of an entry
 # feats
 (N_SCHED, N_PRE, N_UNFIN, PREFILL_TOKENS, NUM_PREFILL, DECODE_REQS, DECODE_CTX,
- TOTAL_TOKENS, FREE_BLOCKS) = range(9)
-NUM_FEATS = 9
+ TOTAL_TOKENS, FREE_BLOCKS, SPEC_TOKENS) = range(10)
+NUM_FEATS = 10  # SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS)
 
 
 @njit
 def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, num_hit,
               reserve_tokens, extra_blocks):
-    """`KVCacheManager.allocate_slots` (kvcache/manager.py) over the table."""
+    """`KVCacheManager.allocate_slots` (kvcache/manager.py) over the table.
+    Slots cover `min(total + num_lookahead_tokens, max_model_len)` tokens
+    (the lookahead is k under speculative decoding, else 0); blocks are
+    registered when full within the known tokens, and only once the hash
+    lookahead token exists."""
     bs = cfg[C_BLOCK_SIZE]
     off = R[i, OFFSET]
     end = off + R[i, CAPACITY]
     total = R[i, COMPUTED] + num_hit * bs + num_new
-    needed = -(-total // bs)
+    needed = -(-min(total + cfg[C_LOOKAHEAD], cfg[C_MAX_MODEL_LEN]) // bs)
     checked = max(needed, -(-reserve_tokens // bs)) + extra_blocks
     if num_hit > 0 or checked > R[i, NUM_BLOCKS]:
         held = bp.allocate_slots(blocks, idmap, pscal, tables[off:end], R[i, NUM_BLOCKS],
@@ -67,13 +82,27 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     # else: the blocks it holds cover the tokens and the check (most decodes)
     if num_hit > 0:
         R[i, NUM_CACHED] = num_hit
+    if cfg[C_CACHING] and total >= (R[i, NUM_CACHED] + 1) * bs:  # a block may be full
+        cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
+    return True
+
+
+@njit
+def cache_blocks(R, idents, tables, blocks, idmap, cfg, i, num_tokens):
+    """`KVCacheManager.cache_blocks` (kvcache/manager.py) over the table:
+    register request i's held blocks full within `min(num_tokens, its known
+    tokens)` not registered yet. Called by `_allocate` and, for a RUNNING
+    request whose sampled token arrives, by `update_from_output` with the
+    tokens whose pass has completed (vllm-engine.md §7)."""
     if cfg[C_CACHING]:
-        num_full = min(total, R[i, NUM_TOKENS]) // bs
+        # with a hash lookahead token, a block's hash exists once the next token does
+        num_full = min(num_tokens, R[i, NUM_TOKENS] - cfg[C_HASH_LOOKAHEAD]) // cfg[C_BLOCK_SIZE]
         if num_full > R[i, NUM_CACHED]:
+            off = R[i, OFFSET]
+            end = off + R[i, CAPACITY]
             bp.cache_full_blocks(blocks, idmap, tables[off:end], idents[off:end],
                                  R[i, NUM_CACHED], num_full)
             R[i, NUM_CACHED] = num_full
-    return True
 
 
 @njit
@@ -103,6 +132,7 @@ def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i):
     R[i, STATUS] = PREEMPTED
     R[i, COMPUTED] = 0
     R[i, PLACEHOLDERS] = 0
+    R[i, SPEC] = 0
     R[i, PREEMPTIONS] += 1
     S[S_PREEMPTIONS] += 1
     S[S_STALL] += 1
@@ -124,7 +154,7 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
                 >= R[i, PROMPT] + R[i, MAX_TOKENS]):
             index += 1
             continue
-        num_new = R[i, NUM_TOKENS] + placeholders - computed
+        num_new = R[i, NUM_TOKENS] + R[i, SPEC] + placeholders - computed
         if 0 < threshold < num_new:
             num_new = threshold
         num_new = min(num_new, budget, cfg[C_MAX_MODEL_LEN] - 1 - computed)
@@ -168,6 +198,7 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
             out[O_TOK, e] = num_new
             out[O_CACHED, e] = 0
             out[O_KIND, e] = K_RUNNING
+            out[O_SPEC, e] = scheduled_drafts(R, i, num_new)
             feats[N_SCHED] = e + 1
             budget -= num_new
             index += 1
@@ -209,6 +240,12 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
         if not cfg[C_CHUNKED] and num_new > budget:
             break
         num_new = min(num_new, budget)
+        drafts = 0
+        if num_new == 1 and cfg[C_SPEC_K] > 0 and num_tokens - hit == 1:
+            drafts = _padding_drafts(R, cfg, out, feats, hit)
+            if drafts > budget - 1:
+                break
+            num_new += drafts
         reserve = num_tokens if cfg[C_RESERVE] else 0
         extra = cfg[C_WATERMARK_BLOCKS] if S[S_RUN_N] > 0 else 0
         if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
@@ -234,8 +271,41 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
         out[O_TOK, e] = num_new
         out[O_CACHED, e] = hit
         out[O_KIND, e] = K_RESUMED if resumed else K_NEW
+        out[O_SPEC, e] = drafts
         feats[N_SCHED] = e + 1
         budget -= num_new
+
+
+@njit(inline="always")
+def scheduled_drafts(R, i, num_new):
+    """`Scheduler.schedule`, running loop (vllm/v1/core/sched/scheduler.py):
+    the drafts a request granted `num_new` tokens schedules are the tail of
+    its ask beyond its known tokens and placeholders, `num_new + computed -
+    num_tokens - placeholders` (so b granted tokens keep b - 1 drafts); its
+    draft list (`spec_token_ids`) is cleared once it is scheduled."""
+    drafts = max(0, num_new + R[i, COMPUTED] - R[i, NUM_TOKENS] - R[i, PLACEHOLDERS])
+    R[i, SPEC] = 0
+    return drafts
+
+
+@njit
+def _padding_drafts(R, cfg, out, feats, hit):
+    """`Scheduler.schedule`, waiting loop (vllm/v1/core/sched/scheduler.py):
+    an admission with one token to compute is padded with k never-accepted
+    drafts when no request scheduled
+    in this pass is a prefill chunk, a request was already scheduled in this
+    pass or the admission has cached tokens, and `hit + 1 + k + 1 <=
+    max_model_len`. Returns the padding drafts (0: none)."""
+    k = cfg[C_SPEC_K]
+    if hit + k + 2 > cfg[C_MAX_MODEL_LEN]:
+        return 0
+    if feats[N_SCHED] == 0 and hit == 0:
+        return 0
+    for e in range(feats[N_SCHED]):
+        j = out[O_REQ, e]
+        if R[j, COMPUTED] + out[O_TOK, e] < R[j, NUM_TOKENS] + R[j, PLACEHOLDERS]:
+            return 0  # a prefill chunk
+    return k
 
 
 @njit
@@ -243,20 +313,24 @@ def _update_after_schedule(R, cfg, out, feats):
     for e in range(feats[N_SCHED]):
         i = out[O_REQ, e]
         n = out[O_TOK, e]
+        drafts = out[O_SPEC, e]
         before = R[i, COMPUTED]
         after = before + n
         R[i, COMPUTED] = after
         high = R[i, MAX_COMPUTED]
+        real = after - drafts  # draft positions are not counted as computed
         if before < high:
-            R[i, RECOMPUTED] += min(after, high) - before
-        if after > high:
-            R[i, MAX_COMPUTED] = after
+            R[i, RECOMPUTED] += max(0, min(real, high) - before)
+        if real > high:
+            R[i, MAX_COMPUTED] = real
         flags = 0
         if after >= R[i, NUM_TOKENS] + R[i, PLACEHOLDERS]:
             flags |= F_SAMPLES
             if cfg[C_ASYNC]:
-                R[i, PLACEHOLDERS] += 1
+                R[i, PLACEHOLDERS] += 1 + drafts
+                R[i, SPEC] = cfg[C_SPEC_K]  # AsyncScheduler: k placeholder drafts
         feats[TOTAL_TOKENS] += n
+        feats[SPEC_TOKENS] += drafts
         if before < R[i, PREFILL_TARGET]:
             feats[PREFILL_TOKENS] += n
             feats[NUM_PREFILL] += 1
@@ -281,46 +355,134 @@ def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, ou
     feats[FREE_BLOCKS] = pscal[bp.NUM_FREE]
 
 
+@njit(inline="always")
+def _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms, token_offsets,
+                  last_client, max_model_len):
+    """Append one sampled token; True when the request stops on it (`check_stop`:
+    max_tokens, then max_model_len)."""
+    R[i, NUM_TOKENS] += 1
+    if R[i, PLACEHOLDERS] > 0:
+        R[i, PLACEHOLDERS] -= 1
+    produced = R[i, NUM_TOKENS] - R[i, PROMPT]
+    client = max(release_ms, last_client[i]) + detokenize_ms
+    last_client[i] = client
+    client_ms[token_offsets[i] + produced - 1] = client
+    if R[i, FIRST_TOKEN_PASS] < 0:
+        R[i, FIRST_TOKEN_PASS] = pass_index
+    R[i, FINISH_PASS] = pass_index
+    return produced >= R[i, MAX_TOKENS] or R[i, NUM_TOKENS] >= max_model_len
+
+
+@njit(inline="always")
+def _append_verified(R, cfg, spec, out, e, i, stale, release_ms, pass_index, detokenize_ms,
+                     client_ms, token_offsets, last_client):
+    """Speculative decoding (`_update_request_with_output`,
+    vllm/v1/core/sched/scheduler.py; `check_stop` after each token): the 1 +
+    accepted tokens of entry e, appended one at a time; at the stop the rest
+    is trimmed (taken off
+    `num_computed_tokens`, and off the placeholders under async). True when
+    the request stops."""
+    drafts = out[O_SPEC, e]
+    tokens = 1
+    if drafts > 0:
+        tokens = _verify_drafts(R, cfg, spec, i, drafts, out[O_KIND, e] == K_RUNNING, stale)
+    for t in range(tokens):
+        if _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
+                         token_offsets, last_client, cfg[C_MAX_MODEL_LEN]):
+            if not stale:
+                trimmed = tokens - 1 - t
+                R[i, COMPUTED] -= trimmed
+                if cfg[C_ASYNC]:
+                    R[i, PLACEHOLDERS] -= trimmed
+            return True
+    return False
+
+
+@njit(inline="always")
+def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
+    """`Scheduler.update_from_output` / `_update_request_with_output`
+    (vllm/v1/core/sched/scheduler.py) under speculative decoding: of
+    `drafts` drafts, the accepted ones (none for padding; `real` drafts draw
+    from the request's `accepted` list or the rates) stay computed, the
+    rejected ones roll `num_computed_tokens` back (async: the placeholders
+    too) and keep their blocks. A stale output (the request was preempted
+    with it in flight) touches no counter. Returns the tokens it yields."""
+    acc_offsets, acc_values, rates, pos_counts, keys = spec
+    accepted = 0
+    if real:
+        draw = R[i, SPEC_PASSES]
+        accepted = accepted_drafts(cfg[C_SEED], rates, acc_offsets, acc_values, i, keys[i],
+                                   draw, drafts)
+        R[i, SPEC_PASSES] = draw + 1
+        R[i, SPEC_DRAFTED] += drafts
+        R[i, SPEC_ACCEPTED] += accepted
+        for pos in range(drafts):
+            pos_counts[0, pos] += 1
+            if pos < accepted:
+                pos_counts[1, pos] += 1
+    if not stale:
+        rejected = drafts - accepted
+        R[i, COMPUTED] -= rejected
+        if cfg[C_ASYNC]:
+            R[i, PLACEHOLDERS] -= rejected
+        # accepted drafts are computed tokens: a recompute after preemption counts them
+        R[i, MAX_COMPUTED] = max(R[i, MAX_COMPUTED], R[i, COMPUTED] - R[i, PLACEHOLDERS])
+    return 1 + accepted
+
+
 @njit
-def update_from_output(R, F, tables, blocks, pscal, cfg, S, running, wq, out, n_sched,
-                       release_ms, pass_index, detokenize_ms, client_ms, token_offsets,
-                       last_client, finished):
+def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
+                       out, n_sched, release_ms, pass_index, detokenize_ms, client_ms,
+                       token_offsets, last_client, finished):
     """`Scheduler.update_from_output`: append sampled tokens (released at
-    `release_ms`, reaching the client after detokenization), finish requests
-    and free their blocks. Fills `finished` and returns how many."""
+    `release_ms`, reaching the client after detokenization), register the
+    blocks of requests that were RUNNING up to their completed tokens
+    (`cache_blocks`), finish requests and free their blocks. Fills `finished`
+    and returns how many.
+
+    Under speculative decoding a pass yields 1 + accepted tokens per request
+    (`_append_verified`); a sync engine's drafter then proposes k drafts for
+    every request that sampled and did not finish."""
     num_finished = 0
     max_model_len = cfg[C_MAX_MODEL_LEN]
+    k = cfg[C_SPEC_K]
     for e in range(n_sched):
         if not out[O_FLAGS, e] & F_SAMPLES:
             continue
         i = out[O_REQ, e]
         if R[i, STATUS] >= FINISHED:
             continue
-        R[i, NUM_TOKENS] += 1
         S[S_STALL] = 0
-        if R[i, PLACEHOLDERS] > 0:
-            R[i, PLACEHOLDERS] -= 1
-        produced = R[i, NUM_TOKENS] - R[i, PROMPT]
-        client = max(release_ms, last_client[i]) + detokenize_ms
-        last_client[i] = client
-        client_ms[token_offsets[i] + produced - 1] = client
-        if R[i, FIRST_TOKEN_PASS] < 0:
-            R[i, FIRST_TOKEN_PASS] = pass_index
-        R[i, FINISH_PASS] = pass_index
-        if produced >= R[i, MAX_TOKENS] or R[i, NUM_TOKENS] >= max_model_len:
+        was_running = R[i, STATUS] == RUNNING
+        if k == 0:
+            stopped = _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
+                                    token_offsets, last_client, max_model_len)
+        else:
+            stopped = _append_verified(R, cfg, spec, out, e, i, not was_running, release_ms,
+                                       pass_index, detokenize_ms, client_ms, token_offsets,
+                                       last_client)
+        if was_running:
+            # cache_blocks(request, num_computed_tokens - num_in_flight_tokens); most
+            # outputs fill no block, so test that before the call
+            completed = R[i, COMPUTED] - R[i, PLACEHOLDERS]
+            if cfg[C_CACHING] and completed >= (R[i, NUM_CACHED] + 1) * cfg[C_BLOCK_SIZE]:
+                cache_blocks(R, idents, tables, blocks, idmap, cfg, i, completed)
+        if stopped:
             finished[num_finished] = i
             num_finished += 1
+        elif k and was_running and not cfg[C_ASYNC]:
+            R[i, SPEC] = k  # EngineCore.post_step: update_draft_token_ids
     if num_finished:
-        for k in range(num_finished):
-            i = finished[k]
+        for j in range(num_finished):
+            i = finished[j]
             if R[i, STATUS] == RUNNING:
                 _free(R, tables, blocks, pscal, i)
             else:  # preempted with its last token in flight
                 wq_remove(R, F, S, wq, cfg[C_PRIORITY], i)
             R[i, STATUS] = FINISHED
         kept = 0
-        for k in range(S[S_RUN_N]):
-            i = running[k]
+        for j in range(S[S_RUN_N]):
+            i = running[j]
             if R[i, STATUS] != FINISHED:
                 running[kept] = i
                 kept += 1
@@ -392,6 +554,7 @@ class FastOutput:
     decode_requests = property(lambda self: int(self.feats[DECODE_REQS]))
     decode_context = property(lambda self: int(self.feats[DECODE_CTX]))
     total_tokens = property(lambda self: int(self.feats[TOTAL_TOKENS]))
+    spec_tokens = property(lambda self: int(self.feats[SPEC_TOKENS]))
     free_blocks_after_schedule = property(lambda self: int(self.feats[FREE_BLOCKS]))
 
 
@@ -409,7 +572,7 @@ class FastScheduler:
     """One rank's compiled scheduler, with the reference scheduler's interface
     toward the engine core; requests are indices into the shared table."""
 
-    def __init__(self, config, pool, table, tokens):
+    def __init__(self, config, pool, table, tokens, speculative=None):
         self.config = config
         self.pool = pool
         self.table = table
@@ -431,6 +594,19 @@ class FastScheduler:
         self.cfg[C_ASYNC] = config.async_scheduling
         self.cfg[C_BLOCK_SIZE] = pool.block_size
         self.cfg[C_CACHING] = pool.enable_caching
+        self.speculative = speculative
+        k = 0 if speculative is None else speculative.num_speculative_tokens
+        rates = np.zeros(max(k, 1), dtype=np.float64)
+        if k:
+            self.cfg[C_SPEC_K] = k
+            self.cfg[C_LOOKAHEAD] = k  # num_lookahead_tokens for mtp / eagle / ngram
+            self.cfg[C_HASH_LOOKAHEAD] = int(pool.enable_caching)
+            self.cfg[C_SEED] = speculative.seed
+            rates[:] = speculative.acceptance_rates
+        # (accepted-list offsets, values, rates, per-position [drafted, accepted],
+        # each request's key for its acceptance draws)
+        self.spec = (table.accepted_offsets, table.accepted_values, rates,
+                     np.zeros((2, max(k, 1)), dtype=np.int64), table.request_keys())
         self.S = np.zeros(NUM_SCALARS, dtype=np.int64)
         self.running = np.zeros(config.max_num_seqs + 1, dtype=np.int64)
         self.wq = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
@@ -489,8 +665,9 @@ class FastScheduler:
     def update_from_output(self, out: FastOutput, release_ms: float, pass_index: int):
         t = self.table
         tok = self.tokens
-        n = update_from_output(t.R, t.F, t.tables, self.pool.blocks, self.pool.scalars,
-                               self.cfg, self.S, self.running, self.wq, out.out,
+        p = self.pool
+        n = update_from_output(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars,
+                               self.cfg, self.spec, self.S, self.running, self.wq, out.out,
                                out.feats[N_SCHED], release_ms, pass_index,
                                tok.detokenize_ms, tok.client_ms, tok.offsets,
                                tok.last_client, self.finished_buffer)
@@ -502,4 +679,7 @@ class FastScheduler:
         scheduled = [{"id": ids[o[O_REQ, e]], "tokens": int(o[O_TOK, e]),
                       "cached": int(o[O_CACHED, e]), "kind": KIND_NAMES[o[O_KIND, e]]}
                      for e in range(out.num_scheduled)]
+        if self.speculative is not None:
+            for e, entry in enumerate(scheduled):
+                entry["spec"] = int(o[O_SPEC, e])
         return scheduled, sorted(ids[i] for i in o[O_PRE, :out.num_preempted])

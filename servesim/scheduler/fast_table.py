@@ -16,8 +16,12 @@ from servesim.scheduler.request import RequestStatus
 
 (PROMPT, MAX_TOKENS, NUM_TOKENS, COMPUTED, PLACEHOLDERS, PREEMPTIONS, STATUS,
  PREFILL_TARGET, MAX_COMPUTED, RECOMPUTED, FIRST_CACHED, NUM_BLOCKS, NUM_CACHED,
- PRIORITY, ID_RANK, FIRST_TOKEN_PASS, FINISH_PASS, OFFSET, CAPACITY) = range(19)
-NUM_INT_FIELDS = 19
+ PRIORITY, ID_RANK, FIRST_TOKEN_PASS, FINISH_PASS, OFFSET, CAPACITY,
+ SPEC, SPEC_PASSES, SPEC_DRAFTED, SPEC_ACCEPTED) = range(23)
+NUM_INT_FIELDS = 23
+# speculative decoding (servesim/engine/speculative.py): SPEC drafts held
+# (vLLM's `len(spec_token_ids)`), SPEC_PASSES passes that verified real drafts,
+# SPEC_DRAFTED / SPEC_ACCEPTED real drafts scheduled / accepted
 ARRIVAL, FIRST_SCHEDULED = range(2)
 NUM_FLOAT_FIELDS = 2
 
@@ -29,7 +33,8 @@ UNFINISHED = int(RequestStatus.UNFINISHED)
 
 
 class RequestTable:
-    def __init__(self, request_ids, prompt, max_tokens, priority, idents, ident_offsets):
+    def __init__(self, request_ids, prompt, max_tokens, priority, idents, ident_offsets,
+                 accepted_offsets=None, accepted_values=None):
         n = len(request_ids)
         R = np.zeros((n, NUM_INT_FIELDS), dtype=np.int64)
         R[:, PROMPT] = prompt
@@ -51,6 +56,20 @@ class RequestTable:
         self.idents = idents
         self.tables = np.zeros(len(idents), dtype=np.int32)  # block ids
         self.request_ids = request_ids
+        # speculative decoding: each request's trace `accepted` list (empty: none)
+        if accepted_offsets is None:
+            accepted_offsets = np.zeros(n + 1, dtype=np.int64)
+            accepted_values = np.zeros(0, dtype=np.int64)
+        self.accepted_offsets = accepted_offsets
+        self.accepted_values = accepted_values
+
+    def request_keys(self):
+        """A key per request from its id (CRC-32), for draws that must not
+        depend on where the request stands in the workload."""
+        import zlib
+
+        return np.array([zlib.crc32(str(rid).encode()) for rid in self.request_ids],
+                        dtype=np.int64)
 
     def results(self):
         """Per-request result arrays (the driver's record columns)."""
@@ -65,3 +84,9 @@ class RequestTable:
             "first_token_pass": R[:, FIRST_TOKEN_PASS].copy(),
             "finish_pass": R[:, FINISH_PASS].copy(),
         }
+
+    def spec_results(self):
+        """Per-request speculative-decoding counters: real drafts scheduled
+        and accepted (padding drafts are not counted)."""
+        return {"spec_drafted": self.R[:, SPEC_DRAFTED].copy(),
+                "spec_accepted": self.R[:, SPEC_ACCEPTED].copy()}

@@ -52,6 +52,8 @@ class SchedulerOutput:
         self.stores = []
         self.new_blocks = []
 
+    spec_tokens = 0  # the reference scheduler has no speculative decoding
+
     @property
     def num_scheduled(self) -> int:
         return len(self.scheduled)

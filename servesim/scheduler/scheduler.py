@@ -86,7 +86,7 @@ class Scheduler:
         self.preemptions_since_token = 0
         self.connector = None  # the CPU tier's connector (attach_connector)
         self.waiting_for_kv = []  # requests with a CPU-tier load queued, in queueing order
-        self.finished_stores = []  # simple_cpu store jobs of finished requests, for the engine
+        self.finished_stores = []  # CPU-tier store jobs of finished requests, for the engine
         self.remote_kv = None  # decode worker: where handed-off requests pull KV from
         self.delayed_free = {}  # prefill worker: index -> finished request holding its blocks
 
@@ -460,12 +460,38 @@ class Scheduler:
         job = connector.prepare_store(request, 0, full)
         return job if job is not None and job.num_blocks else None
 
+    def _connector_request_finished(self, request):
+        """The CPU-tier store that goes out with a finishing request's free
+        (the connector's `request_finished`, then its store jobs at the next
+        step: offloading_connector.py), or None. `simple_cpu`: its full
+        computed blocks not yet in the tier. `offloading` under async
+        scheduling: the blocks full within its computed tokens that its pass
+        stores could not take — its last pass was decided while the token it
+        computed was a placeholder — so it stores as many blocks as a sync
+        engine, one pass later (vllm-engine.md §9). A sync engine's last pass
+        already stored every block full at its end: nothing."""
+        connector = self.connector
+        if connector is None or not connector.stores_as_blocks_fill:
+            return self._store_on_free(request)
+        if not self.async_scheduling:
+            return None
+        full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        if full <= request.cpu_store_cursor:
+            return None
+        job = connector.prepare_store(request, request.cpu_store_cursor, full)
+        if job is None or not job.num_blocks:
+            return None
+        request.cpu_store_cursor = full
+        return job
+
     # -- outputs -------------------------------------------------------------
 
     def update_from_output(self, out: SchedulerOutput, release_ms: float, pass_index: int):
         """Process a pass's outputs (`update_from_output`): every entry that
         samples appends one token — also for a request preempted since, whose
-        in-flight token still lands — released at `release_ms`; a request with
+        in-flight token still lands — released at `release_ms`; a request that
+        was RUNNING then registers its blocks full within the tokens whose
+        pass has completed (`cache_blocks`, vllm-engine.md §7); a request with
         `max_tokens` tokens or at `max_model_len` finishes and frees its
         blocks. Returns the indices of the requests that finished."""
         finished = []
@@ -478,10 +504,14 @@ class Scheduler:
             request = entry.request
             if request.status >= RequestStatus.FINISHED:
                 continue
+            was_running = request.status == RequestStatus.RUNNING
             request.num_tokens += 1
             self.preemptions_since_token = 0
             if request.num_output_placeholders:
                 request.num_output_placeholders -= 1
+            if was_running:
+                self.kv.cache_blocks(request, request.num_computed_tokens
+                                     - request.num_output_placeholders)
             self.tokens.release(request, release_ms)
             if request.first_token_pass < 0:
                 request.first_token_pass = pass_index
@@ -532,7 +562,7 @@ class Scheduler:
         done = set(id(r) for r in finished)
         for request in finished:
             if request.status == RequestStatus.RUNNING:
-                job = self._store_on_free(request)
+                job = self._connector_request_finished(request)
                 if job is not None:
                     self.finished_stores.append(job)
                 if request.remote_decode:

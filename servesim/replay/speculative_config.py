@@ -1,0 +1,65 @@
+"""Reading and checking `engine.speculative` (the schema of
+:class:`~servesim.engine.speculative.SpeculativeConfig`), and the check of a
+trace's `accepted` lists against `num_speculative_tokens`."""
+
+import attrs
+
+from servesim.engine.speculative import (DEFAULT_RATE, MAX_SPECULATIVE_TOKENS, METHODS,
+                                         SpeculativeConfig)
+from servesim.errors import InputError
+from servesim.replay.validation import INT, NUMBER, REQUIRED, Section, check, enum, ge, le, show
+
+KEYS = tuple(f.name for f in attrs.fields(SpeculativeConfig))
+
+
+def parse_speculative(ctx, data, path, scheduler, launch):
+    """The validated :class:`SpeculativeConfig` at `path` (None when absent).
+    ngram is synchronous in vLLM: with `async_scheduling` or `launch` it is
+    rejected, naming both keys."""
+    if data is None:
+        return None
+    s = Section(ctx, data, path, KEYS)
+    method = s.get("method", enum(*METHODS), REQUIRED)
+    k = s.get("num_speculative_tokens", INT, REQUIRED, ge(1), le(MAX_SPECULATIVE_TOKENS))
+    rates_path = s.sub("acceptance_rates")
+    rates = s.data.get("acceptance_rates")
+    if rates is None:
+        rates = [DEFAULT_RATE] * k
+    if not isinstance(rates, list) or len(rates) != k:
+        ctx.fail(rates_path, f"must be a list of {k} numbers in [0, 1], one per draft position "
+                 f"({s.sub('num_speculative_tokens')} is {k}), got {show(rates)}")
+    rates = tuple(check(ctx, rates_path, r, NUMBER, ge(0), le(1)) for r in rates)
+    seed = s.get("seed", INT, 42, ge(0))
+    if method == "ngram":
+        engine = path.rpartition(".")[0] or "engine"
+        if launch is not None:
+            ctx.fail(s.sub("method"), f"ngram does not combine with {engine}.launch (launch "
+                     "timing models async engines, and vLLM runs ngram synchronously)")
+        if scheduler.async_scheduling:
+            ctx.fail(s.sub("method"), f"ngram needs {engine}.async_scheduling: false (vLLM turns "
+                     "async scheduling off for ngram drafts); use method mtp or eagle, or set "
+                     f"{engine}.async_scheduling: false")
+    return SpeculativeConfig(method=method, num_speculative_tokens=k,
+                             acceptance_rates=rates, seed=seed)
+
+
+def to_data(spec: SpeculativeConfig) -> dict:
+    """The YAML layout of `engine.speculative`."""
+    return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "acceptance_rates": list(spec.acceptance_rates), "seed": spec.seed}
+
+
+def check_accepted(workload, k: int):
+    """Every trace `accepted` entry is in 0..k; the error names file:line."""
+    values = workload.accepted_values
+    if values is None or not len(values):
+        return
+    bad = (values < 0) | (values > k)
+    if bad.any():
+        import numpy as np
+
+        pos = int(np.flatnonzero(bad)[0])
+        row = int(np.searchsorted(workload.accepted_offsets, pos, side="right")) - 1
+        where = f"{workload.source}:{row + 1}" if workload.source else f"request {workload.request_ids[row]}"
+        raise InputError(f"{where}: accepted: entries must be in 0..{k} "
+                         f"(engine.speculative.num_speculative_tokens), got {int(values[pos])}")
