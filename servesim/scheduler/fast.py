@@ -77,7 +77,7 @@ def cache_blocks(R, idents, tables, blocks, idmap, cfg, i, num_tokens):
     register request i's held blocks full within `min(num_tokens, its known
     tokens)` not registered yet. Called by `_allocate` and, for a RUNNING
     request whose sampled token arrives, by `update_from_output` with the
-    tokens whose pass has completed (vllm-engine.md §7)."""
+    tokens whose pass has completed."""
     if cfg[C_CACHING]:
         num_full = min(num_tokens, R[i, NUM_TOKENS]) // cfg[C_BLOCK_SIZE]
         if num_full > R[i, NUM_CACHED]:
