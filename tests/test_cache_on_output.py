@@ -1,5 +1,5 @@
 """Registration of full blocks when a pass's outputs are processed
-(`cache_blocks` called from `update_from_output`, docs/engine.md; vLLM's
+(`cache_blocks` called from `update_from_output`, servesim/kvcache/manager.py; vLLM's
 vllm/v1/core/sched/async_scheduler.py `_update_request_with_output`).
 
 Under async scheduling allocation registers only blocks full within the

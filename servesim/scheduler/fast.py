@@ -87,22 +87,27 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     return True
 
 
-@njit
+@njit(inline="always")  # runs for every sampled token: kept to a compare
 def cache_blocks(R, idents, tables, blocks, idmap, cfg, i, num_tokens):
     """`KVCacheManager.cache_blocks` (kvcache/manager.py) over the table:
     register request i's held blocks full within `min(num_tokens, its known
     tokens)` not registered yet. Called by `_allocate` and, for a RUNNING
     request whose sampled token arrives, by `update_from_output` with the
-    tokens whose pass has completed (vllm-engine.md §7)."""
+    tokens whose pass has completed."""
     if cfg[C_CACHING]:
         # with a hash lookahead token, a block's hash exists once the next token does
         num_full = min(num_tokens, R[i, NUM_TOKENS] - cfg[C_HASH_LOOKAHEAD]) // cfg[C_BLOCK_SIZE]
         if num_full > R[i, NUM_CACHED]:
-            off = R[i, OFFSET]
-            end = off + R[i, CAPACITY]
-            bp.cache_full_blocks(blocks, idmap, tables[off:end], idents[off:end],
-                                 R[i, NUM_CACHED], num_full)
-            R[i, NUM_CACHED] = num_full
+            _cache_full_blocks(R, idents, tables, blocks, idmap, i, num_full)
+
+
+@njit
+def _cache_full_blocks(R, idents, tables, blocks, idmap, i, num_full):
+    off = R[i, OFFSET]
+    end = off + R[i, CAPACITY]
+    bp.cache_full_blocks(blocks, idmap, tables[off:end], idents[off:end],
+                         R[i, NUM_CACHED], num_full)
+    R[i, NUM_CACHED] = num_full
 
 
 @njit

@@ -468,7 +468,7 @@ class Scheduler:
         scheduling: the blocks full within its computed tokens that its pass
         stores could not take — its last pass was decided while the token it
         computed was a placeholder — so it stores as many blocks as a sync
-        engine, one pass later (vllm-engine.md §9). A sync engine's last pass
+        engine, one pass later. A sync engine's last pass
         already stored every block full at its end: nothing."""
         connector = self.connector
         if connector is None or not connector.stores_as_blocks_fill:
@@ -491,7 +491,7 @@ class Scheduler:
         samples appends one token — also for a request preempted since, whose
         in-flight token still lands — released at `release_ms`; a request that
         was RUNNING then registers its blocks full within the tokens whose
-        pass has completed (`cache_blocks`, vllm-engine.md §7); a request with
+        pass has completed (`KVCacheManager.cache_blocks`); a request with
         `max_tokens` tokens or at `max_model_len` finishes and frees its
         blocks. Returns the indices of the requests that finished."""
         finished = []
