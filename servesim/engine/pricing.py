@@ -41,10 +41,19 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
             u = min(1.0, decode_context / kv_capacity_tokens)
             t += max(1.0, -25.74 * u * u + 54.01 * u + 5.74)
         return t
-    # FITTED: intercept + the four forward-pass-record features, clamped at 0.
-    t = (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
-         + params[3] * decode_requests + params[4] * decode_context)
-    return max(t, 0.0)
+    # FITTED: intercept + the four forward-pass-record features, clamped at 0
+    # (a run whose passes could price below 0 is refused at config load:
+    # servesim/engine/price_floor.py).
+    return max(fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests,
+                         decode_context), 0.0)
+
+
+@njit
+def fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context):
+    """A `fitted` model's price before the clamp at 0: the intercept plus
+    each forward-pass-record feature times its coefficient (fitting.md §2)."""
+    return (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
+            + params[3] * decode_requests + params[4] * decode_context)
 
 
 @njit

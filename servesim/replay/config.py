@@ -36,6 +36,7 @@ from servesim.replay.config_types import (
     SyntheticConfig,
     WorkloadConfig,
 )
+from servesim.replay.fitted_checks import check_engine_pricing, read_fitted_provenance
 from servesim.replay.validation import (
     BOOL,
     INT,
@@ -374,7 +375,7 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
     launch = _launch(ctx, s.data.get("launch"), s.sub("launch"))
     if launch is not None and not scheduler.async_scheduling:
         ctx.fail(s.sub("launch"), f"requires {s.sub('async_scheduling')}: true")
-    return EngineConfig(
+    engine = EngineConfig(
         kv_cache=kv_cache,
         scheduler=scheduler,
         timing=_timing(ctx, s.data.get("timing"), s.sub("timing")),
@@ -382,6 +383,8 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
         detokenize_ms=s.get("detokenize_ms", NUMBER, 0.0, ge(0)),
         kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading"), s.sub("kv_offloading")),
     )
+    check_engine_pricing(ctx, s.sub, engine)
+    return engine
 
 
 def _kv_cache(s: Section) -> KVCacheConfig:
@@ -428,7 +431,8 @@ def _timing(ctx: Ctx, data, path="engine.timing") -> TimingConfig:
         model = ctx.resolve(s.get("model", PATH))
         if not os.path.isfile(model):
             ctx.fail(s.sub("model"), f"fitted model file not found: {model}")
-        return TimingConfig(type=kind, model=model, coefficients_ms=read_fitted_model(model))
+        return TimingConfig(type=kind, model=model, coefficients_ms=read_fitted_model(model),
+                            **read_fitted_provenance(model))
     params = {key: s.get(key, NUMBER, default, ge(0)) for key, default in _TIMING_PARAMS[kind].items()}
     return TimingConfig(type=kind, **params)
 
