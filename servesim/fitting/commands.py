@@ -5,7 +5,10 @@ when given (and change nothing without it), and raise InputError on bad
 input; the `servesim` group maps it to exit code 2. `--capture-size` (the
 `max_cudagraph_capture_size` that tells decode passes from piecewise and eager
 ones, for `--window` and for evaluate's kinds) defaults to the stall file's
-capture size when one is given, else to 512 (vLLM's default).
+capture size when one is given, else to 512 (vLLM's default); given with a
+stall file, it must equal the stall file's. A record below 0 ms after
+`--launch-stall` is an error naming it; without the option, `fit` fits
+negative raw records as written and warns once on stderr.
 """
 
 import json

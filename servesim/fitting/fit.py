@@ -7,6 +7,10 @@ that end only where the *next* record is a decode pass (no prefill, at most
 the capture size of tokens), at a counter gap, or at the worker's last
 record. A decode pass launches in the shadow of the pass before it, so no
 launch stall crosses such a cut and the window sums are exact.
+
+Records (or windows) that cannot determine all five coefficients — fewer than
+five, or a rank-deficient design — are an InputError naming the features
+whose coefficients are not determined, not a least-norm guess.
 """
 
 import os
@@ -27,7 +31,8 @@ class Fit:
     """A least-squares fit: five coefficients (ms, in FITTED_FEATURES order),
     its r2 and mean absolute percentage error (a fraction) on the rows it was
     fitted on (records, or window sums), the number of rows, and the rank of
-    the design matrix (5 unless some features never vary independently)."""
+    the design matrix (always full: `fit_ols` refuses a design that cannot
+    determine every coefficient)."""
 
     coefficients: tuple
     r2: float | None
