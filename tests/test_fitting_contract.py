@@ -291,3 +291,21 @@ def test_launch_with_a_model_fitted_on_uncorrected_records_warns_once(tmp_path):
     assert len(warnings) == 1 and "counted twice" in warnings[0] and str(raw) in warnings[0]
     assert run_result(_config(window, launch=LAUNCH), workload).warnings == []
     assert run_result(_config(raw), workload).warnings == []
+
+
+@pytest.mark.parametrize("timing", [
+    TimingConfig(type="fixed", prefill_ms=0.0, decode_ms=0.0),
+    TimingConfig(type="fixed", prefill_ms=3.0, decode_ms=1.0),
+    TimingConfig(type="linear", base_ms=0.0, per_token_ms=0.01, per_request_ms=0.0,
+                 per_context_token_ms=1e-6),
+    TimingConfig(type="polynomial"),
+])
+def test_the_types_the_check_skips_never_price_a_corner_below_0(timing):
+    # NEVER_NEGATIVE: checked here on the corners, through the pricing kernel's code.
+    from servesim.engine.price_floor import NEVER_NEGATIVE
+
+    assert timing.type in NEVER_NEGATIVE
+    for seqs, budget, blocks in ((1, 1, 2), (4, 10, 6), (256, 8192, 8193)):
+        _, _, price = cheapest_pass(timing, SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget),
+                                    KVCacheConfig(block_size=16, num_gpu_blocks=blocks))
+        assert price >= 0

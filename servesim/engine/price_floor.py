@@ -40,6 +40,7 @@ is what the model is being trusted with.
 import attrs
 
 from servesim.engine.config import TimingConfig
+from servesim.engine.fitted_formula import fitted_ms
 from servesim.kvcache.config import KVCacheConfig
 from servesim.scheduler.config import SchedulerConfig
 
@@ -116,16 +117,26 @@ def corner_passes(shape: RunShape) -> list:
     return out
 
 
+# Timing types whose price is never below 0 by construction: `fixed` and
+# `linear` take only parameters >= 0 (the config refuses others) over counts
+# >= 0, and `polynomial`'s prefill term is a quadratic with positive
+# coefficients and its decode term is at least 1 ms. The config check skips
+# them (tests/test_fitting_contract.py checks the claim on their corners).
+NEVER_NEGATIVE = ("fixed", "linear", "polynomial")
+
+
 def unclamped_price(timing: TimingConfig, kv_cache: KVCacheConfig, shape: PassShape) -> float:
     """The price (ms) the run's pricing kernel computes for `shape`, before
-    the `fitted` model's clamp at 0 (the kernel's own Python code, not a copy)."""
-    from servesim.engine.pricing import FITTED, PassPricer, fitted_ms, price_pass
+    the `fitted` model's clamp at 0 (the kernel's own Python code, not a copy).
+    A `fitted` model needs no Numba here; other types import the kernel's
+    module."""
+    if timing.type == "fitted":
+        return fitted_ms([float(c) for c in timing.coefficients_ms],
+                         float(shape.num_prefill_requests), float(shape.prefill_tokens),
+                         float(shape.decode_requests), float(shape.decode_context))
+    from servesim.engine.pricing import PassPricer, price_pass
 
     pricer = PassPricer(timing, kv_cache.num_gpu_blocks, kv_cache.block_size)
-    if pricer.model == FITTED:
-        return _python(fitted_ms)(pricer.params, float(shape.num_prefill_requests),
-                                  float(shape.prefill_tokens), float(shape.decode_requests),
-                                  float(shape.decode_context))
     return _python(price_pass)(pricer.model, pricer.params, float(shape.prefill_tokens),
                                float(shape.num_prefill_requests), float(shape.decode_requests),
                                float(shape.decode_context), float(shape.tokens),

@@ -9,9 +9,12 @@ scheduled tokens), `requests` (scheduled requests).
 
 import numpy as np
 
+from servesim.engine import fitted_formula
 from servesim.engine.config import TimingConfig
 from servesim.jit import njit
 from servesim.scheduler import fast
+
+fitted_ms = njit(fitted_formula.fitted_ms)
 
 FIXED, LINEAR, POLYNOMIAL, FITTED = 0, 1, 2, 3
 _TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": FITTED}
@@ -46,14 +49,6 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
     # servesim/engine/price_floor.py).
     return max(fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests,
                          decode_context), 0.0)
-
-
-@njit
-def fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context):
-    """A `fitted` model's price before the clamp at 0: the intercept plus
-    each forward-pass-record feature times its coefficient (fitting.md §2)."""
-    return (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
-            + params[3] * decode_requests + params[4] * decode_context)
 
 
 @njit

@@ -72,8 +72,10 @@ def check_engine_pricing(ctx: Ctx, sub, engine: EngineConfig) -> None:
                      "max_cudagraph_capture_size of one deployment; set "
                      f"{join(sub('launch'), 'max_cudagraph_capture_size')}: "
                      f"{timing.model_capture_size}, or refit with the capture size the run uses")
-    from servesim.engine.price_floor import cheapest_pass
+    from servesim.engine.price_floor import NEVER_NEGATIVE, cheapest_pass
 
+    if timing.type in NEVER_NEGATIVE:
+        return
     shape, corner, price = cheapest_pass(timing, engine.scheduler, engine.kv_cache)
     if not price < 0 and not math.isnan(price):
         return
