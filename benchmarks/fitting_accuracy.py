@@ -2,7 +2,9 @@
 known ground truth (tests/fpm_synth.py): every model is fitted on workload A
 and scored on A and on B (a different pass mix) against each pass's own time.
 
-    python benchmarks/fitting_accuracy.py            # prints the markdown table
+    python benchmarks/fitting_accuracy.py                # prints the markdown table
+    python benchmarks/fitting_accuracy.py --short-eager  # eager prefills of 4,097-8,000
+                                                         # tokens: some raw records < 0
 
 Columns: mean signed % error of the predicted time of decode passes against
 their own time, and % error of the total predicted time against the total own
@@ -19,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from fpm_synth import STALL, synth_workload  # noqa: E402
+from fpm_synth import EAGER_TOKENS, SHORT_EAGER_TOKENS, STALL, synth_workload  # noqa: E402
 from servesim.fitting import (DECODE, charge_own_launch, fit_records,  # noqa: E402
                               fit_windows, predict)
 from servesim.fitting.fit import fit_ols, window_sums  # noqa: E402
@@ -50,9 +52,10 @@ def errors(coefficients, synth, records) -> tuple:
             100 * (predicted.sum() / own.sum() - 1))
 
 
-def main() -> None:
+def main(argv) -> None:
     started = time.perf_counter()
-    synth = {name: synth_workload(name) for name in ("A", "B")}
+    eager_tokens = SHORT_EAGER_TOKENS if "--short-eager" in argv else EAGER_TOKENS
+    synth = {name: synth_workload(name, eager_tokens=eager_tokens) for name in ("A", "B")}
     records = {name: s.records() for name, s in synth.items()}
     a = records["A"]
     fits = [("raw records", fit_records(a, a.wall_ms)),
@@ -68,10 +71,10 @@ def main() -> None:
             cells += [f"{e:+.2f}%" for e in errors(fit.coefficients, synth[name], records[name])]
         print(f"| {label} | " + " | ".join(cells) + " |")
     print()
-    counts = ", ".join(f"{name}: {len(r)} records, {int((synth[name].kind == DECODE).sum())} decode"
-                       for name, r in records.items())
+    counts = ", ".join(f"{name}: {len(r)} records, {int((synth[name].kind == DECODE).sum())} decode, "
+                       f"{int((r.wall_ms < 0).sum())} below 0 ms" for name, r in records.items())
     print(f"({counts}; {time.perf_counter() - started:.1f} s)")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -16,9 +16,9 @@ So the true `fitted` coefficients are TRUE_COEFFICIENTS = [4, 16, 0.02, 0.25, 2e
 The record of pass k carries `STALL_MS[carrier(k)][kind(k+1)]` of pass k+1's
 launch (nothing for a decode pass k+1, nothing across a counter gap), so
 `wall[k] = own[k] + carried[k] - carried[k-1]`: the spec's
-`charge_own_launch` recovers `own` exactly. Prefill sizes are chosen so no
+`charge_own_launch` recovers `own` exactly. With the default eager sizes no
 record goes below 0 ms (a pass is longer than the launch its predecessor
-carries for it).
+carries for it); `SHORT_EAGER_TOKENS` makes some raw records negative.
 
 Workloads A and B differ in their pass mix: B has more prefills, longer
 prefill runs (more prefill -> prefill carries) and more eager prefills.
@@ -74,15 +74,23 @@ class SynthRecords:
         return path
 
 
+EAGER_TOKENS = (12000, 32000)
+# Eager prefills from just over the capture size: their own time (102-180 ms)
+# can be less than the 180 ms a decode record before them carries, so their
+# raw records go below 0 ms, as an engine's can (fitting.md §3).
+SHORT_EAGER_TOKENS = (CAPTURE_SIZE + 1, 8000)
+
+
 def synth_workload(name: str, passes_per_worker: int = 6000, workers: int = 2,
-                   seed: int | None = None) -> SynthRecords:
+                   seed: int | None = None, eager_tokens: tuple = EAGER_TOKENS) -> SynthRecords:
     """Workload `name` ("A" or "B") of `workers` x `passes_per_worker` records,
-    interleaved across workers by when each record ends."""
+    interleaved across workers by when each record ends. Eager prefills have
+    `eager_tokens` (lowest, highest) prompt tokens."""
     mix = MIXES[name]
     rng = np.random.default_rng(SEEDS[name] if seed is None else seed)
     rows = []  # (end time, worker, counter, features, own, carried, kind)
     for w in range(workers):
-        rows += _worker_rows(rng, mix, w, passes_per_worker)
+        rows += _worker_rows(rng, mix, w, passes_per_worker, eager_tokens)
     rows.sort(key=lambda r: (r[0], r[1]))
     lines, own, carried, kind = [], [], [], []
     for _, w, counter, feats, own_ms, carried_ms, k in rows:
@@ -108,7 +116,7 @@ def true_own_ms(feats) -> float:
     return 4.0 + 0.25 * dr + 2e-6 * kv
 
 
-def _worker_rows(rng, mix: Mix, w: int, n: int) -> list:
+def _worker_rows(rng, mix: Mix, w: int, n: int, eager_tokens: tuple) -> list:
     kinds, feats, gap_after = [], [], []
     kind = DECODE
     for _ in range(n):
@@ -117,7 +125,8 @@ def _worker_rows(rng, mix: Mix, w: int, n: int) -> list:
             kv = int(dr * rng.integers(300, 6001))
             feats.append((0, 0, dr, kv))
         else:
-            pt = int(rng.integers(2048, 4097) if kind == PIECEWISE else rng.integers(12000, 32001))
+            low, high = (2048, 4096) if kind == PIECEWISE else eager_tokens
+            pt = int(rng.integers(low, high + 1))
             feats.append((1, pt, 0, 0))
         kinds.append(kind)
         gap_after.append(rng.random() < mix.gap)

@@ -80,7 +80,6 @@ def test_pass_kind_decode_piecewise_eager_by_capture_size():
     ({"worker_id": "w0", "counter_id": 1, "scheduled_requests": rec()["scheduled_requests"]},
      "r.jsonl:2: missing field 'wall_time' (seconds)"),
     (rec(counter=1, wall_time="0.1"), "r.jsonl:2: 'wall_time' must be a number (seconds)"),
-    (rec(counter=1, wall_time=-0.001), "r.jsonl:2: 'wall_time' must be >= 0"),
     ('{"worker_id": "w0", "counter_id": 1, "wall_time": NaN, "scheduled_requests": '
      '{"num_prefill_requests": 0, "sum_prefill_tokens": 0, "num_decode_requests": 1, '
      '"sum_decode_kv_tokens": 5}}', "r.jsonl:2: 'wall_time' must be finite (seconds), got nan"),
@@ -99,9 +98,14 @@ def test_bad_record_names_file_and_line(line, fragment):
 
 
 def test_records_without_ids_are_accepted_by_a_plain_fit():
-    r = parse_records(lines(rec(worker=None, counter=None), rec(worker=None, counter=None)))
-    assert list(r.worker) == [-1, -1]  # no repeated-id error: there are no ids
-    fit_records(r, r.wall_ms)
+    # Six records whose features vary independently (five coefficients), and
+    # two of them identical: without ids there is no repeated-id error.
+    shapes = [dict(dr=1, kv=100), dict(dr=1, kv=100), dict(dr=2, kv=100), dict(dr=2, kv=300),
+              dict(npr=1, pt=50, dr=0, kv=0), dict(npr=2, pt=60, dr=0, kv=0)]
+    r = parse_records(lines(*(rec(worker=None, counter=None, wall_ms=5.0 + i, **f)
+                              for i, f in enumerate(shapes))))
+    assert list(r.worker) == [-1] * 6
+    assert fit_records(r, r.wall_ms).rows == 6
 
 
 def test_a_repeated_id_across_files_names_both(tmp_path):

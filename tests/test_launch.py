@@ -122,3 +122,69 @@ def test_zero_launch_costs_equal_async_without_launch():
     assert [(p["start_ms"], p["end_ms"], p["scheduled"]) for p in p1] == \
         [(p["start_ms"], p["end_ms"], p["scheduled"]) for p in p2]
     assert list(r1.token_client_ms) == list(r2.token_client_ms)
+
+
+# ---------------------------------------------------- eager decode-only batch
+
+THREE = [{"id": x, "t": 0, "P": 16, "O": 3} for x in "ABC"]
+
+
+def test_a_decode_only_batch_over_the_capture_size_launches_eager():
+    # Three requests (16-token prompts, 3 tokens each) at 0; capture size 2,
+    # so a pass of their three decodes (3 tokens, no prompt) is eager, not a
+    # CUDA-graph decode.
+    #  p0 decided 0: 48 prompt tokens > 2, eager: GPU [0,100], launch ends
+    #     max(0+50, 0+0·100) = 50.
+    #  p1 decided max(launch_end p0 = 50, -) = 50: the three decodes, eager:
+    #     GPU [max(100, 50) = 100, 110], launch ends max(50+50, 100+0) = 100.
+    #  p2 decided max(100, end p0 = 100) = 100: the last three decodes, eager:
+    #     GPU [110,120], launch ends min(max(100+50, 110), 120) = 120.
+    #  No p3 is decided (nothing left to schedule).
+    # Releases: p0 at max(100, 100) = 100; p1 at max(110, launch_end p2 = 120)
+    # = 120; p2 at its end, 120.
+    # With capture size 16 the decode batches are decode launches (2 ms):
+    # p1 launches until 52, p2 until 102, so p1's outputs leave at its end,
+    # 110: the eager decode batch holds the tokens before it 10 ms longer.
+    for path in ("fast", "reference"):
+        records, passes = run(config(launch=dict(LAUNCH, max_cudagraph_capture_size=2)),
+                              make_workload(THREE), path)
+        assert [(p["decided_ms"], p["start_ms"], p["end_ms"], p["launch_end_ms"])
+                for p in passes] == [(0, 0, 100, 50), (50, 100, 110, 100), (100, 110, 120, 120)]
+        assert [len(p["scheduled"]) for p in passes] == [3, 3, 3]
+        assert all(client_times(records, i) == [100, 120, 120] for i in range(3))
+
+        records, passes = run(config(), make_workload(THREE), path)
+        assert [p["launch_end_ms"] for p in passes] == [50, 52, 102]
+        assert all(client_times(records, i) == [100, 110, 120] for i in range(3))
+
+
+# ------------------------------------- held outputs before completions
+
+ZERO_DECODE = {"type": "fixed", "prefill_ms": 100, "decode_ms": 0}
+
+
+def test_held_outputs_are_released_before_the_completion_at_the_same_instant():
+    # A: 16-token prompt, 2 tokens; prefill 100 ms, decode 0 ms.
+    # With launch (piecewise 20, decode 2):
+    #  p0 decided 0: A's prefill, piecewise: GPU [0,100], launch ends 20.
+    #  p1 decided max(20, -) = 20: A's last decode: GPU [max(100, 20), +0] =
+    #     [100,100], launch ends min(22, 100) = 22.
+    #  p0's first token is held until max(end p0, launch_end p1) = 100; p1's
+    #  token (the completion) leaves at its end, 100, with no pass after it.
+    # Both leave at 100, the held one first: token 1 then token 2. With a
+    # 1 ms detokenizer: client 1 = 100 + 1 = 101, client 2 = max(100, 101) + 1
+    # = 102; TTFT is token 1's time and the finish token 2's.
+    # Without launch p1 is decided at 0 (its launch costs nothing) and the
+    # instants are the same.
+    for launch, p1_decided, p1_launch_end in ((LAUNCH, 20, 22), (None, 0, 0)):
+        for path in ("fast", "reference"):
+            cfg = make_config(timing=ZERO_DECODE, launch=launch, async_scheduling=True,
+                              detokenize_ms=1.0)
+            records, passes = run(cfg, make_workload([{"id": "A", "t": 0, "P": 16, "O": 2}]),
+                                  path)
+            assert [(p["decided_ms"], p["start_ms"], p["end_ms"], p["launch_end_ms"])
+                    for p in passes] == [(0, 0, 100, 20 if launch else 0),
+                                         (p1_decided, 100, 100, p1_launch_end)]
+            assert client_times(records, 0) == [101, 102]
+            assert records.first_token_ms[0] == 101 and records.finish_ms[0] == 102
+            assert records.output_tokens[0] == 2

@@ -11,9 +11,12 @@ scheduled tokens, draft tokens included), `requests` (scheduled requests),
 
 import numpy as np
 
+from servesim.engine import fitted_formula
 from servesim.engine.config import TimingConfig
 from servesim.jit import njit
 from servesim.scheduler import fast
+
+fitted_ms = njit(fitted_formula.fitted_ms)
 
 FIXED, LINEAR, POLYNOMIAL, FITTED = 0, 1, 2, 3
 _TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": FITTED}
@@ -44,9 +47,9 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
             t += max(1.0, -25.74 * u * u + 54.01 * u + 5.74)
         return t
     # FITTED: intercept + the four forward-pass-record features (+ draft
-    # tokens, 0 for a five-feature model), clamped at 0.
-    t = (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
-         + params[3] * decode_requests + params[4] * decode_context)
+    # tokens, 0 for a five-feature model), clamped at 0 (a run whose passes
+    # could price below 0 is refused at config load: servesim/engine/price_floor.py).
+    t = fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context)
     if draft_tokens:
         t += params[5] * draft_tokens
     return max(t, 0.0)

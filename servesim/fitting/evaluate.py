@@ -4,8 +4,9 @@ Per pass kind (decode, piecewise, eager; `ForwardPassRecords.kinds`): the
 number of records, mean recorded and predicted ms, mean signed and absolute
 percentage error of the prediction against the record; and the total
 predicted against the total recorded time. Percentage errors skip records of
-0 ms or less (a record can drop below 0 after a `--launch-stall` with stalls
-larger than the record carrying them); `pct_records` counts the rest.
+0 ms or less (a raw record can be negative: the record before an eager pass
+carries its launch; after `--launch-stall` none is, `commands._load` refuses
+that); `pct_records` counts the rest.
 """
 
 import numpy as np

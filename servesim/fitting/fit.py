@@ -7,6 +7,10 @@ that end only where the *next* record is a decode pass (no prefill, at most
 the capture size of tokens), at a counter gap, or at the worker's last
 record. A decode pass launches in the shadow of the pass before it, so no
 launch stall crosses such a cut and the window sums are exact.
+
+Records (or windows) that cannot determine all five coefficients — fewer than
+five, or a rank-deficient design — are an InputError naming the features
+whose coefficients are not determined, not a least-norm guess.
 """
 
 import os
@@ -27,7 +31,8 @@ class Fit:
     """A least-squares fit: five coefficients (ms, in FITTED_FEATURES order),
     its r2 and mean absolute percentage error (a fraction) on the rows it was
     fitted on (records, or window sums), the number of rows, and the rank of
-    the design matrix (5 unless some features never vary independently)."""
+    the design matrix (always full: `fit_ols` refuses a design that cannot
+    determine every coefficient)."""
 
     coefficients: tuple
     r2: float | None
@@ -36,20 +41,58 @@ class Fit:
     rank: int
 
 
-def fit_ols(x: np.ndarray, y: np.ndarray) -> Fit:
+def fit_ols(x: np.ndarray, y: np.ndarray, rows: str = "records") -> Fit:
     """OLS of `y` on the columns of `x` (the first is the intercept's: ones,
     or window lengths). Columns are scaled to unit max before the solve, so a
-    feature in the millions (KV tokens) does not swamp one in the ones."""
-    if len(y) == 0:
-        raise InputError("no records to fit")
-    scale = np.abs(x).max(axis=0)
+    feature in the millions (KV tokens) does not swamp one in the ones.
+    InputError (:func:`require_determined`) when `x` cannot determine every
+    coefficient; `rows` names what a row is in that message."""
+    scale = np.abs(x).max(axis=0) if len(x) else np.ones(x.shape[1])
     scale[scale == 0] = 1.0
+    require_determined(x / scale, x, rows)
     solution, _, rank, _ = np.linalg.lstsq(x / scale, y, rcond=None)
     coefficients = solution / scale
     predicted = x @ coefficients
     return Fit(coefficients=tuple(float(c) for c in coefficients),
                r2=r_squared(y, predicted), mape=mean_abs_pct_error(y, predicted),
                rows=len(y), rank=int(rank))
+
+
+def require_determined(scaled: np.ndarray, x: np.ndarray, rows: str) -> None:
+    """Raise InputError unless the design `x` (and `scaled`, its columns at
+    unit max) determines all its coefficients: at least as many rows as
+    coefficients, and full column rank. A coefficient is not determined when
+    it can change along the design's null space without changing any
+    prediction; the message names those features and why (0 in every row,
+    the same value in every row, or moving only together with others).
+    The rank uses `numpy.linalg.lstsq`'s default tolerance."""
+    n, k = x.shape
+    names = FITTED_FEATURES
+    if n < k:
+        raise InputError(
+            f"{n} {rows} cannot determine the {k} coefficients of the model ({', '.join(names)}): "
+            f"a fit needs at least {k} {rows} whose features vary independently")
+    _, sv, vt = np.linalg.svd(scaled, full_matrices=False)
+    tol = sv.max(initial=0.0) * max(n, k) * np.finfo(np.float64).eps
+    null = vt[sv <= tol] if sv.max(initial=0.0) > 0 else np.eye(k)
+    if not len(null):
+        return
+    free = np.flatnonzero(np.linalg.norm(null, axis=0) > 1e-6)
+    reasons = []
+    for j in free:
+        column = x[:, j]
+        if j > 0 and not column.any():
+            reasons.append(f"{names[j]} (0 in every {rows[:-1]})")
+        elif j > 0 and np.all(column == column[0]) and np.all(x[:, 0] == x[0, 0]):
+            reasons.append(f"{names[j]} (the same, {column[0]:g}, in every {rows[:-1]}, "
+                           "so it cannot be told from the intercept)")
+        else:
+            reasons.append(names[j])
+    rank = k - len(null)
+    raise InputError(
+        f"the {rows} cannot determine the coefficient(s) of {', '.join(reasons)}: the "
+        f"features have rank {rank} of {k} over {n} {rows} (these never vary independently "
+        f"of each other and the rest); add {rows} where they do")
 
 
 def fit_records(records: ForwardPassRecords, wall_ms: np.ndarray) -> Fit:
@@ -62,7 +105,7 @@ def fit_windows(records: ForwardPassRecords, wall_ms: np.ndarray, window: int,
     """OLS on the feature and time sums of the windows of `window_bounds`."""
     order, starts = window_bounds(records, window, capture_size)
     x, y = window_sums(records.features(), wall_ms, order, starts)
-    return fit_ols(x, y)
+    return fit_ols(x, y, "windows")
 
 
 def window_bounds(records: ForwardPassRecords, window: int, capture_size: int) -> tuple:

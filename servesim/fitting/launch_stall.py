@@ -101,6 +101,22 @@ def charge_own_launch(records: ForwardPassRecords, stall: dict) -> np.ndarray:
     return wall
 
 
+def require_nonnegative(records: ForwardPassRecords, wall_ms: np.ndarray, stall_path) -> None:
+    """Raise InputError naming the first record (file order) whose time is
+    below 0 ms after `charge_own_launch`: the stall file says its pass gave
+    back more launch than the record holds, so the stall values do not fit
+    these records (a pass's own time is never negative)."""
+    negative = np.flatnonzero(wall_ms < 0)
+    if not len(negative):
+        return
+    i = negative[0]
+    more = f" ({len(negative) - 1} more record(s) too)" if len(negative) > 1 else ""
+    raise InputError(
+        f"{records.where(i)}: {wall_ms[i]:.6g} ms after --launch-stall {stall_path} "
+        f"(recorded {records.wall_ms[i]:.6g} ms){more}: a pass's own time cannot be "
+        "negative; the stall values are larger than what these records carry")
+
+
 def _carried(records, stall, order, follows) -> np.ndarray:
     table = stall_table(stall)
     carrier = records.has_prefill.astype(np.int64)

@@ -12,9 +12,14 @@ slowest rank's (a lockstep pass lasts as long as its slowest rank), and the
 pass's `worker_id` / `counter_id` are its first rank's.
 
 Every bad line is an :class:`InputError` naming `file:line`: malformed JSON,
-missing or non-numeric fields, negative values, NaN or infinite numbers, a
-repeated `(worker_id, counter_id)`. `worker_id` and `counter_id` are optional
-here; `--launch-stall` and `--window` need them (:meth:`ForwardPassRecords.require_ids`).
+missing or non-numeric fields, negative features, NaN or infinite numbers, a
+repeated `(worker_id, counter_id)`. `wall_time` may be negative: with async
+scheduling the record before an eager pass can carry more of that pass's
+launch than the pass's own time (fitting.md §3), so a raw record is kept as
+written (the `fit` command says how many; `--launch-stall` corrects them).
+`worker_id` and `counter_id` are optional here (an empty `worker_id` counts as
+none); `--launch-stall` and `--window` need them
+(:meth:`ForwardPassRecords.require_ids`).
 Unknown keys (`version`, `queued_requests`, ...) are ignored. Blank lines are
 allowed only at the end of a file.
 """
@@ -42,6 +47,10 @@ DRAFT_FEATURE = "sum_draft_tokens"
 DECODE, PIECEWISE, EAGER = 0, 1, 2
 KIND_NAMES = ("decode", "piecewise", "eager")
 
+# `worker` code of a record whose worker_id is "": no worker, like a missing
+# one (-1), but named as empty in messages.
+EMPTY_WORKER_ID = -2
+
 _NUMBER = (int, float)
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -51,13 +60,14 @@ class ForwardPassRecords:
     """Passes in file order (files in the order given), as arrays.
 
     `worker[i]` indexes `worker_ids` (the distinct `worker_id` values in order
-    of first appearance), -1 when the record has none; `counter[i]` is its
+    of first appearance), -1 when the record has none, EMPTY_WORKER_ID (-2)
+    when it is ""; `counter[i]` is its
     `counter_id`, -1 when it has none. Features are float64 (summed over DP
     ranks); `wall_ms` is the recorded wall time in ms. `file[i]` indexes
     `sources` and `line[i]` is the 1-based line, for messages.
     """
 
-    worker: np.ndarray  # int64, -1 = no worker_id
+    worker: np.ndarray  # int64, -1 = no worker_id, -2 = worker_id ""
     counter: np.ndarray  # int64, -1 = no counter_id
     num_prefill_requests: np.ndarray  # float64
     sum_prefill_tokens: np.ndarray  # float64
@@ -114,9 +124,11 @@ class ForwardPassRecords:
         missing = np.flatnonzero((self.worker < 0) | (self.counter < 0))
         if len(missing):
             i = missing[0]
-            field = "worker_id" if self.worker[i] < 0 else "counter_id"
+            field = "no worker_id" if self.worker[i] < 0 else "no counter_id"
+            if self.worker[i] == EMPTY_WORKER_ID:
+                field = 'an empty worker_id ("")'
             raise InputError(
-                f"{self.where(i)}: record has no {field}; {needed_by} needs worker_id and "
+                f"{self.where(i)}: record has {field}; {needed_by} needs worker_id and "
                 "counter_id on every record (records follow each other by worker_id "
                 "and consecutive counter_id)")
 
@@ -207,12 +219,12 @@ class _Reader:
                              f"objects (one per DP rank), got {_show(obj)}")
         sums = [0.0] * len(FEATURES)
         drafts = 0.0
-        wall_s = 0.0
+        wall_s = -math.inf
         for r, rank in enumerate(ranks):
             where = at if len(ranks) == 1 and isinstance(obj, dict) else f"{at}: rank {r}"
             if not isinstance(rank, dict):
                 raise InputError(f"{where}: a record must be a JSON object, got {_show(rank)}")
-            wall_s = max(wall_s, _number(rank, "wall_time", where, " (seconds)"))
+            wall_s = max(wall_s, _number(rank, "wall_time", where, " (seconds)", signed=True))
             scheduled = rank.get("scheduled_requests")
             if not isinstance(scheduled, dict):
                 what = "missing field" if scheduled is None else "not an object:"
@@ -246,7 +258,9 @@ class _Reader:
         worker_id = rank.get("worker_id")
         counter_id = rank.get("counter_id")
         worker = -1
-        if worker_id is not None:
+        if worker_id == "":
+            worker = EMPTY_WORKER_ID
+        elif worker_id is not None:
             if type(worker_id) not in (str, int):
                 raise InputError(f"{at}: worker_id must be a string or an integer, "
                                  f"got {_show(worker_id)}")
@@ -278,8 +292,10 @@ class _Reader:
         )
 
 
-def _number(obj: dict, key: str, at: str, unit: str, prefix: str = "") -> float:
-    """obj[key] checked: present, a number (not a bool), finite, >= 0."""
+def _number(obj: dict, key: str, at: str, unit: str, prefix: str = "",
+            signed: bool = False) -> float:
+    """obj[key] checked: present, a number (not a bool), finite, and >= 0
+    unless `signed`."""
     if key not in obj:
         return _fail(f"{at}: missing field '{prefix}{key}'{unit}")
     value = obj[key]
@@ -287,7 +303,7 @@ def _number(obj: dict, key: str, at: str, unit: str, prefix: str = "") -> float:
         return _fail(f"{at}: '{prefix}{key}' must be a number{unit}, got {_show(value)}")
     if not math.isfinite(value):
         return _fail(f"{at}: '{prefix}{key}' must be finite{unit}, got {value}")
-    if value < 0:
+    if value < 0 and not signed:
         return _fail(f"{at}: '{prefix}{key}' must be >= 0{unit}, got {value}")
     return float(value)
 

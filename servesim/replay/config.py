@@ -37,6 +37,7 @@ from servesim.replay.config_types import (
     SyntheticConfig,
     WorkloadConfig,
 )
+from servesim.replay.fitted_checks import check_engine_pricing, read_fitted_provenance
 from servesim.replay.validation import (
     BOOL,
     INT,
@@ -454,7 +455,7 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
     if speculative is not None and s.given("kv_offloading"):
         ctx.fail(s.sub("speculative"), f"does not combine with {s.sub('kv_offloading')} "
                  "(speculative decoding runs on the compiled scheduler, the CPU tier does not)")
-    return EngineConfig(
+    engine = EngineConfig(
         kv_cache=kv_cache,
         scheduler=scheduler,
         timing=_timing(ctx, s.data.get("timing"), s.sub("timing")),
@@ -463,6 +464,8 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
         kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading"), s.sub("kv_offloading")),
         speculative=speculative,
     )
+    check_engine_pricing(ctx, s.sub, engine)
+    return engine
 
 
 def _kv_cache(s: Section) -> KVCacheConfig:
@@ -509,7 +512,8 @@ def _timing(ctx: Ctx, data, path="engine.timing") -> TimingConfig:
         model = ctx.resolve(s.get("model", PATH), s.sub("model"))
         if not os.path.isfile(model):
             ctx.fail(s.sub("model"), f"fitted model file not found: {model}")
-        return TimingConfig(type=kind, model=model, coefficients_ms=read_fitted_model(model))
+        return TimingConfig(type=kind, model=model, coefficients_ms=read_fitted_model(model),
+                            **read_fitted_provenance(model))
     params = {key: s.get(key, NUMBER, default, ge(0)) for key, default in _TIMING_PARAMS[kind].items()}
     return TimingConfig(type=kind, **params)
 

@@ -15,6 +15,7 @@ from servesim.engine.release import TokenLog
 from servesim.engine.speculative import spec_table_slack
 from servesim.errors import InputError
 from servesim.replay.config_types import Config
+from servesim.replay.fitted_checks import launch_double_count_warning
 from servesim.replay.speculative_config import check_accepted
 from servesim.replay.prefix import block_identities
 from servesim.replay.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
@@ -301,6 +302,9 @@ class Replay:
         self._schedule_arrivals()
         self.loop.run(self._on_advance if self.telemetry else None)
         result_warnings = self._close_unfinished()
+        launch_warning = launch_double_count_warning(self.config.engine)
+        if launch_warning is not None:
+            result_warnings.insert(0, launch_warning)
         if self.progress is not None:
             self.progress(self.loop.now, self.num_done)
         telemetry = None

@@ -1,0 +1,13 @@
+"""The `fitted` pricing formula (fitting.md §2) as plain Python, with no Numba.
+
+`servesim/engine/pricing.py` compiles it into the pricing kernel; the config
+check of `servesim/engine/price_floor.py` calls it as it is, so loading a
+config never imports Numba.
+"""
+
+
+def fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context):
+    """A `fitted` model's price before the clamp at 0: the intercept plus
+    each forward-pass-record feature times its coefficient."""
+    return (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
+            + params[3] * decode_requests + params[4] * decode_context)
