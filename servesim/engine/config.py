@@ -2,6 +2,7 @@
 
 import attrs
 
+from servesim.deployment.config import DeploymentConfig
 from servesim.kvcache.config import KVCacheConfig, KVOffloadingConfig  # noqa: F401 (re-exported)
 from servesim.scheduler.config import SchedulerConfig
 
@@ -15,6 +16,9 @@ class TimingConfig:
     type polynomial: no parameters.
     type fitted: model (path, resolved relative to the config file) and
     coefficients_ms (the model file's five coefficients, read at load time).
+    type aic: pass times from aiconfigurator-core's database for the engine's
+    deployment (docs/deployment.md); calibration (optional path) and
+    calibration_factors (prefill, decode, mixed multipliers, read at load time).
     """
 
     type: str = "polynomial"
@@ -26,6 +30,8 @@ class TimingConfig:
     per_context_token_ms: float = 0.0
     model: str | None = None
     coefficients_ms: tuple = ()
+    calibration: str | None = None
+    calibration_factors: tuple = ()
 
 
 @attrs.frozen
@@ -47,6 +53,7 @@ class EngineConfig:
     launch: LaunchConfig | None = None
     detokenize_ms: float = 0.0
     kv_offloading: KVOffloadingConfig | None = None
+    deployment: DeploymentConfig | None = None  # engine.model, engine.gpu, ... (docs/deployment.md)
 
 
 @attrs.frozen
