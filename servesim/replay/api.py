@@ -129,4 +129,8 @@ def run(
     result = simulate(cfg, workload, progress=callback)
     wall_time_s = time.perf_counter() - start
     summary = summarize(result, cfgmod.config_to_dict(cfg), wall_time_s)
+    if cfg.engine.deployment is not None:
+        from servesim.deployment.summary import deployment_summary
+
+        summary["deployment"] = deployment_summary(cfg.engine, cfg.cluster.data_parallel_size)
     return Report(summary=summary, result=result, config=cfg)
