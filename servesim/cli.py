@@ -265,10 +265,11 @@ def _register_fitting_commands():
 
     main.add_command(fit_command, "fit")
     main.add_command(evaluate_command, "evaluate")
-    from servesim.deployment.commands import gpus_command, models_command
+    from servesim.deployment.commands import calibrate_command, gpus_command, models_command
 
     main.add_command(models_command, "models")
     main.add_command(gpus_command, "gpus")
+    main.add_command(calibrate_command, "calibrate")
 
 
 _register_fitting_commands()

@@ -89,7 +89,7 @@ CALIBRATION_KINDS = ("prefill", "decode", "mixed")
 
 def read_calibration(path: str) -> tuple:
     """The (prefill, decode, mixed) factors of a calibration file written by
-    `servesim fit --aic` (docs/deployment.md), checked."""
+    `servesim calibrate` (docs/deployment.md), checked."""
     from servesim.replay.validation import NUMBER, Ctx, show
     from servesim.replay.yaml_input import read_yaml
 
