@@ -138,7 +138,10 @@ def test_unknown_database_model_without_package(tmp_path, monkeypatch):
 
     monkeypatch.setattr(specs, "_database_dir", lambda: None)
     with pytest.raises(InputError, match=r"need the optional package aiconfigurator-core"):
-        engine_config({"model": "Qwen/Qwen3-32B", "gpu": "h200_sxm"})
+        engine_config({"model": "Qwen/Qwen3-8B", "gpu": "h200_sxm"})
+    # the bundled shapes of the example's model need no package
+    cfg = engine_config({"model": "Qwen/Qwen3-32B", "gpu": "h200_sxm", "tensor_parallel_size": 2})
+    assert cfg.engine.kv_cache.num_gpu_blocks == 46773
 
 
 # ---------------------------------------------------------------- tables

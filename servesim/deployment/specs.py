@@ -59,6 +59,9 @@ class ModelSpec:
                 "dense_mlp": dense_layers * dense, "experts": experts, "shared": shared}
 
 
+_BUNDLED = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "models")
+
+
 def _database_dir():
     """The model-config folder of aiconfigurator-core, or None (found without
     importing the package)."""
@@ -67,6 +70,10 @@ def _database_dir():
         return None
     path = os.path.join(list(spec.submodule_search_locations)[0], "model_configs")
     return path if os.path.isdir(path) else None
+
+
+def _config_file(folder, model: str) -> str:
+    return os.path.join(folder, model.replace("/", "--", 1) + "_config.json")
 
 
 def database_models() -> list:
@@ -88,10 +95,13 @@ def config_path(model: str, where: str = "engine.model") -> str:
         return path
     folder = _database_dir()
     if folder is None:
+        bundled = _config_file(_BUNDLED, model)
+        if os.path.isfile(bundled):  # servesim/data/README.md
+            return bundled
         raise InputError(
             f"{where}: {model!r} is not a folder with a config.json, and database model names "
             "need the optional package aiconfigurator-core (pip install 'servesim[aic]')")
-    path = os.path.join(folder, model.replace("/", "--", 1) + "_config.json")
+    path = _config_file(folder, model)
     if not os.path.isfile(path):
         raise InputError(f"{where}: unknown model {model!r}; the database has: "
                          + ", ".join(database_models()))
