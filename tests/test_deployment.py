@@ -315,3 +315,48 @@ def test_run_pass_times_match_direct_calls(tmp_path, monkeypatch):
     # and a new prompt miss it (docs/deployment.md): measured p99 3.4% here
     assert np.percentile(errors, 50) <= 1.0
     assert np.percentile(errors, 99) <= 4.0, np.percentile(errors, 99)
+
+
+def test_aic_timing_with_calibration_reads_its_factors(tmp_path):
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("type: aic_calibration\nfactors: {prefill: 1.1, decode: 0.95, mixed: 1.02}\n")
+    cfg = engine_config({"model": model_dir(tmp_path, QWEN3_32B), "gpu": "h200_sxm",
+                         "timing": {"type": "aic", "calibration": str(cal)}})
+    assert cfg.engine.timing.calibration_factors == (1.1, 0.95, 1.02)
+    assert config_to_dict(cfg)["engine"]["timing"] == {"type": "aic", "calibration": str(cal)}
+    with pytest.raises(InputError, match="calibration file not found"):
+        engine_config({"model": model_dir(tmp_path, QWEN3_32B, "n"), "gpu": "h200_sxm",
+                       "timing": {"type": "aic", "calibration": str(tmp_path / "nope.yaml")}})
+
+
+@needs_aic
+def test_calibrate_command_round_trip(tmp_path, monkeypatch):
+    """Records 20 % slower than the database on decode passes: `servesim
+    calibrate` finds 1.2 and a run with the calibration prices decodes 1.2x."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    from click.testing import CliRunner
+
+    from servesim.cli import main
+    from servesim.deployment import aic
+    from servesim.deployment.aic_tables import pricing_table
+    from servesim.engine.table_pricing import table_pass_ms
+
+    engine = {"model": "Qwen/Qwen3-32B", "gpu": "h200_sxm", "tensor_parallel_size": 2,
+              "max_num_batched_tokens": 1024, "max_num_seqs": 32, "max_model_len": 4096}
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"workload": {"synthetic": {"requests": 4}},
+                                  "engine": {**engine, "timing": {"type": "aic"}}}))
+    direct = aic.DirectModel(engine_config(engine).engine.deployment)
+    lines = [json.dumps({"wall_time": 1.2 * direct(0, 0, 0, d, d * 900) / 1000, "scheduled_requests": {
+        "num_prefill_requests": 0, "sum_prefill_tokens": 0, "num_decode_requests": d,
+        "sum_decode_kv_tokens": d * 900}}) for d in range(1, 30)]
+    records = tmp_path / "r.jsonl"
+    records.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "cal.yaml"
+    result = CliRunner().invoke(main, ["calibrate", str(records), "--config", str(config), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    cfg = engine_config({**engine, "timing": {"type": "aic", "calibration": str(out)}})
+    prefill, decode, mixed = cfg.engine.timing.calibration_factors
+    assert decode == pytest.approx(1.2, rel=0.01) and prefill == 1.0 and mixed == 1.0
+    table = pricing_table(cfg.engine)
+    assert table_pass_ms(table, 0, 0, 0, 8, 8000) == pytest.approx(1.2 * direct(0, 0, 0, 8, 8000), rel=0.03)
