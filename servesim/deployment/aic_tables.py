@@ -20,7 +20,7 @@ from servesim.deployment import aic
 from servesim.engine import table_pricing
 
 FORMAT = 1
-_REQUEST_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+_REQUEST_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 
 
 def cache_dir() -> str:
@@ -29,9 +29,14 @@ def cache_dir() -> str:
 
 
 def _limits(engine) -> dict:
+    """The engine limits that bound the axes; without `max_model_len`, the
+    model's `max_position_embeddings` (vLLM's default for it)."""
+    from servesim.deployment.specs import load_model_spec
+
     s = engine.scheduler
+    top = s.max_model_len or load_model_spec(engine.deployment.model).max_position_embeddings
     return {"max_num_batched_tokens": s.max_num_batched_tokens, "max_num_seqs": s.max_num_seqs,
-            "max_model_len": s.max_model_len or 131072}
+            "max_model_len": top}
 
 
 def cache_key(dep, limits: dict, data_parallel_size: int, version: str) -> str:

@@ -37,6 +37,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     sliding_window: int = 0
     config_quantization: str | None = None  # quantization named in config.json
+    max_position_embeddings: int = 131072  # vLLM's default max_model_len
 
     @property
     def is_mla(self) -> bool:
@@ -151,4 +152,5 @@ def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> Mode
         qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
         sliding_window=int(window or 0),
         config_quantization=quant,
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 131072),
     )
