@@ -182,6 +182,9 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
                 progress.close()
         for warning in report.result.warnings:
             click.echo(f"warning: {warning}", err=True)
+        deployment = report.summary.get("deployment")
+        if deployment is not None and not quiet:
+            click.echo(f"{deployment['capacity_text']}; pass times: {deployment['timing_source']}", err=True)
         out = report.write(output_dir)
         if html_report:
             from servesim.replay.report import write_report
@@ -293,6 +296,11 @@ def _register_fitting_commands():
 
     main.add_command(fit_command, "fit")
     main.add_command(evaluate_command, "evaluate")
+    from servesim.deployment.commands import calibrate_command, gpus_command, models_command
+
+    main.add_command(models_command, "models")
+    main.add_command(gpus_command, "gpus")
+    main.add_command(calibrate_command, "calibrate")
 
 
 _register_fitting_commands()

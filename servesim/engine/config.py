@@ -2,6 +2,7 @@
 
 import attrs
 
+from servesim.deployment.config import DeploymentConfig
 from servesim.engine.speculative import SpeculativeConfig
 from servesim.kvcache.config import KVCacheConfig, KVOffloadingConfig  # noqa: F401 (re-exported)
 from servesim.scheduler.config import SchedulerConfig
@@ -20,6 +21,9 @@ class TimingConfig:
     corrected with, from its metadata, or None) and model_fit_on ("launch_stall",
     "window" or "records": whether the fit moved launches back to their own
     passes; servesim/replay/fitted_checks.py).
+    type aic: pass times from aiconfigurator-core's database for the engine's
+    deployment (docs/deployment.md); calibration (optional path) and
+    calibration_factors (prefill, decode, mixed multipliers, read at load time).
     """
 
     type: str = "polynomial"
@@ -33,6 +37,8 @@ class TimingConfig:
     coefficients_ms: tuple = ()
     model_capture_size: int | None = None
     model_fit_on: str | None = None
+    calibration: str | None = None
+    calibration_factors: tuple = ()
 
 
 @attrs.frozen
@@ -55,6 +61,7 @@ class EngineConfig:
     detokenize_ms: float = 0.0
     kv_offloading: KVOffloadingConfig | None = None
     speculative: SpeculativeConfig | None = None
+    deployment: DeploymentConfig | None = None  # engine.model, engine.gpu, ... (docs/deployment.md)
 
 
 @attrs.frozen

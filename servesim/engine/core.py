@@ -75,7 +75,7 @@ class Rank:
             self.scheduler.attach_connector(self.connector)
         self.transfers = self.connector
         self.pricer = PassPricer(config.timing, config.kv_cache.num_gpu_blocks,
-                                 config.kv_cache.block_size)
+                                 config.kv_cache.block_size, config)
         self.num_requests = 0
         # arrays, so that compiled runs of passes (engine/fast_run.py) keep them too
         self.counters = np.zeros(2, dtype=np.int64)  # passes, tokens scheduled

@@ -6,26 +6,33 @@ cache hits excluded), `num_prefill_requests`, `decode_requests`,
 `decode_context` (sum of decode requests' known tokens), `tokens` (all
 scheduled tokens, draft tokens included), `requests` (scheduled requests),
 `draft_tokens` (speculative decoding's draft tokens, 0 without it; the
-`fitted` model's optional sixth feature `sum_draft_tokens` prices them).
+`fitted` model's optional sixth feature `sum_draft_tokens` prices them),
+`prefill_context` (computed tokens of the prefill requests before the pass;
+the `aic` tables use it).
 """
 
 import numpy as np
 
 from servesim.engine import fitted_formula
 from servesim.engine.config import TimingConfig
+from servesim.engine.table_pricing import table_pass_ms
 from servesim.jit import njit
 from servesim.scheduler import fast
 
 fitted_ms = njit(fitted_formula.fitted_ms)
 
-FIXED, LINEAR, POLYNOMIAL, FITTED = 0, 1, 2, 3
-_TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": FITTED}
+FIXED, LINEAR, POLYNOMIAL, FITTED, TABLE = 0, 1, 2, 3, 4
+_TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": FITTED, "aic": TABLE}
 
 
 @njit
 def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_requests,
-               decode_context, tokens, requests, kv_capacity_tokens, draft_tokens=0):
+               decode_context, tokens, requests, kv_capacity_tokens, draft_tokens=0,
+               prefill_context=0):
     """Milliseconds of GPU time for one pass of one rank."""
+    if model == TABLE:
+        return table_pass_ms(params, prefill_tokens, num_prefill_requests, prefill_context,
+                             decode_requests, decode_context)
     if model == FIXED:
         t = 0.0
         if prefill_tokens > 0:
@@ -61,14 +68,22 @@ def price_features(model, params, feats, kv_capacity_tokens):
     return price_pass(model, params, feats[fast.PREFILL_TOKENS], feats[fast.NUM_PREFILL],
                       feats[fast.DECODE_REQS], feats[fast.DECODE_CTX],
                       feats[fast.TOTAL_TOKENS], feats[fast.N_SCHED], kv_capacity_tokens,
-                      feats[fast.SPEC_TOKENS])
+                      feats[fast.SPEC_TOKENS], feats[fast.PREFILL_CTX])
 
 
 class PassPricer:
     """A timing config turned into the kernel's model code and parameters."""
 
-    def __init__(self, timing: TimingConfig, num_gpu_blocks: int, block_size: int):
+    def __init__(self, timing: TimingConfig, num_gpu_blocks: int, block_size: int, engine=None,
+                 data_parallel_size: int = 1):
         self.model = _TYPES[timing.type]
+        self.kv_capacity_tokens = float(num_gpu_blocks * block_size)
+        if self.model == TABLE:
+            # the deployment's tables (servesim/deployment/aic_tables.py, cached)
+            from servesim.deployment.aic_tables import pricing_table
+
+            self.params = pricing_table(engine, data_parallel_size)
+            return
         if self.model == FIXED:
             params = [timing.prefill_ms, timing.decode_ms]
         elif self.model == LINEAR:
@@ -88,4 +103,4 @@ class PassPricer:
         return price_pass(self.model, self.params, out.prefill_tokens,
                           out.num_prefill_requests, out.decode_requests,
                           out.decode_context, out.total_tokens, out.num_scheduled,
-                          self.kv_capacity_tokens, out.spec_tokens)
+                          self.kv_capacity_tokens, out.spec_tokens, out.prefill_context)

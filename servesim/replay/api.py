@@ -165,4 +165,8 @@ def run(
                              output=attrs.evolve(cfg.output, pass_log=False,
                                                  telemetry_interval_ms=None))
         summary = with_baseline(summary, simulate(plain, workload))
+    if cfg.engine.deployment is not None:
+        from servesim.deployment.summary import deployment_summary
+
+        summary["deployment"] = deployment_summary(cfg.engine, cfg.cluster.data_parallel_size)
     return Report(summary=summary, result=result, config=cfg)

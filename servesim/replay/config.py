@@ -37,6 +37,8 @@ from servesim.replay.config_types import (
     SyntheticConfig,
     WorkloadConfig,
 )
+from servesim.deployment.config import KEYS as DEPLOYMENT_KEYS
+from servesim.replay.deployment_config import deployment_to_data, read_calibration, read_deployment
 from servesim.replay.fitted_checks import check_engine_pricing, read_fitted_provenance
 from servesim.replay.validation import (
     BOOL,
@@ -85,6 +87,7 @@ _TIMING_PARAMS = {
     },
     "polynomial": {},
     "fitted": {"model": REQUIRED},
+    "aic": {"calibration": None},
 }
 _DISTRIBUTION_PARAMS = {
     "constant": {"value": REQUIRED},
@@ -94,7 +97,8 @@ _DISTRIBUTION_PARAMS = {
 }
 _KV_CACHE_KEYS = tuple(f.name for f in attrs.fields(KVCacheConfig))
 _SCHEDULER_KEYS = tuple(f.name for f in attrs.fields(SchedulerConfig))
-_ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "speculative", "timing")
+_ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "speculative",
+                "timing", *DEPLOYMENT_KEYS)
 _TOP_KEYS = ("workload", "engine", "cluster", "output")
 _AGGREGATED_KEYS = ("workers", "data_parallel_size", "router")
 _DISAGGREGATED_KEYS = ("mode", "prefill_workers", "decode_workers", "data_parallel_size",
@@ -179,6 +183,7 @@ def _engine_to_data(engine: EngineConfig) -> dict:
         "kv_offloading": None if engine.kv_offloading is None else attrs.asdict(engine.kv_offloading),
         **({} if engine.speculative is None else {"speculative": speculative_to_data(engine.speculative)}),
         "timing": _timing_to_data(engine.timing),
+        **deployment_to_data(engine.deployment),
     }
 
 
@@ -267,7 +272,9 @@ def read_fitted_model(model_path: str) -> tuple:
 def _build(ctx: Ctx, data: dict) -> Config:
     """The validated Config of plain data in the YAML layout."""
     top = Section(ctx, data, "", _TOP_KEYS)
-    engine = _engine(ctx, top.data.get("engine"))
+    raw_cluster = top.data.get("cluster")
+    dp = raw_cluster.get("data_parallel_size", 1) if isinstance(raw_cluster, dict) else 1
+    engine = _engine(ctx, top.data.get("engine"), data_parallel_size=dp if is_int(dp) and dp >= 1 else 1)
     cluster = _cluster(ctx, top.data.get("cluster"), top.data.get("engine"), engine)
     if engine.launch is not None and cluster.data_parallel_size != 1:
         ctx.fail(
@@ -439,7 +446,7 @@ def _lengths(ctx: Ctx, s: Section, key: str, defaults=None) -> LengthDistributio
     return LengthDistribution(distribution=kind, mean=mean, sigma=sigma, min=low, max=high or 0)
 
 
-def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
+def _engine(ctx: Ctx, data, path_of=None, data_parallel_size=1) -> EngineConfig:
     """`engine`: flat keys split into the KV cache, scheduler and engine configs.
     `path_of(key)` names where each key came from when `data` merges a
     pool's overrides into `engine` (messages then say `cluster.prefill.KEY`
@@ -455,10 +462,18 @@ def _engine(ctx: Ctx, data, path_of=None) -> EngineConfig:
     if speculative is not None and s.given("kv_offloading"):
         ctx.fail(s.sub("speculative"), f"does not combine with {s.sub('kv_offloading')} "
                  "(speculative decoding runs on the compiled scheduler, the CPU tier does not)")
+    deployment, kv_cache = read_deployment(ctx, s, kv_cache, scheduler, data_parallel_size)
+    timing = _timing(ctx, s.data.get("timing"), s.sub("timing"))
+    if timing.type == "aic" and deployment is None:
+        ctx.fail(s.sub("timing"), f"type aic requires a deployment: {s.sub('model')} and {s.sub('gpu')}")
+    if timing.type == "aic" and speculative is not None:
+        ctx.fail(s.sub("timing"), f"type aic does not price draft tokens yet; with {s.sub('speculative')} "
+                 "use a fitted model with sum_draft_tokens, linear or polynomial timing")
     engine = EngineConfig(
         kv_cache=kv_cache,
         scheduler=scheduler,
-        timing=_timing(ctx, s.data.get("timing"), s.sub("timing")),
+        deployment=deployment,
+        timing=timing,
         launch=launch,
         detokenize_ms=s.get("detokenize_ms", NUMBER, 0.0, ge(0)),
         kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading"), s.sub("kv_offloading")),
@@ -514,6 +529,14 @@ def _timing(ctx: Ctx, data, path="engine.timing") -> TimingConfig:
             ctx.fail(s.sub("model"), f"fitted model file not found: {model}")
         return TimingConfig(type=kind, model=model, coefficients_ms=read_fitted_model(model),
                             **read_fitted_provenance(model))
+    if kind == "aic":
+        if not s.given("calibration"):
+            return TimingConfig(type=kind)
+        calibration = ctx.resolve(s.get("calibration", PATH))
+        if not os.path.isfile(calibration):
+            ctx.fail(s.sub("calibration"), f"calibration file not found: {calibration}")
+        return TimingConfig(type=kind, calibration=calibration,
+                            calibration_factors=read_calibration(calibration))
     params = {key: s.get(key, NUMBER, default, ge(0)) for key, default in _TIMING_PARAMS[kind].items()}
     return TimingConfig(type=kind, **params)
 
@@ -661,6 +684,8 @@ def _timing_to_data(timing: TimingConfig) -> dict:
     """The timing block: its type and that type's parameters only."""
     if timing.type == "fitted":
         return {"type": "fitted", "model": timing.model}
+    if timing.type == "aic":
+        return {"type": "aic", "calibration": timing.calibration}
     return {"type": timing.type, **{key: getattr(timing, key) for key in _TIMING_PARAMS[timing.type]}}
 
 

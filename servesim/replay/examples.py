@@ -20,6 +20,31 @@ workload:
 """
 
 EXAMPLES = {
+    "deployment": """\
+# Qwen3-32B on two H200s with tensor parallelism 2 (docs/deployment.md): vLLM's
+# KV capacity derived from the model and the GPU, pass times from NVIDIA's
+# aiconfigurator-core database (pip install 'servesim[aic]').
+workload:
+  synthetic:
+    requests: 500
+    input_tokens: {distribution: uniform, min: 512, max: 4096}
+    output_tokens: {distribution: uniform, min: 64, max: 512}
+    arrival: poisson
+    rate: 4.0                 # requests/s
+    seed: 42
+engine:
+  model: Qwen/Qwen3-32B       # `servesim models`; or a folder holding config.json
+  gpu: h200_sxm               # `servesim gpus`
+  tensor_parallel_size: 2
+  pipeline_parallel_size: 1
+  quantization: null          # null (16-bit weights) | fp8
+  kv_cache_dtype: auto        # auto | fp8
+  gpu_memory_utilization: 0.9 # num_gpu_blocks is derived (give it to override)
+  block_size: 16
+  max_num_seqs: 256
+  max_num_batched_tokens: 8192
+  timing: {type: aic}         # optionally {type: aic, calibration: calibration.yaml}
+""",
     "mooncake": """\
 # The first 1,000 requests of Mooncake's conversation trace (FAST'25, Apache-2.0)
 # on one vLLM worker: the spec's benchmark setup (64-token blocks, 16384 blocks,

@@ -55,8 +55,8 @@ KIND_NAMES = (KIND_NEW, KIND_RESUMED, KIND_RUNNING)
 F_SAMPLES = 1  # flags of an entry
 # feats
 (N_SCHED, N_PRE, N_UNFIN, PREFILL_TOKENS, NUM_PREFILL, DECODE_REQS, DECODE_CTX,
- TOTAL_TOKENS, FREE_BLOCKS, SPEC_TOKENS) = range(10)
-NUM_FEATS = 10  # SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS)
+ TOTAL_TOKENS, FREE_BLOCKS, SPEC_TOKENS, PREFILL_CTX) = range(11)
+NUM_FEATS = 11  # SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS)
 
 
 @njit
@@ -339,6 +339,7 @@ def _update_after_schedule(R, cfg, out, feats):
         if before < R[i, PREFILL_TARGET]:
             feats[PREFILL_TOKENS] += n
             feats[NUM_PREFILL] += 1
+            feats[PREFILL_CTX] += before
         else:
             feats[DECODE_REQS] += 1
             feats[DECODE_CTX] += R[i, NUM_TOKENS]
@@ -558,6 +559,7 @@ class FastOutput:
     num_prefill_requests = property(lambda self: int(self.feats[NUM_PREFILL]))
     decode_requests = property(lambda self: int(self.feats[DECODE_REQS]))
     decode_context = property(lambda self: int(self.feats[DECODE_CTX]))
+    prefill_context = property(lambda self: int(self.feats[PREFILL_CTX]))
     total_tokens = property(lambda self: int(self.feats[TOTAL_TOKENS]))
     spec_tokens = property(lambda self: int(self.feats[SPEC_TOKENS]))
     free_blocks_after_schedule = property(lambda self: int(self.feats[FREE_BLOCKS]))

@@ -35,7 +35,7 @@ class SchedulerOutput:
 
     __slots__ = ("scheduled", "preempted", "free_blocks_after_schedule",
                  "prefill_tokens", "num_prefill_requests", "decode_requests",
-                 "decode_context", "total_tokens",
+                 "decode_context", "total_tokens", "prefill_context",
                  "loads", "preemption_stores", "stores", "new_blocks")
 
     def __init__(self):
@@ -46,6 +46,7 @@ class SchedulerOutput:
         self.num_prefill_requests = 0
         self.decode_requests = 0
         self.decode_context = 0
+        self.prefill_context = 0  # computed tokens before the pass of prefill requests
         self.total_tokens = 0
         self.loads = []
         self.preemption_stores = []

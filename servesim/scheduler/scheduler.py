@@ -423,6 +423,7 @@ class Scheduler:
             if before < request.prefill_target:
                 out.prefill_tokens += entry.num_tokens
                 out.num_prefill_requests += 1
+                out.prefill_context += before
             else:
                 out.decode_requests += 1
                 out.decode_context += request.num_tokens

@@ -1,0 +1,147 @@
+"""The optional aiconfigurator-core package (NVIDIA, Apache-2.0): its
+forward-pass model for a deployment, and what its database supports.
+
+Everything here imports the package lazily, so servesim runs without it; a
+clear InputError says how to install it when a config needs it.
+"""
+
+import importlib.util
+import os
+
+from servesim.deployment.config import DeploymentConfig
+from servesim.errors import InputError
+
+BACKEND = "vllm"
+INSTALL = "pip install 'servesim[aic]' (needs Python >= 3.11)"
+
+
+def package_version():
+    """The installed aiconfigurator-core version, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aiconfigurator-core")
+    except PackageNotFoundError:
+        return None
+
+
+def require(what: str = "engine.timing type aic"):
+    if importlib.util.find_spec("aiconfigurator_core") is None:
+        raise InputError(f"{what} needs the optional package aiconfigurator-core: {INSTALL}")
+    import aiconfigurator_core
+
+    return aiconfigurator_core
+
+
+def _systems_dir():
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None:
+        return None
+    return os.path.join(list(spec.submodule_search_locations)[0], "systems")
+
+
+def database_systems() -> dict:
+    """System name -> vLLM data versions the database holds (empty without
+    the package)."""
+    root = _systems_dir()
+    if root is None:
+        return {}
+    out = {}
+    for name in sorted(os.listdir(root)):
+        gemm = os.path.join(root, "data", name[:-5] if name.endswith(".yaml") else name, "gemm", BACKEND)
+        if name.endswith(".yaml") and os.path.isdir(gemm):
+            versions = sorted(v for v in os.listdir(gemm) if os.path.isdir(os.path.join(gemm, v)))
+            if versions:
+                out[name[:-5]] = versions
+    return out
+
+
+def backend_version(system: str) -> str:
+    """The database's current vLLM version for `system` (query_versions.yaml)."""
+    from servesim.replay.yaml_input import parse_yaml, read_text
+
+    path = os.path.join(_systems_dir(), "query_versions.yaml")
+    data = parse_yaml(read_text(path, "database versions"), path)
+    slot = (data.get("overrides") or {}).get(system, {}).get(BACKEND) or data["defaults"][BACKEND]
+    return str(slot["current"])
+
+
+def engine_config(dep: DeploymentConfig, data_parallel_size: int = 1) -> dict:
+    """The package's engine config for a deployment: vLLM's parallelism mapped
+    to the database's (`moe_tp_size` = TP without expert parallelism; with it,
+    experts over TP x DP ranks, `moe_ep_size`), weights and KV precision."""
+    ac = require()
+    tp = dep.tensor_parallel_size
+    ep = tp * data_parallel_size if dep.enable_expert_parallel else 1
+    config = {
+        "schema_version": ac.engine_spec_schema_version(),
+        "model_name": dep.model,
+        "system_name": dep.gpu,
+        "backend": BACKEND,
+        "backend_version": backend_version(dep.gpu),
+        "tp_size": tp,
+        "pp_size": dep.pipeline_parallel_size,
+        "attention_dp_size": data_parallel_size,
+        "moe_tp_size": 1 if dep.enable_expert_parallel else tp,
+        "moe_ep_size": ep,
+    }
+    if dep.quantization == "fp8":
+        config["gemm_quant_mode"] = "fp8"
+        config["moe_quant_mode"] = "fp8"
+    if dep.kv_cache_dtype == "fp8":
+        config["kvcache_quant_mode"] = "fp8"
+    return config
+
+
+def check_supported(dep: DeploymentConfig):
+    """Reject a model or GPU the database lacks, listing what it has."""
+    from servesim.deployment.specs import database_models
+
+    systems = database_systems()
+    if dep.gpu not in systems:
+        raise InputError(f"engine.gpu: the database has no vLLM data for {dep.gpu!r}; it has: "
+                         + ", ".join(systems))
+    if dep.model not in database_models():
+        raise InputError(f"engine.model: timing type aic needs a database model, got {dep.model!r}; "
+                         "the database has: " + ", ".join(database_models()))
+
+
+class DirectModel:
+    """Direct calls of the package's forward-pass model for one deployment."""
+
+    def __init__(self, dep: DeploymentConfig, data_parallel_size: int = 1):
+        check_supported(dep)
+        require()
+        import logging
+
+        logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+        from aiconfigurator_core.sdk.rust_engine_step import RustForwardPassPerfModel
+
+        try:
+            self.model = RustForwardPassPerfModel.from_native(engine_config(dep, data_parallel_size))
+        except (ValueError, RuntimeError) as exc:
+            raise InputError(f"engine: the database cannot price {dep.model} on {dep.gpu} "
+                             f"(TP {dep.tensor_parallel_size}, PP {dep.pipeline_parallel_size}): {exc}") from None
+
+    def __call__(self, prefill_tokens=0, num_prefill=0, prefill_context=0, decode_requests=0,
+                 decode_context=0) -> float:
+        """Milliseconds of one pass with these features (requests of even size)."""
+        return float(self.model.estimate_forward_pass_time_ms(
+            fpm(prefill_tokens, num_prefill, prefill_context, decode_requests, decode_context)) or 0.0)
+
+
+def fpm(prefill_tokens, num_prefill, prefill_context, decode_requests, decode_context) -> dict:
+    """One rank's forward-pass metrics in the package's (Dynamo's) schema."""
+    return {"scheduled_requests": {
+        "num_prefill_requests": int(num_prefill), "sum_prefill_tokens": int(prefill_tokens),
+        "sum_prefill_kv_tokens": int(prefill_context), "var_prefill_length": 0.0,
+        "num_decode_requests": int(decode_requests), "sum_decode_kv_tokens": int(decode_context),
+        "var_decode_kv_tokens": 0.0}}
+
+
+def measured_token_grid(system: str, version: str) -> list:
+    """The token counts (GEMM `m`) the database measured on `system`."""
+    import pyarrow.parquet as pq
+
+    path = os.path.join(_systems_dir(), "data", system, "gemm", BACKEND, version, "gemm_perf.parquet")
+    return sorted({int(m) for m in pq.read_table(path, columns=["m"]).column("m").to_pylist()})

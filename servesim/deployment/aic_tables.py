@@ -1,0 +1,140 @@
+"""Tables of the database's pass times for the `aic` timing, built at start-up
+from direct calls of aiconfigurator-core and cached on disk.
+
+The axes (servesim/engine/table_pricing.py) take their nodes from the
+database's own measurement grid: prefill tokens and decode requests at the
+GEMM token counts it measured (it measures both k and k+1 where its curves
+step, so nodes there keep a step a step), contexts at powers of two and one
+past them, where its attention data sits. The cache file is keyed by the
+deployment, the engine limits that bound the axes and the package version,
+under $XDG_CACHE_HOME/servesim (default ~/.cache/servesim).
+"""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from servesim.deployment import aic
+from servesim.engine import table_pricing
+
+FORMAT = 1
+_REQUEST_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "servesim", "aic")
+
+
+def _limits(engine) -> dict:
+    """The engine limits that bound the axes; without `max_model_len`, the
+    model's `max_position_embeddings` (vLLM's default for it)."""
+    from servesim.deployment.specs import load_model_spec
+
+    s = engine.scheduler
+    top = s.max_model_len or load_model_spec(engine.deployment.model).max_position_embeddings
+    return {"max_num_batched_tokens": s.max_num_batched_tokens, "max_num_seqs": s.max_num_seqs,
+            "max_model_len": top}
+
+
+def cache_key(dep, limits: dict, data_parallel_size: int, version: str) -> str:
+    ident = {"format": FORMAT, "package": version, "dp": data_parallel_size,
+             **{k: getattr(dep, k) for k in ("model", "gpu", "tensor_parallel_size",
+                                              "pipeline_parallel_size", "enable_expert_parallel",
+                                              "quantization", "kv_cache_dtype")},
+             **limits}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _context_nodes(top: int) -> list:
+    nodes = [0, 1]
+    p = 2
+    while p < top:
+        nodes += [p - 1, p] if p > 2 else [p]
+        p *= 2
+    nodes.append(top)
+    return sorted(set(nodes))
+
+
+def axes(grid: list, limits: dict) -> tuple:
+    """The five axes' nodes for an engine's limits."""
+    budget = limits["max_num_batched_tokens"]
+    seqs = limits["max_num_seqs"]
+    top = limits["max_model_len"]
+    p_nodes = sorted({m for m in grid if m <= budget} | {1, budget})
+    q_nodes = sorted({q for q in _REQUEST_NODES if q <= min(seqs, budget)} | {min(seqs, budget)})
+    k_nodes = [k for k in _context_nodes(top) if k == 0 or k == top or k >= 64 and (k & (k - 1)) == 0]
+    d_nodes = sorted({m for m in grid if m <= seqs} | {1, seqs})
+    c_nodes = [c for c in _context_nodes(top) if c >= 1]
+    return p_nodes, q_nodes, k_nodes, d_nodes, c_nodes
+
+
+def _tokens_for(m: int, q: int, steps: set) -> int:
+    """Prefill tokens in `q` even requests whose GEMM token count
+    `q * (tokens // q)` is nearest `m` on the same side of the database's
+    step at `m` (above it when `m` is a just-past-measured point)."""
+    if m in steps:
+        return q * -(-m // q)
+    return max(q, q * (m // q))
+
+
+def build_table(direct, grid: list, limits: dict) -> np.ndarray:
+    """Direct calls at every node (a prefill node with more requests than
+    tokens copies its neighbour with as many requests as tokens)."""
+    p_nodes, q_nodes, k_nodes, d_nodes, c_nodes = axes(grid, limits)
+    steps = {m for m in grid if m - 1 in set(grid)}
+    prefill = np.zeros((len(p_nodes), len(q_nodes), len(k_nodes)))
+    for i, p in enumerate(p_nodes):
+        for j, q in enumerate(q_nodes):
+            for k, ctx in enumerate(k_nodes):
+                if q > p:
+                    prefill[i, j, k] = prefill[i, j - 1, k]
+                else:
+                    prefill[i, j, k] = direct(_tokens_for(p, q, steps), q, ctx * q, 0, 0)
+    decode = np.zeros((len(d_nodes), len(c_nodes)))
+    for i, d in enumerate(d_nodes):
+        for j, c in enumerate(c_nodes):
+            decode[i, j] = direct(0, 0, 0, d, c * d)
+    mixed = np.zeros((len(p_nodes), len(d_nodes)))
+    for i, p in enumerate(p_nodes):
+        for j, d in enumerate(d_nodes):
+            mixed[i, j] = direct(max(p - d, 1), 1, 0, d, d)
+    return table_pricing.pack(p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, prefill, decode, mixed)
+
+
+def load_or_build(engine, data_parallel_size: int = 1) -> np.ndarray:
+    """The deployment's table without calibration factors: from the disk
+    cache, else built (then cached)."""
+    dep = engine.deployment
+    version = aic.package_version()
+    if version is None:
+        aic.require()
+    limits = _limits(engine)
+    path = os.path.join(cache_dir(), cache_key(dep, limits, data_parallel_size, version) + ".npy")
+    if os.path.isfile(path):
+        try:
+            return np.load(path)
+        except (OSError, ValueError):
+            pass  # a damaged cache file is rebuilt
+    direct = aic.DirectModel(dep, data_parallel_size)
+    grid = aic.measured_token_grid(dep.gpu, aic.backend_version(dep.gpu))
+    table = build_table(direct, grid, limits)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp.npy"
+    np.save(tmp, table)
+    os.replace(tmp, path)
+    return table
+
+
+_MEMO: dict = {}
+
+
+def pricing_table(engine, data_parallel_size: int = 1) -> np.ndarray:
+    """The kernel's params for an engine with `timing: {type: aic}`."""
+    key = (engine.deployment, tuple(_limits(engine).values()), data_parallel_size)
+    if key not in _MEMO:
+        _MEMO[key] = load_or_build(engine, data_parallel_size)
+    factors = engine.timing.calibration_factors or (1.0, 1.0, 1.0)
+    return table_pricing.with_factors(_MEMO[key], factors)

@@ -1,0 +1,156 @@
+"""Model specs: a Hugging Face `config.json`, from a folder or from the model
+configs shipped by the optional aiconfigurator-core package (database names
+such as `Qwen/Qwen3-32B`). Only the shapes that size weights and KV are read.
+"""
+
+import importlib.util
+import json
+import os
+
+import attrs
+
+from servesim.errors import InputError
+
+# weight bytes per parameter of the linear layers, by `quantization`
+WEIGHT_BYTES = {None: 2.0, "fp8": 1.0}
+# bytes per KV element, by `kv_cache_dtype`
+KV_BYTES = {"auto": 2, "fp8": 1}
+
+
+@attrs.frozen
+class ModelSpec:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    dense_layers: int = 0  # leading dense layers of a MoE model
+    kv_lora_rank: int = 0  # MLA
+    qk_rope_head_dim: int = 0
+    sliding_window: int = 0
+    config_quantization: str | None = None  # quantization named in config.json
+    max_position_embeddings: int = 131072  # vLLM's default max_model_len
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def parameters(self) -> dict:
+        """Parameter counts: `embedding` (input + output), `attention`,
+        `dense_mlp`, `experts` (routed), `shared` (shared experts, router,
+        norms), all layers together."""
+        h = self.hidden_size
+        attn = h * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        dense = 3 * h * self.intermediate_size
+        moe_layers = self.num_layers - self.dense_layers if self.num_experts else 0
+        experts = moe_layers * self.num_experts * 3 * h * self.moe_intermediate_size
+        shared = moe_layers * (3 * h * self.shared_expert_intermediate_size + h * self.num_experts)
+        shared += self.num_layers * 2 * h
+        embedding = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        dense_layers = self.num_layers - moe_layers
+        return {"embedding": embedding, "attention": self.num_layers * attn,
+                "dense_mlp": dense_layers * dense, "experts": experts, "shared": shared}
+
+
+_BUNDLED = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "models")
+
+
+def _database_dir():
+    """The model-config folder of aiconfigurator-core, or None (found without
+    importing the package)."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "model_configs")
+    return path if os.path.isdir(path) else None
+
+
+def _config_file(folder, model: str) -> str:
+    return os.path.join(folder, model.replace("/", "--", 1) + "_config.json")
+
+
+def database_models() -> list:
+    """Model names with a config in the package (empty without it)."""
+    folder = _database_dir()
+    if folder is None:
+        return []
+    suffix = "_config.json"
+    return sorted(name[: -len(suffix)].replace("--", "/", 1) for name in os.listdir(folder)
+                  if name.endswith(suffix) and not name.endswith("_hf_quant_config.json"))
+
+
+def config_path(model: str, where: str = "engine.model") -> str:
+    """The config.json of `model`: a folder holding one, or a database name."""
+    if os.path.isdir(model):
+        path = os.path.join(model, "config.json")
+        if not os.path.isfile(path):
+            raise InputError(f"{where}: folder {model} has no config.json")
+        return path
+    folder = _database_dir()
+    if folder is None:
+        bundled = _config_file(_BUNDLED, model)
+        if os.path.isfile(bundled):  # servesim/data/README.md
+            return bundled
+        raise InputError(
+            f"{where}: {model!r} is not a folder with a config.json, and database model names "
+            "need the optional package aiconfigurator-core (pip install 'servesim[aic]')")
+    path = _config_file(folder, model)
+    if not os.path.isfile(path):
+        raise InputError(f"{where}: unknown model {model!r}; the database has: "
+                         + ", ".join(database_models()))
+    return path
+
+
+def load_model_spec(model: str, where: str = "engine.model") -> ModelSpec:
+    path = config_path(model, where)
+    with open(path, encoding="utf-8") as f:
+        return spec_from_hf_config(json.load(f), model, path)
+
+
+def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> ModelSpec:
+    """The shapes of a Hugging Face config (text part of a multimodal one)."""
+    if "text_config" in cfg and "num_hidden_layers" not in cfg:
+        cfg = {**cfg, **cfg["text_config"]}
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        layers = int(cfg["num_hidden_layers"])
+        vocab = int(cfg["vocab_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{path}: not a decoder config servesim can read (missing {exc})") from None
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+    shared = int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0)
+    shared = shared or int(cfg.get("shared_expert_intermediate_size") or 0)
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if cfg.get("layer_types") and "sliding_attention" not in cfg["layer_types"]:
+        window = None
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    return ModelSpec(
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        intermediate_size=int(cfg.get("intermediate_size") or 0),
+        vocab_size=vocab,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        num_experts=experts,
+        experts_per_token=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0),
+        shared_expert_intermediate_size=shared,
+        dense_layers=int(cfg.get("first_k_dense_replace") or 0) if experts else 0,
+        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
+        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+        sliding_window=int(window or 0),
+        config_quantization=quant,
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 131072),
+    )

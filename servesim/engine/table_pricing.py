@@ -1,0 +1,138 @@
+"""Pass times interpolated in tables (the `aic` timing, docs/deployment.md).
+
+A table is one flat float64 array, the pricing kernel's `params`:
+a header of HEADER slots — the node counts of the five axes and the
+calibration factors of prefill-only, decode-only and mixed passes — then the
+axes' nodes, then the values:
+- prefill[P, Q, K]: a pass of `P` prefill tokens in `Q` prefill requests
+  whose computed context averages `K` tokens each. The database splits the
+  tokens evenly, so its GEMMs see `Q * (P // Q)` tokens: that is the `P`
+  coordinate, and the grid's steps stay on its nodes;
+- decode[D, C]: a pass of `D` decode requests whose context averages `C`;
+- mixed[M, D]: a pass of `M` tokens, `D` of them decode requests of
+  context 1 and the rest one prompt without context (its GEMMs see `M`).
+A mixed pass costs mixed[P + D, D] plus what its attention adds over that base:
+prefill[P, Q, K] - prefill[P, 1, 0] and decode[D, C] - decode[D, 1] (the
+database prices a mixed step's GEMMs on all its tokens at once and its two
+attentions apart, so the attention terms add). Between nodes the kernel interpolates linearly along
+each axis; beyond the last node it extrapolates the last interval's slope.
+"""
+
+import numpy as np
+
+from servesim.jit import njit
+
+N_P, N_Q, N_K, N_D, N_C, F_PREFILL, F_DECODE, F_MIXED = range(8)
+HEADER = 16
+
+
+def pack(p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, prefill, decode, mixed,
+         factors=(1.0, 1.0, 1.0)) -> np.ndarray:
+    """The flat table of the axes' nodes and value grids."""
+    axes = [np.asarray(a, dtype=np.float64) for a in (p_nodes, q_nodes, k_nodes, d_nodes, c_nodes)]
+    prefill = np.asarray(prefill, dtype=np.float64)
+    decode = np.asarray(decode, dtype=np.float64)
+    assert prefill.shape == (len(axes[0]), len(axes[1]), len(axes[2]))
+    assert decode.shape == (len(axes[3]), len(axes[4]))
+    mixed = np.asarray(mixed, dtype=np.float64)
+    assert mixed.shape == (len(axes[0]), len(axes[3]))
+    header = np.zeros(HEADER)
+    header[:5] = [len(a) for a in axes]
+    header[F_PREFILL:F_MIXED + 1] = factors
+    return np.concatenate([header, *axes, prefill.ravel(), decode.ravel(), mixed.ravel()])
+
+
+def with_factors(table: np.ndarray, factors) -> np.ndarray:
+    out = table.copy()
+    out[F_PREFILL:F_MIXED + 1] = factors
+    return out
+
+
+@njit
+def _bracket(nodes, x):
+    """(lower index, weight of the upper node) of `x` among sorted `nodes`."""
+    n = nodes.shape[0]
+    if n == 1:
+        return 0, 0.0
+    i = np.searchsorted(nodes, x, side="right") - 1
+    if i < 0:
+        i = 0
+    if i > n - 2:
+        i = n - 2
+    lo = nodes[i]
+    return i, (x - lo) / (nodes[i + 1] - lo)
+
+
+@njit
+def table_pass_ms(t, prefill_tokens, num_prefill, prefill_context, decode_requests, decode_context):
+    """Milliseconds of one pass priced from table `t`."""
+    n_p, n_q, n_k, n_d, n_c = int(t[N_P]), int(t[N_Q]), int(t[N_K]), int(t[N_D]), int(t[N_C])
+    o = HEADER
+    p_nodes = t[o:o + n_p]
+    o += n_p
+    q_nodes = t[o:o + n_q]
+    o += n_q
+    k_nodes = t[o:o + n_k]
+    o += n_k
+    d_nodes = t[o:o + n_d]
+    o += n_d
+    c_nodes = t[o:o + n_c]
+    o += n_c
+    o_pre = o
+    o_dec = o_pre + n_p * n_q * n_k
+    o_mix = o_dec + n_d * n_c
+    has_pre = prefill_tokens > 0
+    has_dec = decode_requests > 0
+    if has_pre:
+        q = max(num_prefill, 1)
+        ip, wp = _bracket(p_nodes, float(q * (prefill_tokens // q)))
+        iq, wq = _bracket(q_nodes, float(num_prefill))
+        ik, wk = _bracket(k_nodes, prefill_context / max(num_prefill, 1))
+        pre = _interp3(t, o_pre, n_q, n_k, ip, wp, iq, wq, ik, wk)
+    if has_dec:
+        idd, wd = _bracket(d_nodes, float(decode_requests))
+        ic, wc = _bracket(c_nodes, decode_context / decode_requests)
+        dec = _interp2(t, o_dec, n_c, idd, wd, ic, wc)
+    if has_pre and has_dec:
+        i0, w0 = _bracket(q_nodes, 1.0)
+        j0, v0 = _bracket(k_nodes, 0.0)
+        c1, u1 = _bracket(c_nodes, 1.0)
+        q = max(num_prefill, 1)
+        im, wm = _bracket(p_nodes, float(prefill_tokens + decode_requests))
+        base = _interp2(t, o_mix, n_d, im, wm, idd, wd)
+        extra_pre = pre - _interp3(t, o_pre, n_q, n_k, ip, wp, i0, w0, j0, v0)
+        extra_dec = dec - _interp2(t, o_dec, n_c, idd, wd, c1, u1)
+        return max(base + extra_pre + extra_dec, 0.0) * t[F_MIXED]
+    if has_pre:
+        return max(pre, 0.0) * t[F_PREFILL]
+    if has_dec:
+        return max(dec, 0.0) * t[F_DECODE]
+    return 0.0
+
+
+@njit
+def _interp2(t, o, n_b, ia, wa, ib, wb):
+    """Bilinear interpolation in the grid at `t[o:]` with rows of `n_b`."""
+    v = 0.0
+    for a in range(2):
+        fa = wa if a else 1.0 - wa
+        for b in range(2):
+            f = fa * (wb if b else 1.0 - wb)
+            if f != 0.0:
+                v += f * t[o + (ia + a) * n_b + ib + b]
+    return v
+
+
+@njit
+def _interp3(t, o, n_b, n_c, ia, wa, ib, wb, ic, wc):
+    """Trilinear interpolation in the grid at `t[o:]` of shape (-, n_b, n_c)."""
+    v = 0.0
+    for a in range(2):
+        fa = wa if a else 1.0 - wa
+        for b in range(2):
+            fb = fa * (wb if b else 1.0 - wb)
+            for c in range(2):
+                f = fb * (wc if c else 1.0 - wc)
+                if f != 0.0:
+                    v += f * t[o + ((ia + a) * n_b + ib + b) * n_c + ic + c]
+    return v
