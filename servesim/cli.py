@@ -180,6 +180,9 @@ def validate(config, overrides):
 
     cfg = load_config(config, tuple(overrides))
     workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
+    from servesim.capacity.slo import check_config_slos
+
+    check_config_slos(config)
     click.echo(f"{config}: ok ({len(workload)} requests)")
 
 
@@ -252,7 +255,7 @@ def report(directory):
     DIRECTORY is a run's output folder (summary.json, requests.jsonl,
     telemetry.jsonl) or a sweep's (sweep.csv). Needs servesim[report].
     """
-    from servesim.replay.report import write_report
+    from servesim.capacity.report import write_report
 
     click.echo(str(write_report(directory)))
 
@@ -264,4 +267,12 @@ def _register_fitting_commands():
     main.add_command(evaluate_command, "evaluate")
 
 
+def _register_capacity_commands():
+    from servesim.capacity.commands import capacity_command, search_command
+
+    main.add_command(capacity_command, "capacity")
+    main.add_command(search_command, "search")
+
+
 _register_fitting_commands()
+_register_capacity_commands()
