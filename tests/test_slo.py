@@ -10,27 +10,12 @@ from servesim.cli import main
 from servesim.errors import InputError
 from servesim.replay.api import run
 
+from tests.test_capacity import ONE_PER_PASS as AT_10, write
+
 # One request per 10 ms pass (max_num_seqs 1, one output token): at a
 # constant rate r > 100 req/s request i waits, TTFT_i = 10 + i * (10 - 1000/r).
-ONE_PER_PASS = """\
-workload:
-  synthetic:
-    requests: 100
-    input_tokens: 16
-    output_tokens: 1
-    arrival: constant
-    rate: 150
-engine:
-  max_num_seqs: 1
-  max_num_batched_tokens: 16
-  timing: {type: fixed, prefill_ms: 10, decode_ms: 10}
-"""
-
-
-def write(tmp_path, text, name="c.yaml"):
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
+ONE_PER_PASS = AT_10.replace("rate: 10\n", "rate: 150\n")
+assert ONE_PER_PASS != AT_10
 
 
 def test_options_and_block_merge(tmp_path):
