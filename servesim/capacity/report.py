@@ -3,8 +3,9 @@ search (search.json), in the style of servesim/replay/report.py; any other
 folder is that module's (a run's or a sweep's).
 
 - capacity: the answer, one plot per SLO of every probe's figure against the
-  load (the SLO's target as a dashed line, the capacity as a dotted one,
-  probes that meet all SLOs filled, the others hollow), and the probe table;
+  load (the SLO's target as a dashed line, the capacity as a dotted one;
+  green where the probe meets that SLO, red where not; filled when it meets
+  every SLO, hollow when not), and the probe table;
 - search: the Pareto front of request rate per GPU against the first SLO's
   figure (points meeting the SLOs filled, the winner starred, the
   non-dominated points joined), and the table of points with their ranks.
@@ -39,18 +40,20 @@ def _probe_curve(plots, doc: dict) -> str:
         axes = fig.subplots(1, len(names), squeeze=False)[0]
         for ax, name in zip(axes, names):
             values = [p["metrics"][name] for p in probes]
-            shown = [(r, v, p["meets"]) for r, v, p in zip(rates, values, probes) if v is not None]
-            ax.plot([r for r, _, _ in shown], [v for _, v, _ in shown], color="#888", lw=1, zorder=1)
-            for r, v, ok in shown:
-                ax.scatter([r], [v], s=28, zorder=2, color=MEET if ok else "white",
+            shown = [(r, v, name not in p["violated"], p["meets"])
+                     for r, v, p in zip(rates, values, probes) if v is not None]
+            ax.plot([r for r, *_ in shown], [v for _, v, *_ in shown], color="#888", lw=1, zorder=1)
+            for r, v, ok, all_ok in shown:
+                ax.scatter([r], [v], s=28, zorder=2, color=(MEET if ok else MISS) if all_ok else "white",
                            edgecolors=MEET if ok else MISS, linewidths=1.4)
             ax.axhline(doc["slo"][name], color=MISS, ls="--", lw=1, label=f"SLO {doc['slo'][name]:g}")
             if doc["capacity"] is not None:
                 ax.axvline(doc["capacity"], color="#1f77b4", ls=":", lw=1.2, label=f"capacity {doc['capacity']:g}")
             if log:
                 ax.set_xscale("log", base=2)
-                if name != "goodput" and all(v > 0 for _, v, _ in shown):
-                    ax.set_yscale("log")
+            ys = [v for _, v, *_ in shown] + [doc["slo"][name]]
+            if name != "goodput" and min(ys) > 0 and max(ys) / min(ys) > 20:
+                ax.set_yscale("log")
             ax.set_xlabel(f"{doc['load']['key']} ({doc['load']['unit']})")
             ax.set_ylabel(name if name == "goodput" else name.replace("_ms", " (ms)"))
             ax.set_title(name)
@@ -74,7 +77,8 @@ def capacity_page(directory: Path, plots) -> str:
         body.append("<h2>Probe curve</h2>")
         body.append(base._img("probe-curve", _probe_curve(plots, doc),
                               "Each probe's figure against the load; dashed: the SLO, dotted: the capacity; "
-                              "filled: the probe meets every SLO, hollow: it misses one."))
+                              "green: meets this SLO, red: misses it; filled: the probe meets every SLO, "
+                              "hollow: it misses at least one."))
     header = ["probe", "phase", base._esc(doc["load"]["key"]), "meets",
               *[base._esc(f"{n} ({'≥' if n == 'goodput' else '≤'} {doc['slo'][n]:g})") for n in names],
               "req/s", "finished", "rejected"]
