@@ -203,7 +203,10 @@ def validate(config, overrides):
     """Check CONFIG and its workload (trace) without simulating."""
     from servesim.replay.api import prepare
 
+    from servesim.capacity.slo import check_config_slos
+
     _, workload, warnings = prepare(config, tuple(overrides))
+    check_config_slos(config)
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"{config}: ok ({len(workload)} requests)")
@@ -286,7 +289,7 @@ def report(directory):
     DIRECTORY is a run's output folder (summary.json, requests.jsonl,
     telemetry.jsonl) or a sweep's (sweep.csv). Needs servesim[report].
     """
-    from servesim.replay.report import write_report
+    from servesim.capacity.report import write_report
 
     click.echo(str(write_report(directory)))
 
@@ -303,4 +306,12 @@ def _register_fitting_commands():
     main.add_command(calibrate_command, "calibrate")
 
 
+def _register_capacity_commands():
+    from servesim.capacity.commands import capacity_command, search_command
+
+    main.add_command(capacity_command, "capacity")
+    main.add_command(search_command, "search")
+
+
 _register_fitting_commands()
+_register_capacity_commands()

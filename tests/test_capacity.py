@@ -1,0 +1,308 @@
+"""`servesim capacity` and `servesim search` (servesim/capacity/): the
+bracket-and-bisect search against closed forms and a brute-force sweep, the
+deployment search against a sweep ranked by hand, outputs, bad input."""
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from servesim.capacity.capacity import FOUND, MAX_MET, UNMET, bracket_and_bisect, capacity, run_probe
+from servesim.capacity.deployment import gpus_of
+from servesim.capacity.load import load_of
+from servesim.capacity.search import search
+from servesim.capacity.slo import build_slos
+from servesim.cli import main
+from servesim.errors import InputError
+from servesim.replay.api import resolve_config
+from servesim.replay.sweep import sweep
+
+T, N = 10.0, 100
+# One request per 10 ms pass: at a constant rate r, request i's TTFT is
+# 10 + i * max(0, 10 - 1000/r), so TTFT p99 (rank 0.99 * 99) <= 15 ms exactly
+# while 1000/r >= T * (1 - 0.5 / (0.99 * (N - 1))).
+ONE_PER_PASS = f"""\
+workload:
+  synthetic:
+    requests: {N}
+    input_tokens: 16
+    output_tokens: 1
+    arrival: constant
+    rate: 10
+engine:
+  max_num_seqs: 1
+  max_num_batched_tokens: 16
+  timing: {{type: fixed, prefill_ms: {T}, decode_ms: {T}}}
+"""
+TRUE_RATE = 1000 / (T * (1 - 0.5 / (0.99 * (N - 1))))
+
+# A closed loop of 4-token requests, at most 4 running: up to 4 in flight
+# every request takes exactly 4 passes of 10 ms; a fifth in flight waits.
+CLOSED_LOOP = """\
+workload:
+  synthetic:
+    requests: 40
+    input_tokens: 16
+    output_tokens: 4
+    concurrency: 1
+engine:
+  max_num_seqs: 4
+  max_num_batched_tokens: 64
+  timing: {type: fixed, prefill_ms: 10, decode_ms: 10}
+"""
+
+# Mixed lengths arriving at a constant rate: no closed form, but latency
+# grows with the rate.
+MIXED = """\
+workload:
+  synthetic:
+    requests: 150
+    input_tokens: {distribution: uniform, min: 32, max: 256}
+    output_tokens: {distribution: uniform, min: 2, max: 16}
+    arrival: constant
+    rate: 5
+    seed: 7
+engine:
+  block_size: 16
+  num_gpu_blocks: 256
+  max_num_seqs: 8
+  max_num_batched_tokens: 256
+  timing: {type: linear, base_ms: 5, per_token_ms: 0.05}
+"""
+
+
+def write(tmp_path, text, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def meets(config, slos, key, value):
+    cfg = resolve_config(config)
+    return run_probe(config, (), load_of(cfg), value, slos)["meets"]
+
+
+# --------------------------------------------------------------------------- the search itself
+
+
+def test_bisect_on_a_threshold():
+    calls = []
+
+    def probe(v):
+        calls.append(v)
+        return {"meets": v <= 37.3}
+
+    out = bracket_and_bisect(probe, 1.0, precision=0.02, min_value=1 / 1024, max_value=1024)
+    assert out.status == FOUND
+    assert 37.3 / 1.02 <= out.answer <= 37.3 and out.above > 37.3
+    assert out.above <= round(out.answer * 1.02, 4)
+    assert calls[:7] == [1, 2, 4, 8, 16, 32, 64] and [p for _, p in out.order].count("confirm") == 1
+    assert len(calls) == len(set(calls))  # never the same probe twice
+
+
+def test_bisect_integers_is_exact():
+    out = bracket_and_bisect(lambda v: {"meets": v <= 13}, 1, integer=True, min_value=1, max_value=1000)
+    assert (out.status, out.answer, out.above) == (FOUND, 13, 14)
+
+
+def test_a_non_monotone_confirmation_searches_on():
+    def probe(v):
+        return {"meets": v <= 10 or 10.19 <= v <= 10.21}
+
+    out = bracket_and_bisect(probe, 10.0, precision=0.02, min_value=0.01, max_value=1000)
+    assert out.status == FOUND and out.answer == 10.2 and not probe(out.above)["meets"]
+    assert out.notes and "not monotone" in out.notes[0]
+
+
+def test_unmet_and_max_met():
+    out = bracket_and_bisect(lambda v: {"meets": False}, 8.0, min_value=1.0, max_value=64)
+    assert out.status == UNMET and out.answer is None and [v for v, _ in out.order] == [8, 4, 2, 1]
+    out = bracket_and_bisect(lambda v: {"meets": True}, 8.0, min_value=1.0, max_value=50)
+    assert out.status == MAX_MET and out.answer == 50 and [v for v, _ in out.order] == [8, 16, 32, 50]
+
+
+# --------------------------------------------------------------------------- closed forms
+
+
+def test_constant_rate_closed_form(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS)
+    slos = build_slos([("ttft_p99_ms", 15)])
+    doc = capacity(config, slos, precision=0.02)
+    assert doc["status"] == FOUND and doc["load"]["key"] == "workload.synthetic.rate"
+    assert TRUE_RATE / 1.02 <= doc["capacity"] <= TRUE_RATE < doc["above"]
+    assert doc["binding_slo"] == "ttft_p99_ms"
+    assert meets(config, slos, None, doc["capacity"]) and not meets(config, slos, None, doc["above"])
+    assert doc["above"] == pytest.approx(doc["capacity"] * 1.02, rel=1e-5)
+    # tighter precision, tighter answer
+    fine = capacity(config, slos, precision=0.001)
+    assert TRUE_RATE / 1.001 <= fine["capacity"] <= TRUE_RATE
+
+
+def test_closed_loop_closed_form(tmp_path):
+    config = write(tmp_path, CLOSED_LOOP)
+    doc = capacity(config, build_slos([("e2e_p99_ms", 45)]))
+    assert doc["load"]["key"] == "workload.synthetic.concurrency"
+    assert (doc["status"], doc["capacity"], doc["above"]) == (FOUND, 4, 5)
+    at = next(p for p in doc["probes"] if p["rate"] == 4)
+    assert at["metrics"]["e2e_p99_ms"] == 40.0
+
+
+def test_brute_force_sweep_agrees(tmp_path):
+    config = write(tmp_path, MIXED)
+    slos = build_slos([("ttft_p90_ms", 60), ("tpot_p90_ms", 12)])
+    doc = capacity(config, slos, precision=0.02)
+    assert doc["status"] == FOUND
+    answer, above = doc["capacity"], doc["above"]
+    grid = sorted({round(answer * f, 4) for f in (0.25, 0.5, 0.7, 0.85, 0.95, 1.0)}
+                  | {round(above * f, 4) for f in (1.0, 1.1, 1.3, 1.6, 2.0)})
+    out = sweep(config, write(tmp_path, f"workload.synthetic.rate: {grid}\n", "g.yaml"), tmp_path / "sw", jobs=2)
+    with open(tmp_path / "sw" / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert not out.failed
+    for row in rows:
+        rate = float(row["workload.synthetic.rate"])
+        ok = float(row["ttft_ms_p90"]) <= 60 and float(row["tpot_ms_p90"]) <= 12
+        assert ok == (rate <= answer), (rate, answer, row["ttft_ms_p90"], row["tpot_ms_p90"])
+
+
+def test_capacity_is_deterministic(tmp_path):
+    config = write(tmp_path, MIXED)
+    slos = build_slos([("ttft_p90_ms", 60)])
+    a, b = (capacity(config, slos) for _ in range(2))
+    a.pop("wall_time_s"), b.pop("wall_time_s")
+    assert json.dumps(a) == json.dumps(b)
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def test_cli_capacity_writes_json_and_report(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS + "slo:\n  ttft_p99_ms: 15\n")
+    out = tmp_path / "o"
+    result = CliRunner().invoke(main, ["capacity", config, "-o", str(out), "--report"])
+    assert result.exit_code == 0, result.output
+    assert "capacity: workload.synthetic.rate=" in result.output and "ttft_p99_ms" in result.output
+    doc = json.loads((out / "capacity.json").read_text())
+    assert doc["status"] == FOUND and len(doc["probes"]) >= 8
+    html = (out / "report.html").read_text()
+    assert 'data-plot="probe-curve"' in html and "binding SLO" in html
+
+
+def test_cli_unmet_exits_1_with_the_probe_table(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS)
+    result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p99_ms=5", "--min-rate", "2.5",
+                                       "-o", str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert "no load meets the SLOs" in result.output and "ttft_p99_ms is 10" in result.output
+    assert [line.split()[2] for line in result.output.splitlines() if " bracket " in line] == ["2.5", "5", "10"]
+
+
+def test_cli_every_probe_meets_up_to_the_max(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS)
+    result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p99_ms=50", "--max-rate", "50",
+                                       "-o", str(tmp_path / "o")])
+    assert result.exit_code == 0
+    assert "every probe meets the SLOs up to the maximum workload.synthetic.rate=50.0" in result.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--slo", "ttft_p75_ms=100"], "'p75' is not offered"),
+    (["--slo", "queue_p90_ms=100"], "unknown SLO metric"),
+    (["--slo", "ttft_p90_ms=0"], "must be a number > 0"),
+    ([], "no SLO given"),
+    (["--slo", "ttft_p90_ms=100", "--precision", "0"], "--precision"),
+    (["--slo", "ttft_p90_ms=100", "--start", "5000", "--max-rate", "100"], "must lie between"),
+])
+def test_cli_bad_input(tmp_path, args, needle):
+    config = write(tmp_path, ONE_PER_PASS)
+    result = CliRunner().invoke(main, ["capacity", config, *args, "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_burst_has_no_load(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS.replace("arrival: constant", "arrival: burst"))
+    result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p90_ms=10"])
+    assert result.exit_code == 2 and "a burst" in result.output and "no load to vary" in result.output
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def test_gpus_of():
+    assert gpus_of({"cluster": {"workers": 3, "data_parallel_size": 2}, "engine": {}}) == 6
+    assert gpus_of({"cluster": {"workers": 2}, "engine": {"tensor_parallel_size": 4,
+                                                         "pipeline_parallel_size": 2}}) == 16
+    disagg = {"engine": {"tensor_parallel_size": 2},
+              "cluster": {"mode": "disaggregated", "prefill_workers": 1, "decode_workers": 3,
+                          "data_parallel_size": 1, "prefill": {"tensor_parallel_size": 4}, "decode": {}}}
+    assert gpus_of(disagg) == 1 * 4 + 3 * 2
+
+
+# --------------------------------------------------------------------------- search
+
+
+GRID = "cluster.workers: [1, 2, 3]\nengine.max_num_seqs: [1, 2]\nengine.max_num_batched_tokens: [16, 32]\n"
+
+
+def hand_ranking(tmp_path, config, rate, target):
+    """A full sweep at `rate`, ranked by hand: points with TTFT p90 <= target
+    by workers (GPUs), then margin, then grid order."""
+    at_rate = write(tmp_path, open(config).read().replace("rate: 10", f"rate: {rate}"), "at_rate.yaml")
+    sweep(at_rate, write(tmp_path, GRID, "g.yaml"), tmp_path / "sweep", jobs=2)
+    with open(tmp_path / "sweep" / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    ok = [r for r in rows if float(r["ttft_ms_p90"]) <= target]
+    ok.sort(key=lambda r: (int(r["cluster.workers"]), -(1 - float(r["ttft_ms_p90"]) / target), int(r["point"])))
+    return [int(r["point"]) for r in ok]
+
+
+def test_search_matches_a_sweep_ranked_by_hand(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS)
+    slos = build_slos([("ttft_p90_ms", 30)])
+    expected = hand_ranking(tmp_path, config, 250, 30)
+    grid = write(tmp_path, GRID, "g.yaml")
+    full = search(config, grid, slos, tmp_path / "full", rate=250, jobs=2, skip=False)
+    assert full["ranking"] == expected and full["winner"] == expected[0]
+    fast = search(config, grid, slos, tmp_path / "fast", rate=250, jobs=2)
+    assert fast["winner"] == expected[0]
+    winner_gpus = fast["points"][fast["winner"]]["gpus"]
+    skipped = [p for p in fast["points"] if p["status"] == "skipped"]
+    assert skipped and all(p["gpus"] > winner_gpus for p in skipped)
+    assert all(p["status"] == "ok" for p in fast["points"] if p["gpus"] <= winner_gpus)
+    # resuming runs nothing again and gives the same answer
+    again = search(config, grid, slos, tmp_path / "fast", rate=250, jobs=2)
+    assert all(p["resumed"] for p in again["points"] if p["status"] == "ok")
+    assert again["ranking"] == fast["ranking"]
+    with open(tmp_path / "fast" / "search.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["rank"] for r in rows if r["rank"]] and rows[fast["winner"]]["rank"] == "1"
+
+
+def test_search_by_capacity_ranks_rate_per_gpu(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS)
+    slos = build_slos([("ttft_p99_ms", 15)])
+    grid = write(tmp_path, "cluster.workers: [1, 2]\n", "g.yaml")
+    doc = search(config, grid, slos, tmp_path / "s", capacity_mode=True, jobs=2)
+    per_gpu = [capacity(config, slos, overrides=(f"cluster.workers={w}",))["request_rate_per_gpu"] for w in (1, 2)]
+    assert [p["request_rate_per_gpu"] for p in doc["points"]] == per_gpu
+    assert doc["winner"] == max(range(2), key=lambda i: (per_gpu[i], -i))
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "s")])
+    assert result.exit_code == 0 and 'data-plot="pareto"' in (tmp_path / "s" / "report.html").read_text()
+
+
+def test_search_bad_input(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS)
+    slos = build_slos([("ttft_p99_ms", 15)])
+    grid = write(tmp_path, "workload.synthetic.rate: [1, 2]\n", "g.yaml")
+    with pytest.raises(InputError, match="may not set the load"):
+        search(config, grid, slos, tmp_path / "s", rate=5)
+    ok_grid = write(tmp_path, "cluster.workers: [1, 2]\n", "ok.yaml")
+    with pytest.raises(InputError, match="either --rate"):
+        search(config, ok_grid, slos, tmp_path / "s", rate=5, capacity_mode=True)
+    with pytest.raises(InputError, match="--rate: must be"):
+        search(config, ok_grid, slos, tmp_path / "s", rate=-1)
+    result = CliRunner().invoke(main, ["search", config, "--grid", ok_grid, "--slo", "ttft_p99_ms=1",
+                                       "--rate", "5", "-o", str(tmp_path / "none")])
+    assert result.exit_code == 1 and "no point meets the SLOs" in result.output
