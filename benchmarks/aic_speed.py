@@ -67,7 +67,7 @@ def loop(model, params, f):
     s = 0.0
     for i in range(f.shape[0]):
         s += price_pass(model, params, f[i, 0], f[i, 1], f[i, 3], f[i, 4], f[i, 0] + f[i, 3],
-                        f[i, 1] + f[i, 3], 748368.0, f[i, 2])
+                        f[i, 1] + f[i, 3], 748368.0, 0, f[i, 2])
     return s
 
 out = []

@@ -204,7 +204,7 @@ def test_pricing_kernel_dispatches_the_table():
     from servesim.engine.table_pricing import table_pass_ms
 
     table = fixture()[0]
-    assert price_pass(TABLE, table, 200, 2, 4, 4000, 204, 6, 1.0, 300) == \
+    assert price_pass(TABLE, table, 200, 2, 4, 4000, 204, 6, 1.0, 0, 300) == \
         table_pass_ms(table, 200, 2, 300, 4, 4000)
 
 
