@@ -428,7 +428,8 @@ def test_a_speculative_run_writes_its_fields_and_summary(tmp_path):
 
 
 def test_fit_on_records_with_draft_tokens_learns_their_cost_and_prices_a_run(tmp_path):
-    # pass time = 2 + 0.5 per decode request + 0.25 per draft token (exact records)
+    # pass time = 2 + 3 per prefill + 0.01 per prefill token + 0.5 per decode
+    # request + 1e-5 per context token + 0.25 per draft token (exact records)
     import json
 
     from click.testing import CliRunner
@@ -441,12 +442,13 @@ def test_fit_on_records_with_draft_tokens_learns_their_cost_and_prices_a_run(tmp
         reqs, drafts = int(rng.integers(1, 64)), int(rng.integers(0, 200))
         prefill = int(rng.integers(0, 2))
         tokens = int(rng.integers(100, 2000)) * prefill
-        ms = 2 + 3 * prefill + 0.01 * tokens + 0.5 * reqs + 1e-5 * 1000 * reqs + 0.25 * drafts
+        context = int(rng.integers(500, 1500)) * reqs  # varies on its own: the fit is determined
+        ms = 2 + 3 * prefill + 0.01 * tokens + 0.5 * reqs + 1e-5 * context + 0.25 * drafts
         lines.append(json.dumps({"worker_id": "w", "counter_id": n, "wall_time": ms / 1000,
                                  "scheduled_requests": {
                                      "num_prefill_requests": prefill, "sum_prefill_tokens": tokens,
                                      "num_decode_requests": reqs,
-                                     "sum_decode_kv_tokens": 1000 * reqs,
+                                     "sum_decode_kv_tokens": context,
                                      "sum_draft_tokens": drafts}}))
     (tmp_path / "fpm.jsonl").write_text("\n".join(lines) + "\n")
     result = CliRunner().invoke(main, ["fit", str(tmp_path / "fpm.jsonl"), "-o",
@@ -488,3 +490,19 @@ def test_baseline_reports_the_plain_runs_tpot_and_the_speedup(tmp_path):
                                                   rel=1e-5)
     no_spec = _cli(tmp_path, extra=["--baseline", "--set", "engine.speculative=null"])
     assert no_spec.exit_code == 2 and "--baseline" in no_spec.output
+
+
+def test_a_prompt_whose_lookahead_slots_never_fit_is_rejected_at_arrival():
+    # k = 2, block 16, 8 usable blocks (128 slots). The prefill that completes a
+    # prompt also reserves k lookahead slots: a (P=127) needs 129 slots = 9 blocks,
+    # more than the pool holds, so it is rejected at arrival instead of holding
+    # the queue forever; b (P=120) needs 122 = 8 blocks, and its decode (121 + 2
+    # drafts + 2 lookahead = 125) still 8, so it runs; c runs after b.
+    from servesim.replay.records import STATUS_FINISHED, STATUS_REJECTED
+
+    cfg = spec_config(2, num_gpu_blocks=9)
+    records, log = run(cfg, [dict(id="a", t=0, P=127, O=2, accepted=[0]),
+                             dict(id="b", t=0, P=120, O=2, accepted=[0]),
+                             dict(id="c", t=0, P=10, O=2, accepted=[0])])
+    assert records.status.tolist() == [STATUS_REJECTED, STATUS_FINISHED, STATUS_FINISHED]
+    assert spec_sched(log[0]) == [("b", 120, 0, "new", 0)]

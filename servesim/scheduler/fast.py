@@ -626,7 +626,15 @@ class FastScheduler:
     # -- requests in ---------------------------------------------------------
 
     def can_ever_fit(self, num_prompt_tokens) -> bool:
-        return (-(-num_prompt_tokens // self.block_size) <= self.num_gpu_blocks - 1
+        """A prompt reaching max_model_len, or whose prefill needs more blocks
+        than usable, is rejected at arrival (docs/engine.md §3). The prefill
+        that completes a prompt also reserves the lookahead slots of
+        speculative decoding (`allocate_slots`' `num_lookahead_tokens`,
+        vllm/v1/core/kv_cache_manager.py), capped at max_model_len like every
+        allocation, so those count too: such a request could never be admitted
+        and would hold the queue behind it forever."""
+        slots = min(num_prompt_tokens + int(self.cfg[C_LOOKAHEAD]), self.max_model_len)
+        return (-(-slots // self.block_size) <= self.num_gpu_blocks - 1
                 and num_prompt_tokens < self.max_model_len)
 
     def add_request(self, i):
