@@ -16,7 +16,8 @@ class TimingConfig:
     type linear: base_ms, per_token_ms, per_request_ms, per_context_token_ms.
     type polynomial: no parameters.
     type fitted: model (path, resolved relative to the config file) and
-    coefficients_ms (the model file's five coefficients, read at load time),
+    coefficients_ms (the model file's five coefficients, six with
+    sum_draft_tokens, read at load time),
     model_capture_size (the `max_cudagraph_capture_size` its records were
     corrected with, from its metadata, or None) and model_fit_on ("launch_stall",
     "window" or "records": whether the fit moved launches back to their own

@@ -63,7 +63,7 @@ class Rank:
     disaggregated mode the rank's side of the KV handoffs."""
 
     def __init__(self, worker: int, index: int, config: EngineConfig, num_identities: int,
-                 make_scheduler):
+                 make_scheduler, data_parallel_size: int = 1):
         self.worker = worker
         self.index = index
         self.pool = BlockPool(config.kv_cache, num_identities)
@@ -74,8 +74,9 @@ class Rank:
                                                  config.kv_cache.block_size)
             self.scheduler.attach_connector(self.connector)
         self.transfers = self.connector
+        # the deployment's attention-DP width prices aic passes (expert parallelism)
         self.pricer = PassPricer(config.timing, config.kv_cache.num_gpu_blocks,
-                                 config.kv_cache.block_size, config)
+                                 config.kv_cache.block_size, config, data_parallel_size)
         self.num_requests = 0
         # arrays, so that compiled runs of passes (engine/fast_run.py) keep them too
         self.counters = np.zeros(2, dtype=np.int64)  # passes, tokens scheduled
@@ -135,7 +136,7 @@ class EngineCore:
         self.observer = observer
         self.async_scheduling = config.scheduler.async_scheduling
         self.launch = config.launch
-        self.ranks = [Rank(index, r, config, num_identities, make_scheduler)
+        self.ranks = [Rank(index, r, config, num_identities, make_scheduler, data_parallel_size)
                       for r in range(data_parallel_size)]
         self.in_flight = deque()  # decided passes whose outputs are not processed
         # compiled runs of passes between outside events (engine/fast_run.py):

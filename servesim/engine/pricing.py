@@ -94,7 +94,6 @@ class PassPricer:
         else:
             params = []
         self.params = np.array(params + [0.0] * (6 - len(params)), dtype=np.float64)
-        self.kv_capacity_tokens = float(num_gpu_blocks * block_size)
 
     def price(self, out) -> float:
         """GPU time of the pass a `SchedulerOutput` describes (0 if empty)."""

@@ -1,5 +1,5 @@
 """Speculative decoding (`engine.speculative`, vLLM's `--speculative-config`;
-README.md, "Speculative decoding"): the config, its checks, and how many
+docs/engine.md §12): the config, its checks, and how many
 drafts a verification pass accepts.
 
 A drafter (an MTP module, an EAGLE head, or ngram matching) proposes

@@ -4,7 +4,7 @@ async_scheduler.py; docs/engine.md §3-7) as Numba kernels over the arrays of a
 :class:`~servesim.scheduler.fast_table.RequestTable`, so that a pass costs a few
 microseconds of Python whatever its batch size.
 
-Speculative decoding (README.md, "Speculative decoding") exists only here:
+Speculative decoding (docs/engine.md §12) exists only here:
 drafts in the running loop's ask, padding in the waiting loop, lookahead slots
 in `_allocate`, verification and trimming in `update_from_output`.
 
@@ -40,7 +40,7 @@ from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
  C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE,
  C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED) = range(16)
 NUM_CFG = 16
-# speculative decoding (README.md, "Speculative decoding"): C_SPEC_K drafts
+# speculative decoding (docs/engine.md §12): C_SPEC_K drafts
 # per decode (0: off), C_LOOKAHEAD KV slots reserved beyond the scheduled
 # tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash, C_SEED
 # keys acceptance draws
@@ -221,7 +221,8 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
     while S[WQ_LEN] > 0 and budget > 0 and S[S_RUN_N] < cfg[C_MAX_SEQS]:
         i = wq_peek(S, wq, priority)
         num_tokens = R[i, NUM_TOKENS]
-        if -(-num_tokens // bs) > cfg[C_USABLE]:
+        # its resume reserves the lookahead slots too (as `can_ever_fit` at arrival)
+        if -(-min(num_tokens + cfg[C_LOOKAHEAD], cfg[C_MAX_MODEL_LEN]) // bs) > cfg[C_USABLE]:
             # preempted after outgrowing the pool: it can never be admitted again
             if feats[N_UNFIN] == out.shape[1]:
                 break
@@ -412,7 +413,9 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
     from the request's `accepted` list or the rates) stay computed, the
     rejected ones roll `num_computed_tokens` back (async: the placeholders
     too) and keep their blocks. A stale output (the request was preempted
-    with it in flight) touches no counter. Returns the tokens it yields."""
+    with it in flight) leaves `num_computed_tokens` and the placeholders
+    alone but still counts in the acceptance statistics, as vLLM records
+    them. Returns the tokens it yields."""
     acc_offsets, acc_values, rates, pos_counts, keys = spec
     accepted = 0
     if real:
