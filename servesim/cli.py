@@ -203,10 +203,7 @@ def validate(config, overrides):
     """Check CONFIG and its workload (trace) without simulating."""
     from servesim.replay.api import prepare
 
-    from servesim.capacity.slo import check_config_slos
-
     _, workload, warnings = prepare(config, tuple(overrides))
-    check_config_slos(config)
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"{config}: ok ({len(workload)} requests)")

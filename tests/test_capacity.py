@@ -306,3 +306,20 @@ def test_search_bad_input(tmp_path):
     result = CliRunner().invoke(main, ["search", config, "--grid", ok_grid, "--slo", "ttft_p99_ms=1",
                                        "--rate", "5", "-o", str(tmp_path / "none")])
     assert result.exit_code == 1 and "no point meets the SLOs" in result.output
+
+
+def test_cli_an_unwritable_output_folder_fails_before_any_probe(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS)
+    (tmp_path / "afile").write_text("")
+    result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p99_ms=15",
+                                       "-o", str(tmp_path / "afile" / "o")])
+    assert result.exit_code == 2 and "a file is in the way" in result.output
+    assert "probe" not in result.output and "Traceback" not in result.output
+
+
+def test_run_and_validate_both_refuse_a_bad_slo_block(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS + "slo:\n  ttft_p99_ms: abc\n")
+    for args in (["validate", config], ["run", config, "-o", str(tmp_path / "o"), "-q"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and "ttft_p99_ms" in result.output, result.output
+    assert not (tmp_path / "o").exists()

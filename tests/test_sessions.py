@@ -322,3 +322,18 @@ def test_sessions_need_an_aggregated_cluster(tmp_path):
                                "kv_transfer": {"bytes_per_token": 1000, "bandwidth_gbps": 10}})
     with pytest.raises(InputError, match="aggregated"):
         simulate(cfg, w)
+
+
+def test_telemetry_on_a_session_trace_spans_the_known_arrivals(tmp_path):
+    # later turns have no arrival before the run (NaN): the telemetry bound
+    # checks the first turns' span, and the run writes its samples
+    path = tmp_path / "s.jsonl"
+    rows = [row(16, 2, [1], session_id="s", timestamp=0), row(16, 2, [2], session_id="s", delay=5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG.format(trace=path, fmt="mooncake"))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["run", str(config), "-o", str(out), "-q",
+                                       "--telemetry-interval-ms", "10"])
+    assert result.exit_code == 0, result.output
+    assert (out / "telemetry.jsonl").read_text().count("\n") >= 2

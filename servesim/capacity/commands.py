@@ -63,13 +63,17 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
     from servesim.capacity.load import load_of
     from servesim.replay.api import resolve_config
 
+    from servesim.replay.outdir import claim
+
     integer = load_of(resolve_config(config, overrides)).integer
-    doc = capacity(config, slos, overrides=tuple(overrides), limit=limit, precision=precision,
-                   start=as_int(start) if integer else start, min_rate=as_int(min_rate) if integer else min_rate,
-                   max_rate=as_int(max_rate) if integer else max_rate, progress=progress)
-    path = write_capacity(doc, output_dir)
-    if html_report:
-        _write_html(output_dir)
+    with claim(output_dir, remove_if_empty=True):  # an unwritable folder fails before the probes
+        doc = capacity(config, slos, overrides=tuple(overrides), limit=limit, precision=precision,
+                       start=as_int(start) if integer else start,
+                       min_rate=as_int(min_rate) if integer else min_rate,
+                       max_rate=as_int(max_rate) if integer else max_rate, progress=progress)
+        path = write_capacity(doc, output_dir)
+        if html_report:
+            _write_html(output_dir)
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
     else:

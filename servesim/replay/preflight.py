@@ -176,7 +176,8 @@ def check_run(cfg, workload, limit: int | None = None) -> list:
     interval = cfg.output.telemetry_interval_ms
     samples = 0
     if interval and len(workload):
-        samples = int(float(workload.arrival_ms[-1]) // interval) + 1  # at least the arrivals' span
+        # at least the arrivals' span (later session turns arrive only while simulating: NaN)
+        samples = int(float(np.nanmax(workload.arrival_ms)) // interval) + 1
     parts = estimate_memory(pools, len(workload), blocks, tokens, samples)
     where = {}
     if workload.source is not None:
@@ -189,6 +190,6 @@ def check_run(cfg, workload, limit: int | None = None) -> list:
     warnings = []
     if samples > TELEMETRY_WARN_SAMPLES:
         warnings.append(f"output.telemetry_interval_ms: {interval:g} ms over at least "
-                        f"{float(workload.arrival_ms[-1]) / 1000:.0f} s of simulated time gives more than "
+                        f"{float(np.nanmax(workload.arrival_ms)) / 1000:.0f} s of simulated time gives more than "
                         f"{samples} samples per rank; telemetry.jsonl will be large")
     return warnings
