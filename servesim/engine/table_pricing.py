@@ -97,7 +97,6 @@ def table_pass_ms(t, prefill_tokens, num_prefill, prefill_context, decode_reques
         i0, w0 = _bracket(q_nodes, 1.0)
         j0, v0 = _bracket(k_nodes, 0.0)
         c1, u1 = _bracket(c_nodes, 1.0)
-        q = max(num_prefill, 1)
         im, wm = _bracket(p_nodes, float(prefill_tokens + decode_requests))
         base = _interp2(t, o_mix, n_d, im, wm, idd, wd)
         extra_pre = pre - _interp3(t, o_pre, n_q, n_k, ip, wp, i0, w0, j0, v0)

@@ -155,9 +155,9 @@ def check_config(cfg, limit: int | None = None) -> None:
 
 
 def check_run(cfg, workload, limit: int | None = None) -> list:
-    """Everything checked before simulating a loaded config and workload
-    (see the module docstring); returns the warnings to print."""
-    check_config(cfg, limit)
+    """Everything checked before simulating a loaded config and workload,
+    after `check_config` (see the module docstring); returns the warnings
+    to print."""
     dp = cfg.cluster.data_parallel_size
     pinned = np.flatnonzero(workload.dp_rank >= dp)
     if len(pinned):

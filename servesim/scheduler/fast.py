@@ -82,8 +82,7 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     # else: the blocks it holds cover the tokens and the check (most decodes)
     if num_hit > 0:
         R[i, NUM_CACHED] = num_hit
-    if cfg[C_CACHING] and total >= (R[i, NUM_CACHED] + 1) * bs:  # a block may be full
-        cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
+    cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
     return True
 
 
@@ -93,10 +92,12 @@ def cache_blocks(R, idents, tables, blocks, idmap, cfg, i, num_tokens):
     register request i's held blocks full within `min(num_tokens, its known
     tokens)` not registered yet. Called by `_allocate` and, for a RUNNING
     request whose sampled token arrives, by `update_from_output` with the
-    tokens whose pass has completed."""
-    if cfg[C_CACHING]:
+    tokens whose pass has completed. Most calls fill no new block: inlined,
+    they cost the one compare before the out-of-line registration."""
+    bs = cfg[C_BLOCK_SIZE]
+    if cfg[C_CACHING] and num_tokens >= (R[i, NUM_CACHED] + 1) * bs:  # a block may be full
         # with a hash lookahead token, a block's hash exists once the next token does
-        num_full = min(num_tokens, R[i, NUM_TOKENS] - cfg[C_HASH_LOOKAHEAD]) // cfg[C_BLOCK_SIZE]
+        num_full = min(num_tokens, R[i, NUM_TOKENS] - cfg[C_HASH_LOOKAHEAD]) // bs
         if num_full > R[i, NUM_CACHED]:
             _cache_full_blocks(R, idents, tables, blocks, idmap, i, num_full)
 
@@ -471,11 +472,8 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                                        pass_index, detokenize_ms, client_ms, token_offsets,
                                        last_client)
         if was_running:
-            # cache_blocks(request, num_computed_tokens - num_in_flight_tokens); most
-            # outputs fill no block, so test that before the call
-            completed = R[i, COMPUTED] - R[i, PLACEHOLDERS]
-            if cfg[C_CACHING] and completed >= (R[i, NUM_CACHED] + 1) * cfg[C_BLOCK_SIZE]:
-                cache_blocks(R, idents, tables, blocks, idmap, cfg, i, completed)
+            # cache_blocks(request, num_computed_tokens - num_in_flight_tokens)
+            cache_blocks(R, idents, tables, blocks, idmap, cfg, i, R[i, COMPUTED] - R[i, PLACEHOLDERS])
         if stopped:
             finished[num_finished] = i
             num_finished += 1
