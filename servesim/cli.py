@@ -255,16 +255,20 @@ def sweep(config, grid, output_dir, jobs, executor, ray_address):
                 bar.__enter__()
             bar.update(done - bar.pos)
 
+    from servesim.replay.outdir import claim
+
     try:
-        result = run_sweep(config, grid, output_dir, jobs=jobs, executor=executor,
-                           ray_address=ray_address, progress=progress)
+        # a folder that cannot be written, or another sweep in it, fails before any point
+        with claim(output_dir, remove_if_empty=True):
+            result = run_sweep(config, grid, output_dir, jobs=jobs, executor=executor,
+                               ray_address=ray_address, progress=progress)
     except KeyboardInterrupt:
         if bar is not None:
             bar.__exit__(None, None, None)
             bar = None
         click.echo(f"interrupted: {SWEEP_CSV} holds the points that finished; "
                    f"run the same sweep again to resume", err=True)
-        raise
+        click.get_current_context().exit(130)  # said once: not again by the group
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)

@@ -317,6 +317,16 @@ def test_cli_an_unwritable_output_folder_fails_before_any_probe(tmp_path):
     assert "probe" not in result.output and "Traceback" not in result.output
 
 
+def test_cli_search_an_unwritable_output_folder_fails_before_any_point(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS)
+    grid = write(tmp_path, "cluster.workers: [1, 2]\n", "g.yaml")
+    (tmp_path / "afile").write_text("")
+    result = CliRunner().invoke(main, ["search", config, "--grid", grid, "--slo", "ttft_p99_ms=15",
+                                       "--rate", "5", "-o", str(tmp_path / "afile" / "sub")])
+    assert result.exit_code == 2 and "a file is in the way" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_run_and_validate_both_refuse_a_bad_slo_block(tmp_path):
     config = write(tmp_path, ONE_PER_PASS + "slo:\n  ttft_p99_ms: abc\n")
     for args in (["validate", config], ["run", config, "-o", str(tmp_path / "o"), "-q"]):

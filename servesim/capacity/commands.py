@@ -134,11 +134,14 @@ def search_command(config, slo_options, grid, rate, capacity_mode, output_dir, l
     slos = load_slos(config, slo_options)
     if rate is not None and float(rate).is_integer():
         rate = int(rate)
-    doc = search(config, grid, slos, output_dir, rate=rate, capacity_mode=capacity_mode, limit=limit,
-                 precision=precision, min_rate=min_rate, max_rate=max_rate, jobs=jobs, executor=executor,
-                 ray_address=ray_address, skip=not no_skip)
-    if html_report:
-        _write_html(output_dir)
+    from servesim.replay.outdir import claim
+
+    with claim(output_dir, remove_if_empty=True):  # an unwritable folder fails before any point
+        doc = search(config, grid, slos, output_dir, rate=rate, capacity_mode=capacity_mode, limit=limit,
+                     precision=precision, min_rate=min_rate, max_rate=max_rate, jobs=jobs,
+                     executor=executor, ray_address=ray_address, skip=not no_skip)
+        if html_report:
+            _write_html(output_dir)
     points = doc["points"]
     counts = {s: sum(p["status"] == s for p in points) for s in ("ok", "failed", "skipped")}
     resumed = sum(p["resumed"] for p in points)
