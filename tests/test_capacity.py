@@ -198,6 +198,16 @@ def test_cli_unmet_exits_1_with_the_probe_table(tmp_path):
     assert [line.split()[2] for line in result.output.splitlines() if " bracket " in line] == ["2.5", "5", "10"]
 
 
+def test_cli_set_slo_overrides_the_config_slo_block(tmp_path):
+    config = write(tmp_path, ONE_PER_PASS + "slo:\n  ttft_p99_ms: 50\n")
+    args = ["capacity", config, "--min-rate", "2.5", "--max-rate", "50", "-o", str(tmp_path / "o")]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    result = CliRunner().invoke(main, [*args, "--set", "slo.ttft_p99_ms=5"])
+    assert result.exit_code == 1 and "no load meets the SLOs" in result.output
+    result = CliRunner().invoke(main, [*args, "--set", "slo.ttft_p99_ms=0"])
+    assert result.exit_code == 2 and "--set slo.ttft_p99_ms" in result.output, result.output
+
+
 def test_cli_every_probe_meets_up_to_the_max(tmp_path):
     config = write(tmp_path, ONE_PER_PASS)
     result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p99_ms=50", "--max-rate", "50",

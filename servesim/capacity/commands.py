@@ -49,7 +49,7 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
         from servesim.replay.report import require_matplotlib
 
         require_matplotlib()
-    slos = load_slos(config, slo_options)
+    slos = load_slos(config, slo_options, overrides)
 
     def as_int(x):
         return int(x) if x is not None and float(x).is_integer() else x

@@ -151,17 +151,23 @@ def parse_slo_option(text: str) -> tuple:
     return name, value
 
 
-def config_slo_block(config_path) -> tuple:
-    """The config file's `slo:` block as ((name, value) ...) and a
-    where_of(name) giving "FILE:LINE: slo." for messages; () when absent."""
-    from servesim.replay.yaml_input import read_yaml
+def config_slo_block(config_path, overrides=()) -> tuple:
+    """The config file's `slo:` block, after the `--set slo.NAME=VALUE`
+    overrides among `overrides`, as ((name, value) ...) and a where_of(name)
+    giving "FILE:LINE: slo." (or "--set slo.") for messages; () when absent."""
+    from servesim.replay.yaml_input import OVERRIDE, apply_override, read_yaml
 
     source = str(config_path)
     data, where = read_yaml(source, "config file")
+    for text in overrides:
+        if str(text).partition("=")[0].strip().split(".")[0] == "slo" and isinstance(data, dict):
+            apply_override(data, where, text)
     block = data.get("slo") if isinstance(data, dict) else None
 
     def where_of(name):
         line = where.get(f"slo.{name}", where.get("slo"))
+        if line == OVERRIDE:
+            return f"{OVERRIDE} slo."
         return f"{source}:{line}: slo." if isinstance(line, int) else f"{source}: slo."
 
     if block is None:
@@ -171,10 +177,10 @@ def config_slo_block(config_path) -> tuple:
     return tuple(block.items()), where_of
 
 
-def load_slos(config_path, options=()) -> SLOs:
-    """The SLOs of a run: the config's `slo:` block, with each `--slo`
-    option added or replacing the same metric."""
-    items, where_of = config_slo_block(config_path)
+def load_slos(config_path, options=(), overrides=()) -> SLOs:
+    """The SLOs of a run: the config's `slo:` block (with its `--set slo.*`
+    overrides), with each `--slo` option added or replacing the same metric."""
+    items, where_of = config_slo_block(config_path, overrides)
     merged = dict(items)
     from_cli = set()
     for text in options:
@@ -258,8 +264,8 @@ def binding(evaluation: dict) -> str | None:
     return max(violated, key=lambda n: math.inf if ratios[n] is None else ratios[n])
 
 
-def check_config_slos(config_path) -> SLOs | None:
-    """The config's `slo:` block checked (InputError naming its line), or
-    None when there is none."""
-    items, where_of = config_slo_block(config_path)
+def check_config_slos(config_path, overrides=()) -> SLOs | None:
+    """The config's `slo:` block (with its `--set slo.*` overrides) checked
+    (InputError naming its line), or None when there is none."""
+    items, where_of = config_slo_block(config_path, overrides)
     return build_slos(items, where_of) if items else None

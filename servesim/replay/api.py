@@ -104,7 +104,7 @@ def prepare(config, overrides=(), limit=None, pass_log=None, telemetry_interval_
     if isinstance(config, (str, os.PathLike)):
         from servesim.capacity.slo import check_config_slos
 
-        check_config_slos(config)  # a replay ignores `slo:`, but a bad one is still bad input
+        check_config_slos(config, overrides)  # a replay ignores `slo:`, but a bad one is still bad input
     check_config(cfg)  # before a synthetic workload is generated
     workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
     if cfg.engine.speculative is not None:
