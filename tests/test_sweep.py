@@ -351,3 +351,21 @@ def test_resume_reruns_points_whose_trace_changed_or_whose_outputs_are_incomplet
     resumed = invoke(*args)
     assert "2 points: 2 ok, 0 failed, 1 already done" in resumed.stdout
     assert (out / rows[1]["dir"] / "requests.jsonl").is_file()
+
+
+def test_resume_reruns_points_whose_fitted_model_changed(tmp_path):
+    """Every file a point reads is in its fingerprint, not only the trace."""
+    model = ("type: fitted\nfeatures: [intercept, num_prefill_requests, sum_prefill_tokens, "
+             "num_decode_requests, sum_decode_kv_tokens]\ncoefficients_ms: [5.0, 1.0, 0.01, 0.2, 0.0]\n")
+    (tmp_path / "m.yaml").write_text(model)
+    (tmp_path / "trace.jsonl").write_text(_mooncake_rows(10))
+    (tmp_path / "c.yaml").write_text(
+        "workload: {trace: trace.jsonl, trace_block_size: 512}\n"
+        "engine: {block_size: 16, num_gpu_blocks: 512, timing: {type: fitted, model: m.yaml}}\n")
+    (tmp_path / "grid.yaml").write_text("engine.max_num_seqs: [2, 4]\n")
+    args = ("sweep", tmp_path / "c.yaml", "--grid", tmp_path / "grid.yaml", "-o", tmp_path / "out")
+    assert invoke(*args).exit_code == 0
+    assert "2 already done" in invoke(*args).stdout
+    (tmp_path / "m.yaml").write_text(model.replace("[5.0,", "[7.0,"))  # same path, same size
+    edited = invoke(*args)
+    assert edited.exit_code == 0 and "2 points: 2 ok, 0 failed;" in edited.stdout

@@ -2,7 +2,8 @@
 only what it can verify (README "Sweeps and reports").
 
 A point's fingerprint is the SHA-256 of its resolved config (as summary.json
-records it) and of the trace file it reads (size and SHA-256 of the bytes).
+records it) and of every file it reads — the trace, a fitted model, an aic
+calibration, a model folder's config.json — by size and SHA-256 of the bytes.
 Hashing a large trace for every point of every rerun would be slow, so file
 hashes are cached in the sweep's folder (`.servesim-hashes.json`), keyed by
 path and trusted while the file's size and mtime are unchanged.
@@ -66,11 +67,33 @@ class FileHashes:
         self.changed = False
 
 
+def input_files(config) -> list:
+    """The files a resolved config reads, by their absolute paths in it: the
+    trace, a fitted model, an aic calibration, a model folder's config.json
+    (in the engine block or a pool's)."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        elif isinstance(node, str) and os.path.isabs(node):
+            if os.path.isfile(node):
+                found.append(node)
+            elif os.path.isfile(os.path.join(node, "config.json")):
+                found.append(os.path.join(node, "config.json"))
+
+    walk(config)
+    return sorted(set(found))
+
+
 def fingerprint(config: dict, hashes: FileHashes) -> str:
     """The fingerprint of a point's inputs: its resolved config dict and the
-    content of the trace it names."""
-    trace = (config.get("workload") or {}).get("trace")
-    doc = {"config": config, "trace": hashes.digest(trace) if trace else None}
+    content of every file it reads (`input_files`)."""
+    doc = {"config": config, "files": {path: hashes.digest(path) for path in input_files(config)}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()
 
 
