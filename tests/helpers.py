@@ -12,10 +12,10 @@ import inspect
 import attrs
 import numpy as np
 
-from servesim.replay.config import config_from_dict
+from servesim.config.config import config_from_dict
 from servesim.replay.driver import simulate
-from servesim.replay.records import STATUS_NAMES
-from servesim.replay.workload import Workload
+from servesim.results.records import STATUS_NAMES
+from servesim.workload.workload import Workload
 
 LINEAR_10MS = {"type": "linear", "base_ms": 10, "per_token_ms": 0}
 _UNIQUE_BASE = 1_000_000  # default hash ids start here, far from hand-written ones

@@ -12,11 +12,11 @@ from servesim.capacity.capacity import FOUND, MAX_MET, UNMET, bracket_and_bisect
 from servesim.capacity.deployment import gpus_of
 from servesim.capacity.load import load_of
 from servesim.capacity.search import search
-from servesim.capacity.slo import build_slos
-from servesim.cli import main
+from servesim.config.slo import build_slos
+from servesim.cli.main import main
 from servesim.errors import InputError
 from servesim.replay.api import resolve_config
-from servesim.replay.sweep import sweep
+from servesim.sweep.sweep import sweep
 
 T, N = 10.0, 100
 # One request per 10 ms pass: at a constant rate r, request i's TTFT is

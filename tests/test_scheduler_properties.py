@@ -17,9 +17,9 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from servesim.replay.config import config_from_dict
+from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
-from servesim.replay.records import STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED
+from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED
 from tests.helpers import family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16

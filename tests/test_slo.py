@@ -1,12 +1,12 @@
-"""SLOs (servesim/capacity/slo.py): `--slo` and `slo:` parsing, bad input,
+"""SLOs (servesim/config/slo.py): `--slo` and `slo:` parsing, bad input,
 and checking a run against them, goodput included."""
 
 import pytest
 from click.testing import CliRunner
 
-from servesim.capacity.slo import (build_slos, evaluate, goodput_fraction, load_slos, parse_slo_option,
+from servesim.config.slo import (build_slos, evaluate, goodput_fraction, load_slos, parse_slo_option,
                                    slos_from_dict)
-from servesim.cli import main
+from servesim.cli.main import main
 from servesim.errors import InputError
 from servesim.replay.api import run
 

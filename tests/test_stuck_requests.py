@@ -11,7 +11,7 @@ PATHS = ["reference", "fast"]
 
 
 def statuses(result):
-    from servesim.replay.records import STATUS_NAMES
+    from servesim.results.records import STATUS_NAMES
     return [STATUS_NAMES[s] for s in result.records.status]
 
 

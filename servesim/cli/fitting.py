@@ -98,7 +98,7 @@ def fit_command(records_files, launch_stall_path, window, capture_size, output_p
 def evaluate_command(records_files, model_path, launch_stall_path, capture_size, fmt):
     """Score a fitted model on forward-pass records, per pass kind."""
     from servesim.fitting.evaluate import evaluate_records, format_table
-    from servesim.replay.config import read_fitted_model
+    from servesim.config.config import read_fitted_model
 
     coefficients = read_fitted_model(model_path)
     records, wall_ms, _, capture_size = _load(records_files, launch_stall_path, capture_size)

@@ -4,10 +4,10 @@ trace's `accepted` lists against `num_speculative_tokens`."""
 
 import attrs
 
-from servesim.engine.speculative import (DEFAULT_RATE, MAX_SPECULATIVE_TOKENS, METHODS,
+from servesim.scheduler.speculative import (DEFAULT_RATE, MAX_SPECULATIVE_TOKENS, METHODS,
                                          SpeculativeConfig)
 from servesim.errors import InputError
-from servesim.replay.validation import INT, NUMBER, REQUIRED, Section, check, enum, ge, le, show
+from servesim.config.validation import INT, NUMBER, REQUIRED, Section, check, enum, ge, le, show
 
 KEYS = tuple(f.name for f in attrs.fields(SpeculativeConfig))
 

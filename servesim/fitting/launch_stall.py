@@ -131,7 +131,7 @@ def _carried(records, stall, order, follows) -> np.ndarray:
 
 
 def _read_json(path: str):
-    from servesim.replay.yaml_input import read_text
+    from servesim.config.yaml_input import read_text
 
     text = read_text(path, "launch stall file")
     try:

@@ -15,8 +15,8 @@ target (spec README §9).
 import numpy as np
 
 from servesim.errors import InputError
-from servesim.replay.config_types import LengthDistribution, SyntheticConfig
-from servesim.replay.workload import Workload
+from servesim.config.config_types import LengthDistribution, SyntheticConfig
+from servesim.workload.workload import Workload
 
 _KEY = "workload.synthetic"
 # Upper clip of lognormal lengths with no `max` (keeps int64 and memory sane).
@@ -68,7 +68,7 @@ def synthetic_sessions(cfg: SyntheticConfig, block_size: int) -> Workload:
     starts. A first prompt shares its first round(ratio * its trace blocks)
     blocks with the other sessions of its prefix group (session index modulo
     `prefix_groups`); trace blocks are 32 engine blocks."""
-    from servesim.replay.sessions import accumulate_deltas, chain_plan
+    from servesim.workload.sessions import accumulate_deltas, chain_plan
 
     sc = cfg.sessions
     count, turns = sc.count, sc.turns
