@@ -1,5 +1,5 @@
 """The `servesim capacity` and `servesim search` commands (registered by
-servesim/cli.py)."""
+servesim/cli/main.py)."""
 
 import json
 import sys

@@ -99,7 +99,7 @@ _KV_CACHE_KEYS = tuple(f.name for f in attrs.fields(KVCacheConfig))
 _SCHEDULER_KEYS = tuple(f.name for f in attrs.fields(SchedulerConfig))
 _ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "speculative",
                 "timing", *DEPLOYMENT_KEYS)
-# `slo` is read by `servesim capacity` / `search` (servesim/capacity/slo.py); a replay ignores it
+# `slo` is read by `servesim capacity` / `search` (servesim/config/slo.py); a replay ignores it
 _TOP_KEYS = ("workload", "engine", "cluster", "output", "slo")
 _AGGREGATED_KEYS = ("workers", "data_parallel_size", "router")
 _DISAGGREGATED_KEYS = ("mode", "prefill_workers", "decode_workers", "data_parallel_size",

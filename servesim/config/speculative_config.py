@@ -1,5 +1,5 @@
 """Reading and checking `engine.speculative` (the schema of
-:class:`~servesim.engine.speculative.SpeculativeConfig`), and the check of a
+:class:`~servesim.scheduler.speculative.SpeculativeConfig`), and the check of a
 trace's `accepted` lists against `num_speculative_tokens`."""
 
 import attrs

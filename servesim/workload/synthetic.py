@@ -62,7 +62,7 @@ def synthetic_workload(cfg: SyntheticConfig, block_size: int) -> Workload:
 
 def synthetic_sessions(cfg: SyntheticConfig, block_size: int) -> Workload:
     """Chat sessions (`synthetic.sessions`): turn k's prompt is turn k-1's
-    prompt, its output and `new_input_tokens` more (servesim/replay/sessions.py).
+    prompt, its output and `new_input_tokens` more (servesim/workload/sessions.py).
     Requests are session by session, turn by turn. Draw order (fixed): new
     input lengths, output lengths, think times (when a distribution), session
     starts. A first prompt shares its first round(ratio * its trace blocks)

@@ -32,7 +32,7 @@ class Workload:
     (not pinned). `concurrency` is the closed-loop bound (None: open loop).
     `source` and `lines` name the file and line of each row for messages
     (lines are 1-based; synthetic workloads have source None).
-    `sessions` (a `servesim.replay.sessions.SessionPlan`, None for independent
+    `sessions` (a `servesim.workload.sessions.SessionPlan`, None for independent
     requests): requests in file order whose arrivals wait for others'
     finishes; their `arrival_ms` is NaN except for roots.
     """
@@ -61,7 +61,7 @@ class Workload:
 
 # --------------------------------------------------------------------------
 # Loading: dispatch, then the Mooncake JSONL and Azure CSV readers.
-# The synthetic generator lives in servesim.replay.synthetic.
+# The synthetic generator lives in servesim.workload.synthetic.
 # --------------------------------------------------------------------------
 
 FORMATS = ("mooncake", "azure", "mooncake-delta", "agentic_mooncake")
@@ -413,7 +413,7 @@ def _mooncake_workload(rows, path: str, tbs: int) -> Workload:
 def _accepted_lists(extras: dict, path: str, n: int) -> dict:
     """The `accepted` lists of speculative decoding (lists of integers >= 0;
     their upper bound, num_speculative_tokens, is checked against the config
-    in servesim/replay/speculative_config.py)."""
+    in servesim/config/speculative_config.py)."""
     counts = np.zeros(n, dtype=np.int64)
     values = []
     for row in sorted(extras):
