@@ -2,7 +2,7 @@
 
 The load is the workload's own knob (`load.py`: a trace's speedup, a
 synthetic rate or a closed loop's concurrency). Every probe is a full replay
-at one load, checked against the SLOs (`slo.py`). Latency grows with load,
+at one load, checked against the SLOs (`config/slo.py`). Latency grows with load,
 but not strictly monotonically in a finite replay, so the search
 
 1. brackets: from the config's own load, doubles while the SLOs hold (up to
