@@ -30,7 +30,6 @@ from servesim.errors import InputError
 from servesim.workload import sessions as ss
 from servesim.workload import workload as wl
 
-SESSION_FORMATS = ("mooncake-delta", "agentic_mooncake")
 SESSION_FIELDS = ("session_id", "delay", "delay_ms")
 
 
