@@ -120,7 +120,8 @@ def test_no_circle_between_subpackages():
     graph = {}
     for src, dst in edges():
         graph.setdefault(src, set()).add(dst)
-    assert circles(graph) == []
+    found = circles(graph)
+    assert found == [], "sub-packages on a circle of imports: " + "; ".join(", ".join(c) for c in found)
 
 
 def test_imports_point_down_the_layers():
@@ -132,7 +133,7 @@ def test_imports_point_down_the_layers():
             continue
         elif RANK[dst] <= RANK[src]:
             wrong.append(f"{src} -> {dst}: {', '.join(where)}")
-    assert wrong == []
+    assert wrong == [], "imports against the layers:\n" + "\n".join(wrong)
 
 
 def test_results_import_no_engine_module():
