@@ -6,38 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 
-from servesim.cli.main import main
+from helpers import TINY, invoke
 from servesim.errors import InputError
-
-TINY = """\
-workload:
-  synthetic:
-    requests: 6
-    input_tokens: 64
-    output_tokens: 4
-    arrival: burst
-engine:
-  block_size: 16
-  num_gpu_blocks: 256
-  timing:
-    type: fixed
-    prefill_ms: 10.0
-    decode_ms: 5.0
-"""
-
-
-@pytest.fixture
-def tiny_config(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
 
 def test_help_lists_commands():
     result = invoke("--help")

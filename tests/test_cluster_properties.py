@@ -40,7 +40,7 @@ from servesim.config.config import config_from_dict
 from servesim.replay.driver import simulate
 from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED
 from servesim.workload.workload import Workload
-from tests.helpers import family_prefix_ids, workload_of
+from helpers import family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
 BLOCK_SIZE = 16

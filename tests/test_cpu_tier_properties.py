@@ -33,7 +33,7 @@ from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
 from servesim.results.metrics import summarize
 from servesim.results.records import STATUS_FINISHED
-from tests.helpers import family_prefix_ids, workload_of
+from helpers import family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
 MAX_PASSES = 100_000

@@ -32,7 +32,7 @@ from servesim.kvcache.block_pool import REF
 from servesim.config.config import config_from_dict
 from servesim.replay.driver import make_replay
 from servesim.results.records import STATUS_FINISHED, STATUS_UNFINISHED
-from tests.helpers import family_prefix_ids, workload_of
+from helpers import family_prefix_ids, workload_of
 
 MAX_PASSES = 50_000
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True,

@@ -20,7 +20,7 @@ from servesim.results.outdir import LOCK
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(servesim.__file__).resolve().parent
 
-from test_cli import TINY, invoke, tiny_config  # noqa: F401  (the same tiny run and its fixture)
+from helpers import TINY, invoke
 
 
 def cli(*args, env=None, **kwargs):

@@ -20,7 +20,7 @@ from servesim.fitting import DECODE, fit_records, parse_records, predict, write_
 from servesim.kvcache.config import KVCacheConfig
 from servesim.config.config import config_from_dict, read_fitted_model
 from servesim.scheduler.config import SchedulerConfig
-from tests.helpers import make_workload, run_result
+from helpers import make_workload, run_result
 
 
 def rec(counter, wall_ms=10.0, npr=0, pt=0, dr=1, kv=100, worker="w0"):

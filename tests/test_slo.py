@@ -10,7 +10,7 @@ from servesim.cli.main import main
 from servesim.errors import InputError
 from servesim.replay.api import run
 
-from tests.test_capacity import ONE_PER_PASS as AT_10, write
+from helpers import ONE_PER_PASS as AT_10, write
 
 # One request per 10 ms pass (max_num_seqs 1, one output token): at a
 # constant rate r > 100 req/s request i waits, TTFT_i = 10 + i * (10 - 1000/r).

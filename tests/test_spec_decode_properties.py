@@ -24,10 +24,8 @@ from servesim.scheduler.speculative import expected_accepted
 from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
 from servesim.results.records import STATUS_FINISHED
-from tests.helpers import workload_of
-from tests.test_scheduler_properties import (SETTINGS, ceil_div, engine_configs,
-                                             expected_max_tokens, rejected_at_arrival,
-                                             workloads)
+from helpers import (SETTINGS, ceil_div, engine_configs, expected_max_tokens, rejected_at_arrival,
+                     workload_of, workloads)
 
 
 def spec_block(k, rates):

@@ -5,7 +5,7 @@ must agree."""
 
 import pytest
 
-from tests.helpers import make_config, make_workload, run_result
+from helpers import make_config, make_workload, run_result
 
 PATHS = ["reference", "fast"]
 
