@@ -360,3 +360,19 @@ def test_calibrate_command_round_trip(tmp_path, monkeypatch):
     assert decode == pytest.approx(1.2, rel=0.01) and prefill == 1.0 and mixed == 1.0
     table = pricing_table(cfg.engine)
     assert table_pass_ms(table, 0, 0, 0, 8, 8000) == pytest.approx(1.2 * direct(0, 0, 0, 8, 8000), rel=0.03)
+
+
+def test_backend_version_reads_the_databases_query_versions(tmp_path, monkeypatch):
+    """The database's current vLLM version per system: its override, else the
+    default; an unreadable file is an InputError naming it (no package needed:
+    the systems folder is a stand-in)."""
+    from servesim.deployment import aic
+
+    (tmp_path / "query_versions.yaml").write_text(
+        "defaults:\n  vllm: {current: 0.11.0}\noverrides:\n  b200_sxm:\n    vllm: {current: 0.12.0}\n")
+    monkeypatch.setattr(aic, "_systems_dir", lambda: str(tmp_path))
+    assert aic.backend_version("h200_sxm") == "0.11.0"
+    assert aic.backend_version("b200_sxm") == "0.12.0"
+    (tmp_path / "query_versions.yaml").write_text("defaults: [unclosed\n")
+    with pytest.raises(InputError, match="query_versions.yaml: cannot read the database versions"):
+        aic.backend_version("h200_sxm")
