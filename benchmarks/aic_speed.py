@@ -21,7 +21,7 @@ STARTUP = """
 import time, logging
 logging.disable(logging.WARNING)
 from servesim.replay.api import resolve_config
-from servesim.replay.examples import example_text
+from servesim.config.examples import example_text
 from ruamel.yaml import YAML
 cfg = resolve_config(YAML(typ="safe").load(example_text("deployment")))
 from servesim.deployment.aic_tables import pricing_table  # imports Numba, as any run does
@@ -35,7 +35,7 @@ import json, logging, sys
 logging.disable(logging.WARNING)
 from ruamel.yaml import YAML
 from servesim.replay.api import run
-from servesim.replay.examples import example_text
+from servesim.config.examples import example_text
 data = YAML(typ="safe").load(example_text("deployment"))
 data["engine"]["timing"] = {"type": sys.argv[1]}
 data["engine"]["num_gpu_blocks"] = 46773
@@ -50,7 +50,7 @@ import json, time, numpy as np, logging
 logging.disable(logging.WARNING)
 from ruamel.yaml import YAML
 from servesim.replay.api import resolve_config
-from servesim.replay.examples import example_text
+from servesim.config.examples import example_text
 from servesim.deployment.aic_tables import pricing_table
 from servesim.engine.pricing import POLYNOMIAL, TABLE, price_pass
 from numba import njit

@@ -40,7 +40,7 @@ CONFIGS = HERE / "configs"
 # The child runs the real CLI entry point and reports its peak memory.
 CHILD = r"""
 import json, resource, sys
-from servesim.cli import main
+from servesim.cli.main import main
 try:
     main(sys.argv[1:], standalone_mode=False)
 finally:

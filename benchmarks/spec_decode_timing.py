@@ -12,7 +12,7 @@ import time
 
 from servesim.replay.api import resolve_config
 from servesim.replay.driver import simulate
-from servesim.replay.workload import load_workload
+from servesim.workload.workload import load_workload
 
 
 def main(argv):

@@ -1,3 +1,3 @@
-from servesim.cli import main
+from servesim.cli.main import main
 
 main()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 # Modules whose Numba kernels every run compiles (others, such as the async
 # release kernels, compile only for the configs that use them).
-KERNEL_MODULES = ("kvcache/block_pool.py", "engine/pricing.py", "replay/metrics.py", "replay/prefix.py")
+KERNEL_MODULES = ("kvcache/block_pool.py", "engine/pricing.py", "results/metrics.py", "workload/prefix.py")
 PACKAGE_DIR = Path(__file__).resolve().parent
 # What a first compile of every kernel takes (measured, README "Set up").
 COLD_START_S = 20

@@ -25,8 +25,7 @@ from servesim.kvcache.manager import KVCacheManager
 from servesim.replay.driver import simulate
 from servesim.scheduler.request import RequestStatus
 from servesim.scheduler.scheduler import Scheduler
-from tests.helpers import free_blocks, make_config, make_workload, req, sched, times
-from tests.test_fast_path import build, engines, requests
+from helpers import build, engines, free_blocks, make_config, make_workload, req, requests, sched, times
 
 PATHS = [("reference", True), ("fast", True), ("fast", False)]
 

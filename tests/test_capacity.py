@@ -8,34 +8,16 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from helpers import ONE_PER_PASS, TRUE_RATE, write
 from servesim.capacity.capacity import FOUND, MAX_MET, UNMET, bracket_and_bisect, capacity, run_probe
 from servesim.capacity.deployment import gpus_of
 from servesim.capacity.load import load_of
 from servesim.capacity.search import search
-from servesim.capacity.slo import build_slos
-from servesim.cli import main
+from servesim.config.slo import build_slos
+from servesim.cli.main import main
 from servesim.errors import InputError
 from servesim.replay.api import resolve_config
-from servesim.replay.sweep import sweep
-
-T, N = 10.0, 100
-# One request per 10 ms pass: at a constant rate r, request i's TTFT is
-# 10 + i * max(0, 10 - 1000/r), so TTFT p99 (rank 0.99 * 99) <= 15 ms exactly
-# while 1000/r >= T * (1 - 0.5 / (0.99 * (N - 1))).
-ONE_PER_PASS = f"""\
-workload:
-  synthetic:
-    requests: {N}
-    input_tokens: 16
-    output_tokens: 1
-    arrival: constant
-    rate: 10
-engine:
-  max_num_seqs: 1
-  max_num_batched_tokens: 16
-  timing: {{type: fixed, prefill_ms: {T}, decode_ms: {T}}}
-"""
-TRUE_RATE = 1000 / (T * (1 - 0.5 / (0.99 * (N - 1))))
+from servesim.sweep.sweep import sweep
 
 # A closed loop of 4-token requests, at most 4 running: up to 4 in flight
 # every request takes exactly 4 passes of 10 ms; a fifth in flight waits.
@@ -70,12 +52,6 @@ engine:
   max_num_batched_tokens: 256
   timing: {type: linear, base_ms: 5, per_token_ms: 0.05}
 """
-
-
-def write(tmp_path, text, name="c.yaml"):
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
 
 
 def meets(config, slos, key, value):

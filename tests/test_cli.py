@@ -6,38 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 
-from servesim.cli import main
+from helpers import TINY, invoke
 from servesim.errors import InputError
-
-TINY = """\
-workload:
-  synthetic:
-    requests: 6
-    input_tokens: 64
-    output_tokens: 4
-    arrival: burst
-engine:
-  block_size: 16
-  num_gpu_blocks: 256
-  timing:
-    type: fixed
-    prefill_ms: 10.0
-    decode_ms: 5.0
-"""
-
-
-@pytest.fixture
-def tiny_config(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
 
 def test_help_lists_commands():
     result = invoke("--help")
@@ -53,7 +24,7 @@ def test_python_dash_m_servesim_help():
 
 
 def test_help_does_not_import_numpy_or_numba():
-    code = "import sys, servesim.cli; print(sorted(m for m in ('numpy', 'numba') if m in sys.modules))"
+    code = "import sys, servesim.cli.main; print(sorted(m for m in ('numpy', 'numba') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip() == "[]"
 
@@ -174,7 +145,7 @@ def test_run_limit_and_quiet(tiny_config, tmp_path):
 
 def test_api_run_from_dict_config_object_and_path(tiny_config, tmp_path):
     import servesim
-    from servesim.replay.config import load_config
+    from servesim.config.config import load_config
 
     from_path = servesim.run(tiny_config, limit=4, pass_log=True)
     assert from_path.summary["requests"] == 4

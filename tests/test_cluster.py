@@ -20,7 +20,7 @@ from helpers import LINEAR_10MS, free_blocks, make_config, make_workload, req, s
 import servesim
 from servesim.errors import InputError
 from servesim.replay.driver import simulate
-from servesim.replay.metrics import summarize
+from servesim.results.metrics import summarize
 
 LINEAR_10_PLUS_1 = {"type": "linear", "base_ms": 10, "per_token_ms": 1}
 

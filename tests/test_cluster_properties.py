@@ -36,11 +36,11 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from servesim.replay.config import config_from_dict
+from servesim.config.config import config_from_dict
 from servesim.replay.driver import simulate
-from servesim.replay.records import STATUS_FINISHED, STATUS_REJECTED
-from servesim.replay.workload import Workload
-from tests.helpers import family_prefix_ids, workload_of
+from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED
+from servesim.workload.workload import Workload
+from helpers import family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
 BLOCK_SIZE = 16

@@ -9,9 +9,9 @@ import pytest
 from servesim.engine.config import EngineConfig, KVOffloadingConfig, LaunchConfig, TimingConfig
 from servesim.errors import InputError
 from servesim.kvcache.config import KVCacheConfig
-from servesim.replay.config import config_from_dict, config_to_dict, load_config, read_fitted_model
-from servesim.replay.config_types import ClusterConfig, LengthDistribution, OutputConfig
-from servesim.replay.examples import EXAMPLES, bundled_trace_path, example_text
+from servesim.config.config import config_from_dict, config_to_dict, load_config, read_fitted_model
+from servesim.config.config_types import ClusterConfig, LengthDistribution, OutputConfig
+from servesim.config.examples import EXAMPLES, bundled_trace_path, example_text
 from servesim.scheduler.config import SchedulerConfig
 
 REPO = Path(__file__).resolve().parents[1]

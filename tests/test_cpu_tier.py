@@ -18,7 +18,7 @@ import pytest
 from helpers import make_config, make_workload, req, run, sched, times
 from servesim.replay.api import run as api_run
 from servesim.replay.driver import Replay
-from servesim.replay.examples import example_text
+from servesim.config.examples import example_text
 
 MB = 62500  # bytes_per_token giving 1e6-byte blocks of 16 tokens
 

@@ -29,11 +29,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from servesim.kvcache.block_pool import REF
 from servesim.kvcache.cpu_tier import CPUTier
-from servesim.replay.config import config_from_dict
+from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
-from servesim.replay.metrics import summarize
-from servesim.replay.records import STATUS_FINISHED
-from tests.helpers import family_prefix_ids, workload_of
+from servesim.results.metrics import summarize
+from servesim.results.records import STATUS_FINISHED
+from helpers import family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
 MAX_PASSES = 100_000

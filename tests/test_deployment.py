@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from servesim.errors import InputError
-from servesim.replay.config import config_from_dict, config_to_dict
+from servesim.config.config import config_from_dict, config_to_dict
 
 HAS_AIC = importlib.util.find_spec("aiconfigurator_core") is not None
 needs_aic = pytest.mark.skipif(not HAS_AIC, reason="aiconfigurator-core not installed")
@@ -159,7 +159,7 @@ def test_fixture_names_its_source():
 
 
 def test_table_reproduces_its_nodes():
-    from servesim.engine import table_pricing as tp
+    from servesim.deployment import table_pricing as tp
 
     table = fixture()[0]
     n = [int(table[i]) for i in range(5)]
@@ -173,7 +173,7 @@ def test_table_reproduces_its_nodes():
 
 
 def test_table_interpolation_matches_direct_calls_within_target():
-    from servesim.engine.table_pricing import table_pass_ms
+    from servesim.deployment.table_pricing import table_pass_ms
 
     table, samples, _ = fixture()
     errors = np.array([abs(table_pass_ms(table, int(p), int(q), int(k), int(d), int(c)) / ms - 1) * 100
@@ -188,7 +188,7 @@ def test_table_interpolation_matches_direct_calls_within_target():
 
 
 def test_table_is_monotone_in_decode_context_and_calibration_scales_kinds():
-    from servesim.engine.table_pricing import table_pass_ms, with_factors
+    from servesim.deployment.table_pricing import table_pass_ms, with_factors
 
     table = fixture()[0]
     times = [table_pass_ms(table, 0, 0, 0, 8, 8 * c) for c in (16, 256, 1024, 2000)]
@@ -201,7 +201,7 @@ def test_table_is_monotone_in_decode_context_and_calibration_scales_kinds():
 
 def test_pricing_kernel_dispatches_the_table():
     from servesim.engine.pricing import TABLE, price_pass
-    from servesim.engine.table_pricing import table_pass_ms
+    from servesim.deployment.table_pricing import table_pass_ms
 
     table = fixture()[0]
     assert price_pass(TABLE, table, 200, 2, 4, 4000, 204, 6, 1.0, 0, 300) == \
@@ -231,7 +231,7 @@ def test_calibration_recovers_per_kind_factors():
 
 
 def test_calibration_file_is_read_and_checked(tmp_path):
-    from servesim.replay.deployment_config import read_calibration
+    from servesim.config.deployment_config import read_calibration
 
     good = tmp_path / "cal.yaml"
     good.write_text("type: aic_calibration\nfactors: {prefill: 1.2, decode: 0.9}\n")
@@ -336,10 +336,10 @@ def test_calibrate_command_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     from click.testing import CliRunner
 
-    from servesim.cli import main
+    from servesim.cli.main import main
     from servesim.deployment import aic
     from servesim.deployment.aic_tables import pricing_table
-    from servesim.engine.table_pricing import table_pass_ms
+    from servesim.deployment.table_pricing import table_pass_ms
 
     engine = {"model": "Qwen/Qwen3-32B", "gpu": "h200_sxm", "tensor_parallel_size": 2,
               "max_num_batched_tokens": 1024, "max_num_seqs": 32, "max_model_len": 4096}
@@ -360,3 +360,19 @@ def test_calibrate_command_round_trip(tmp_path, monkeypatch):
     assert decode == pytest.approx(1.2, rel=0.01) and prefill == 1.0 and mixed == 1.0
     table = pricing_table(cfg.engine)
     assert table_pass_ms(table, 0, 0, 0, 8, 8000) == pytest.approx(1.2 * direct(0, 0, 0, 8, 8000), rel=0.03)
+
+
+def test_backend_version_reads_the_databases_query_versions(tmp_path, monkeypatch):
+    """The database's current vLLM version per system: its override, else the
+    default; an unreadable file is an InputError naming it (no package needed:
+    the systems folder is a stand-in)."""
+    from servesim.deployment import aic
+
+    (tmp_path / "query_versions.yaml").write_text(
+        "defaults:\n  vllm: {current: 0.11.0}\noverrides:\n  b200_sxm:\n    vllm: {current: 0.12.0}\n")
+    monkeypatch.setattr(aic, "_systems_dir", lambda: str(tmp_path))
+    assert aic.backend_version("h200_sxm") == "0.11.0"
+    assert aic.backend_version("b200_sxm") == "0.12.0"
+    (tmp_path / "query_versions.yaml").write_text("defaults: [unclosed\n")
+    with pytest.raises(InputError, match="query_versions.yaml: cannot read the database versions"):
+        aic.backend_version("h200_sxm")

@@ -21,11 +21,11 @@ from helpers import LINEAR_10MS, make_workload, sched
 from servesim.errors import InputError
 from servesim.replay.api import resolve_config as api_resolve
 from servesim.replay.api import run as api_run
-from servesim.replay.config import config_from_dict, config_to_dict, load_config
+from servesim.config.config import config_from_dict, config_to_dict, load_config
 from servesim.replay.driver import make_replay
-from servesim.replay.examples import example_text
-from servesim.replay.metrics import summarize
-from servesim.replay.output import request_lines
+from servesim.config.examples import example_text
+from servesim.results.metrics import summarize
+from servesim.results.output import request_lines
 
 LINK = {"bytes_per_token": 62500, "bandwidth_gbps": 1, "latency_ms": 0.5}
 

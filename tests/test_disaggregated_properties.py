@@ -29,10 +29,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from servesim.kvcache.block_pool import REF
-from servesim.replay.config import config_from_dict
+from servesim.config.config import config_from_dict
 from servesim.replay.driver import make_replay
-from servesim.replay.records import STATUS_FINISHED, STATUS_UNFINISHED
-from tests.helpers import family_prefix_ids, workload_of
+from servesim.results.records import STATUS_FINISHED, STATUS_UNFINISHED
+from helpers import family_prefix_ids, workload_of
 
 MAX_PASSES = 50_000
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True,

@@ -11,54 +11,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from servesim.replay.driver import simulate
-from tests.helpers import make_config, make_workload
-
-requests = st.lists(
-    st.tuples(st.integers(0, 400),            # arrival ms
-              st.integers(1, 300),            # prompt tokens
-              st.integers(1, 60),             # output tokens
-              st.integers(0, 3),              # shared-prefix group
-              st.integers(0, 2)),             # priority
-    min_size=1, max_size=14)
-
-engines = st.fixed_dictionaries({
-    "block_size": st.sampled_from([4, 16]),
-    "num_gpu_blocks": st.integers(12, 96),
-    "max_num_seqs": st.integers(1, 8),
-    "max_num_batched_tokens": st.sampled_from([16, 48, 128, 512]),
-    "enable_prefix_caching": st.booleans(),
-    "enable_chunked_prefill": st.booleans(),
-    "long_prefill_token_threshold": st.sampled_from([0, 0, 24]),
-    "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
-    "reserve_full_isl": st.booleans(),
-    "watermark": st.sampled_from([0.0, 0.0, 0.1]),
-    "async_scheduling": st.booleans(),
-    "max_model_len": st.sampled_from([None, 200, 512]),
-})
-
-
-def build(spec, engine, **extra):
-    engine = dict(engine)
-    if not engine["enable_chunked_prefill"]:
-        # vLLM: without chunked prefill the budget must hold a whole prompt
-        engine["max_model_len"] = engine["max_model_len"] or 512
-        engine["max_num_batched_tokens"] = max(engine["max_num_batched_tokens"],
-                                               engine["max_model_len"])
-    engine["max_num_batched_tokens"] = max(engine["max_num_batched_tokens"], engine["max_num_seqs"])
-    config = make_config(timing={"type": "linear", "base_ms": 3, "per_token_ms": 0.05}, **engine)
-    rows = []
-    for i, (t, P, O, group, priority) in enumerate(sorted(spec)):
-        shared = [1000 * group + k for k in range(3)]   # 48 shared tokens per group
-        own = [10_000 + 100 * i + k for k in range(20)]
-        ids = (shared + own)[:-(-P // 16)]
-        rows.append({"id": f"r{i}", "t": t, "P": P, "O": O, "hash_ids": ids,
-                     "priority": priority})
-    workload = make_workload(rows)
-    if extra:
-        config = attrs.evolve(config, **{k: attrs.evolve(getattr(config, k), **v)
-                                         for k, v in extra.items()})
-    return config, workload
-
+from helpers import build, engines, requests
 
 def same_records(a, b):
     for field in attrs.fields(type(a)):

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import servesim
 from servesim.cache import numba_cache_dir
-from servesim.replay import output
-from servesim.replay.outdir import LOCK
+from servesim.results import output
+from servesim.results.outdir import LOCK
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(servesim.__file__).resolve().parent
 
-from test_cli import TINY, invoke, tiny_config  # noqa: F401  (the same tiny run and its fixture)
+from helpers import TINY, invoke
 
 
 def cli(*args, env=None, **kwargs):
@@ -185,7 +185,7 @@ def test_a_read_only_parent_exits_2_before_simulating(tmp_path, tiny_config):
 
 def test_a_read_only_output_folder_exits_2_before_simulating(tmp_path, tiny_config, monkeypatch):
     # as root a chmod does not stop writes: refuse the lock file the way a read-only folder would
-    import servesim.replay.outdir as outdir
+    import servesim.results.outdir as outdir
 
     real_open = os.open
 
@@ -297,7 +297,7 @@ def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path, tiny_config):
 
 def test_a_recursive_mapping_given_to_the_api_is_refused():
     from servesim.errors import InputError
-    from servesim.replay.config import config_from_dict
+    from servesim.config.config import config_from_dict
 
     data = {"workload": {"synthetic": {"requests": 1}}}
     data["engine"] = data
@@ -307,7 +307,7 @@ def test_a_recursive_mapping_given_to_the_api_is_refused():
 
 def test_an_unreachable_ray_cluster_fails_within_the_timeout():
     from servesim.errors import InputError
-    from servesim.replay.executors import connect
+    from servesim.sweep.executors import connect
 
     start = time.perf_counter()
     with pytest.raises(InputError, match=r"^--ray-address ray://nowhere:1: cannot connect to Ray within 0.5 s"):

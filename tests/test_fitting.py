@@ -14,12 +14,13 @@ from ruamel.yaml import YAML
 from fpm_synth import CAPTURE_SIZE, STALL, TRUE_COEFFICIENTS, synth_workload
 from servesim.engine.pricing import FITTED, price_pass
 from servesim.errors import InputError
-from servesim.fitting import (DECODE, EAGER, PIECEWISE, charge_own_launch, evaluate_command,
-                              fit_command, fit_records, fit_windows, load_launch_stall,
-                              parse_records, predict, read_records, window_bounds, write_model)
-from servesim.replay.config import config_from_dict, read_fitted_model
+from servesim.cli.fitting import evaluate_command, fit_command
+from servesim.fitting import (DECODE, EAGER, PIECEWISE, charge_own_launch, fit_records, fit_windows,
+                              load_launch_stall, parse_records, predict, read_records, window_bounds,
+                              write_model)
+from servesim.config.config import config_from_dict, read_fitted_model
 from servesim.replay.driver import simulate
-from servesim.replay.workload import load_workload
+from servesim.workload.workload import load_workload
 
 
 def rec(worker="w0", counter=0, wall_ms=10.0, npr=0, pt=0, dr=1, kv=100, **extra):

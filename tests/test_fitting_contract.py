@@ -12,15 +12,15 @@ import pytest
 from click.testing import CliRunner
 
 from fpm_synth import SHORT_EAGER_TOKENS, STALL, synth_workload
-from servesim.cli import main
+from servesim.cli.main import main
 from servesim.engine.config import TimingConfig
 from servesim.engine.price_floor import PassShape, RunShape, cheapest_pass, corner_passes
 from servesim.errors import InputError
 from servesim.fitting import DECODE, fit_records, parse_records, predict, write_model
 from servesim.kvcache.config import KVCacheConfig
-from servesim.replay.config import config_from_dict, read_fitted_model
+from servesim.config.config import config_from_dict, read_fitted_model
 from servesim.scheduler.config import SchedulerConfig
-from tests.helpers import make_workload, run_result
+from helpers import make_workload, run_result
 
 
 def rec(counter, wall_ms=10.0, npr=0, pt=0, dr=1, kv=100, worker="w0"):

@@ -29,7 +29,7 @@ import pytest
 
 from servesim.replay.api import resolve_config
 from servesim.replay.driver import fast_path_supports, simulate
-from servesim.replay.workload import load_workload
+from servesim.workload.workload import load_workload
 
 GOLDEN = Path(__file__).parent / "golden"
 FOLDERS = ["vllm-0.33", "vllm-0.33-spec"]

@@ -6,7 +6,7 @@ with decodes 10 ms (a mixed pass 110 ms); launch costs decode 2 ms, piecewise
 20 ms, eager 50 ms; capture size 16 tokens; async scheduling; block size 16.
 """
 
-from tests.helpers import make_config, make_workload, run
+from helpers import make_config, make_workload, run
 
 FIXED = {"type": "fixed", "prefill_ms": 100, "decode_ms": 10}
 LAUNCH = {"decode_ms": 2, "piecewise_ms": 20, "eager_ms": 50,

@@ -3,7 +3,7 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from tests.helpers import make_config, make_workload, run
+from helpers import make_config, make_workload, run
 
 FIXED = {"type": "fixed", "prefill_ms": 30, "decode_ms": 5}
 

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from servesim.replay.metrics import itl_samples, latency_stats, percentiles_of_sorted, summarize
-from servesim.replay.records import (
+from servesim.results.metrics import itl_samples, latency_stats, percentiles_of_sorted, summarize
+from servesim.results.records import (
     STATUS_FINISHED,
     STATUS_REJECTED,
     STATUS_UNFINISHED,
@@ -224,7 +224,7 @@ def test_itl_quantiles_are_numpy_quantiles_of_every_gap_of_finished_requests():
     # finished: a (0, 10, 14, 20 -> gaps 10, 4, 6... with arrival at 0 the
     # tokens are 10, 14, 20: gaps 4 and 6), b one token (no gap); the gaps of
     # unfinished and rejected requests do not count.
-    from servesim.replay.metrics import itl_quantiles
+    from servesim.results.metrics import itl_quantiles
     records = make_records([
         {"arrival": 0.0, "tokens": [10.0, 14.0, 20.0], "status": STATUS_FINISHED},
         {"arrival": 1.0, "tokens": [12.0], "status": STATUS_FINISHED},

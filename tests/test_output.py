@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from servesim.replay import output
-from servesim.replay.metrics import summarize
-from servesim.replay.output import REQUEST_FIELDS, write_outputs
-from servesim.replay.records import (
+from servesim.results import output
+from servesim.results.metrics import summarize
+from servesim.results.output import REQUEST_FIELDS, write_outputs
+from servesim.results.records import (
     STATUS_FINISHED,
     STATUS_REJECTED,
     STATUS_UNFINISHED,

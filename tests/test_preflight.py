@@ -1,4 +1,4 @@
-"""Checks before simulating (servesim/replay/preflight.py): sizes that would
+"""Checks before simulating (servesim/config/preflight.py): sizes that would
 not fit in memory are refused up front with the key and the estimate, and
 `validate` refuses exactly what `run` refuses."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from servesim.cli import main
+from servesim.cli.main import main
 from servesim.errors import InputError
-from servesim.replay.preflight import PoolSize, check_memory, estimate_memory
+from servesim.config.preflight import PoolSize, check_memory, estimate_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / "examples" / "mooncake.yaml"

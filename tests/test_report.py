@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import pytest
 from click.testing import CliRunner
 
-from servesim.cli import main
+from servesim.cli.main import main
 
 needs_matplotlib = pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None,
@@ -115,7 +115,7 @@ def test_run_report_without_requests_or_telemetry_says_what_is_missing(config, t
 @needs_matplotlib
 def test_sweep_report_plots_each_swept_key_and_lists_every_point(config, tmp_path):
     import servesim
-    from servesim.replay.sweep import PointResult, SweepResult, load_grid, point_dir_names, write_sweep_files
+    from servesim.sweep.sweep import PointResult, SweepResult, load_grid, point_dir_names, write_sweep_files
 
     # A sweep folder as `servesim sweep` writes it, from in-process runs (no
     # worker processes needed to test the page), with one failed point.
@@ -189,7 +189,7 @@ def test_a_disaggregated_run_report_shows_both_pools_and_the_kv_transfers(tmp_pa
 
 @needs_matplotlib
 def test_sweep_plot_names_lines_that_coincide(tmp_path):
-    from servesim.replay.report import _Plots, _sweep_plot
+    from servesim.results.report import _Plots, _sweep_plot
 
     def row(blocks, seqs, ttft):
         return {"engine.num_gpu_blocks": blocks, "engine.max_num_seqs": seqs, "status": "ok",

@@ -14,66 +14,17 @@ import warnings
 
 import attrs
 import numpy as np
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from servesim.replay.config import config_from_dict
+from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
-from servesim.replay.records import STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED
-from tests.helpers import family_prefix_ids, workload_of
+from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED
+from helpers import SETTINGS, ceil_div, engine_configs, expected_max_tokens, rejected_at_arrival, workloads
 
-TRACE_BLOCK_SIZE = 16
 MAX_PASSES = 200_000  # far beyond any run here: more means the engine loops
 
-SETTINGS = settings(max_examples=100, deadline=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def ceil_div(a, b):
-    return -(-a // b)
-
-
 # --------------------------------------------------------------------------- strategies
-
-
-@st.composite
-def engine_configs(draw, chunked=None):
-    """Engine keys for config_from_dict: vLLM's cross-checks hold
-    (max_num_batched_tokens >= max_num_seqs, and >= max_model_len when
-    chunked prefill is off)."""
-    max_num_seqs = draw(st.integers(1, 8), label="max_num_seqs")
-    budget = draw(st.integers(max(8, max_num_seqs), 256), label="max_num_batched_tokens")
-    if chunked is None:
-        chunked = draw(st.booleans(), label="enable_chunked_prefill")
-    if chunked:
-        max_model_len = draw(st.none() | st.integers(2, 300) | st.integers(150, 300),
-                             label="max_model_len")
-        threshold = draw(st.sampled_from([0, 0, 16, 48]), label="long_prefill_token_threshold")
-    else:
-        # a prompt is scheduled whole: without a max_model_len <= budget a
-        # long prompt would wait for ever (config validation requires it when
-        # max_model_len is given)
-        max_model_len = draw(st.integers(2, budget) | st.integers(max(2, budget // 2), budget),
-                             label="max_model_len")
-        threshold = 0
-    return {
-        "block_size": draw(st.sampled_from([16, 4]), label="block_size"),
-        # small pools are where preemption happens
-        "num_gpu_blocks": draw(st.integers(8, 20) | st.integers(8, 64), label="num_gpu_blocks"),
-        "enable_prefix_caching": draw(st.booleans(), label="enable_prefix_caching"),
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": budget,
-        "max_model_len": max_model_len,
-        "enable_chunked_prefill": chunked,
-        "long_prefill_token_threshold": threshold,
-        "scheduling_policy": draw(st.sampled_from(["fcfs", "priority"]), label="policy"),
-        "reserve_full_isl": draw(st.booleans(), label="reserve_full_isl"),
-        "watermark": draw(st.sampled_from([0.0, 0.1]), label="watermark"),
-        "async_scheduling": draw(st.booleans(), label="async_scheduling"),
-        "timing": {"type": "linear",
-                   "base_ms": draw(st.sampled_from([0.0, 1.0, 2.5]), label="base_ms"),
-                   "per_token_ms": draw(st.sampled_from([0.0, 0.02]), label="per_token_ms")},
-    }
 
 
 def make_config(engine, cluster):
@@ -83,43 +34,6 @@ def make_config(engine, cluster):
         "cluster": cluster,
         "output": {"pass_log": True},
     })
-
-
-@st.composite
-def workloads(draw, engine, fit=False):
-    """1-12 requests; prompts of 1-200 tokens, outputs of 1-40. Each request
-    belongs to one of two prefix families and takes its family's first
-    `shared` trace-block hash ids (so prefixes are often shared, in part or in
-    whole), the rest are unique. With `fit`, every request fits the pool
-    alone and stays below max_model_len."""
-    n = draw(st.integers(1, 12) | st.integers(8, 12), label="num_requests")
-    arrivals = sorted(draw(st.lists(st.integers(0, 60), min_size=n, max_size=n), label="arrivals"))
-    bs, usable = engine["block_size"], engine["num_gpu_blocks"] - 1
-    max_model_len = engine["max_model_len"]
-    max_prompt = 200
-    if fit:
-        max_prompt = min(max_prompt, usable * bs)
-        if max_model_len is not None:
-            max_prompt = min(max_prompt, max_model_len - 1)
-    input_length, output_length, hash_ids = [], [], []
-    unique = 1000
-    for _ in range(n):
-        prompt = draw(st.integers(1, min(max_prompt, 64)) | st.integers(1, max_prompt),
-                      label="input_length")
-        max_output = 40
-        if fit:  # the most tokens ever computed, P + O - 1, fit the pool
-            max_output = max(1, min(max_output, usable * bs - prompt + 1))
-        output = draw(st.integers(1, max_output), label="output_length")
-        num_ids = ceil_div(prompt, TRACE_BLOCK_SIZE)
-        shared = draw(st.integers(0, num_ids), label="shared_trace_blocks")
-        family = draw(st.integers(0, 1), label="prefix_family")
-        ids, unique = family_prefix_ids(num_ids, shared, family, unique)
-        input_length.append(prompt)
-        output_length.append(output)
-        hash_ids.append(ids)
-    priority = draw(st.lists(st.integers(-1, 2), min_size=n, max_size=n), label="priority")
-    return workload_of(arrivals, input_length, output_length, hash_ids, priority=priority,
-                       trace_block_size=TRACE_BLOCK_SIZE)
 
 
 @st.composite
@@ -165,23 +79,6 @@ def run(scenario, path=None):
     if (status == STATUS_FINISHED).all():
         event("all finished")
     return replay, result
-
-
-def expected_max_tokens(engine, workload):
-    """`max_tokens = min(output_length, max_model_len - P)`."""
-    out = workload.output_length.copy()
-    if engine["max_model_len"] is not None:
-        out = np.minimum(out, engine["max_model_len"] - workload.input_length)
-    return out
-
-
-def rejected_at_arrival(engine, workload):
-    """`ceil(P / block_size) > num_gpu_blocks - 1` or `P >= max_model_len`."""
-    prompt = workload.input_length
-    rejected = ceil_div(prompt, engine["block_size"]) > engine["num_gpu_blocks"] - 1
-    if engine["max_model_len"] is not None:
-        rejected |= prompt >= engine["max_model_len"]
-    return rejected
 
 
 def fits_alone(engine, workload):

@@ -17,12 +17,12 @@ from click.testing import CliRunner
 
 import helpers
 from helpers import make_config, req, run
-from servesim.cli import main
-from servesim.replay.config_types import WorkloadConfig
+from servesim.cli.main import main
+from servesim.config.config_types import WorkloadConfig
 from servesim.replay.driver import simulate
-from servesim.replay.metrics import summarize
-from servesim.replay.output import request_lines
-from servesim.replay.workload import load_workload
+from servesim.results.metrics import summarize
+from servesim.results.output import request_lines
+from servesim.workload.workload import load_workload
 
 
 @pytest.fixture(autouse=True, params=helpers.PATHS, ids=lambda p: p or "default")
@@ -179,7 +179,7 @@ def synthetic_sessions(**sessions):
 
 
 def test_synthetic_sessions_grow_their_prompt_and_wait_their_think_time():
-    from servesim.replay.config import config_from_dict
+    from servesim.config.config import config_from_dict
 
     cfg = config_from_dict(synthetic_sessions(count=3, turns=3, new_input_tokens=100,
                                               output_tokens=20, think_time=250))
@@ -197,7 +197,7 @@ def test_synthetic_sessions_grow_their_prompt_and_wait_their_think_time():
 
 
 def test_synthetic_sessions_share_a_prefix_within_a_group():
-    from servesim.replay.config import config_from_dict
+    from servesim.config.config import config_from_dict
 
     # trace blocks of 32 engine blocks = 512 tokens; a first prompt of 1024 has
     # 2, half of them (1) shared by the sessions of a group; group of s = s % 2.
@@ -217,7 +217,7 @@ def test_compiled_runs_give_the_reference_results(async_scheduling, cluster):
     # sessions' horizon (a worker may run ahead of the others by the smallest
     # think time) and returns at every finish; it must match the reference
     # path exactly
-    from servesim.replay.config import config_from_dict
+    from servesim.config.config import config_from_dict
 
     data = synthetic_sessions(count=40, turns=3, new_input_tokens={"distribution": "uniform",
                               "min": 50, "max": 400}, output_tokens={"distribution": "uniform",

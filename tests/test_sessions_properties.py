@@ -24,10 +24,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servesim.replay.config import config_from_dict
-from servesim.replay.config_types import WorkloadConfig
+from servesim.config.config import config_from_dict
+from servesim.config.config_types import WorkloadConfig
 from servesim.replay.driver import simulate
-from servesim.replay.workload import load_workload
+from servesim.workload.workload import load_workload
 
 EXAMPLES = int(os.environ.get("SESSION_EXAMPLES", "40"))
 BLOCK = 16

@@ -1,16 +1,16 @@
-"""SLOs (servesim/capacity/slo.py): `--slo` and `slo:` parsing, bad input,
+"""SLOs (servesim/config/slo.py): `--slo` and `slo:` parsing, bad input,
 and checking a run against them, goodput included."""
 
 import pytest
 from click.testing import CliRunner
 
-from servesim.capacity.slo import (build_slos, evaluate, goodput_fraction, load_slos, parse_slo_option,
+from servesim.config.slo import (build_slos, evaluate, goodput_fraction, load_slos, parse_slo_option,
                                    slos_from_dict)
-from servesim.cli import main
+from servesim.cli.main import main
 from servesim.errors import InputError
 from servesim.replay.api import run
 
-from tests.test_capacity import ONE_PER_PASS as AT_10, write
+from helpers import ONE_PER_PASS as AT_10, write
 
 # One request per 10 ms pass (max_num_seqs 1, one output token): at a
 # constant rate r > 100 req/s request i waits, TTFT_i = 10 + i * (10 - 1000/r).

@@ -340,7 +340,7 @@ def _cli(tmp_path, accepted="", method="mtp", k="2", rates="[0.5, 0.5]", async_=
          command="run", extra=()):
     from click.testing import CliRunner
 
-    from servesim.cli import main
+    from servesim.cli.main import main
 
     (tmp_path / "trace.jsonl").write_text(SPEC_TRACE % accepted)
     (tmp_path / "c.yaml").write_text(SPEC_CONFIG % (async_, method, k, rates))
@@ -434,7 +434,7 @@ def test_fit_on_records_with_draft_tokens_learns_their_cost_and_prices_a_run(tmp
 
     from click.testing import CliRunner
 
-    from servesim.cli import main
+    from servesim.cli.main import main
 
     rng = np.random.default_rng(3)
     lines = []
@@ -454,7 +454,7 @@ def test_fit_on_records_with_draft_tokens_learns_their_cost_and_prices_a_run(tmp
     result = CliRunner().invoke(main, ["fit", str(tmp_path / "fpm.jsonl"), "-o",
                                        str(tmp_path / "model.yaml")])
     assert result.exit_code == 0, result.output
-    from servesim.replay.config import read_fitted_model
+    from servesim.config.config import read_fitted_model
 
     coefficients = read_fitted_model(str(tmp_path / "model.yaml"))
     assert len(coefficients) == 6 and coefficients[5] == pytest.approx(0.25, rel=1e-6)
@@ -498,7 +498,7 @@ def test_a_prompt_whose_lookahead_slots_never_fit_is_rejected_at_arrival():
     # more than the pool holds, so it is rejected at arrival instead of holding
     # the queue forever; b (P=120) needs 122 = 8 blocks, and its decode (121 + 2
     # drafts + 2 lookahead = 125) still 8, so it runs; c runs after b.
-    from servesim.replay.records import STATUS_FINISHED, STATUS_REJECTED
+    from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED
 
     cfg = spec_config(2, num_gpu_blocks=9)
     records, log = run(cfg, [dict(id="a", t=0, P=127, O=2, accepted=[0]),

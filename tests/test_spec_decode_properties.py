@@ -20,14 +20,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servesim.engine.speculative import expected_accepted
-from servesim.replay.config import config_from_dict
+from servesim.scheduler.speculative import expected_accepted
+from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
-from servesim.replay.records import STATUS_FINISHED
-from tests.helpers import workload_of
-from tests.test_scheduler_properties import (SETTINGS, ceil_div, engine_configs,
-                                             expected_max_tokens, rejected_at_arrival,
-                                             workloads)
+from servesim.results.records import STATUS_FINISHED
+from helpers import (SETTINGS, ceil_div, engine_configs, expected_max_tokens, rejected_at_arrival,
+                     workload_of, workloads)
 
 
 def spec_block(k, rates):

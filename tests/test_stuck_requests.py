@@ -5,13 +5,13 @@ must agree."""
 
 import pytest
 
-from tests.helpers import make_config, make_workload, run_result
+from helpers import make_config, make_workload, run_result
 
 PATHS = ["reference", "fast"]
 
 
 def statuses(result):
-    from servesim.replay.records import STATUS_NAMES
+    from servesim.results.records import STATUS_NAMES
     return [STATUS_NAMES[s] for s in result.records.status]
 
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from servesim.cli import main
+from servesim.cli.main import main
 from servesim.errors import InputError
-from servesim.replay.sweep import FIGURES, load_grid, point_dir_names
+from servesim.sweep.sweep import FIGURES, load_grid, point_dir_names
 
 # 20 requests, 20 ms apart, fixed pass times: a run takes milliseconds.
 TINY = """\
@@ -254,7 +254,7 @@ def test_ray_executor_without_ray_exits_2_with_the_install_hint(files, monkeypat
 
 def test_ray_address_needs_the_ray_executor(files):
     with pytest.raises(InputError, match="--ray-address"):
-        from servesim.replay.sweep import sweep
+        from servesim.sweep.sweep import sweep
 
         sweep(files / "tiny.yaml", files / "grid.yaml", files / "out", ray_address="auto")
 
@@ -267,7 +267,7 @@ def test_an_output_folder_that_cannot_be_made_exits_2_before_any_point(files):
 
 
 def test_a_second_sweep_on_a_folder_in_use_exits_2(files):
-    from servesim.replay.outdir import LOCK
+    from servesim.results.outdir import LOCK
 
     (files / "out").mkdir()
     (files / "out" / LOCK).write_text("1\n")  # pid 1 is alive: the folder is in use

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from servesim.errors import InputError
-from servesim.replay.config_types import LengthDistribution, SyntheticConfig, WorkloadConfig
-from servesim.replay.synthetic import synthetic_workload
-from servesim.replay.workload import load_workload, trace_format
+from servesim.config.config_types import LengthDistribution, SyntheticConfig, WorkloadConfig
+from servesim.workload.synthetic import synthetic_workload
+from servesim.workload.workload import load_workload, trace_format
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 MOONCAKE_GZ = TRACES / "mooncake_conversation_trace.jsonl.gz"

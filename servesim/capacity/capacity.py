@@ -2,7 +2,7 @@
 
 The load is the workload's own knob (`load.py`: a trace's speedup, a
 synthetic rate or a closed loop's concurrency). Every probe is a full replay
-at one load, checked against the SLOs (`slo.py`). Latency grows with load,
+at one load, checked against the SLOs (`config/slo.py`). Latency grows with load,
 but not strictly monotonically in a finite replay, so the search
 
 1. brackets: from the config's own load, doubles while the SLOs hold (up to
@@ -141,7 +141,7 @@ class _Budget(Exception):
 def run_probe(config, overrides, load, value, slos, limit=None) -> dict:
     """Replay `config` at load `value` and check it against `slos`: the
     probe's row of capacity.json (without its index and phase)."""
-    from servesim.capacity.slo import evaluate
+    from servesim.config.slo import evaluate
     from servesim.replay.api import run
 
     report = run(config, overrides=(*overrides, load.override(value)), limit=limit)
@@ -173,9 +173,9 @@ def capacity(config, slos, *, overrides=(), limit=None, precision=DEFAULT_PRECIS
     `progress(row)` is called after each probe."""
     from servesim.capacity.deployment import gpus_of
     from servesim.capacity.load import load_of
-    from servesim.capacity.slo import binding
+    from servesim.config.slo import binding
     from servesim.replay.api import resolve_config
-    from servesim.replay.config import config_to_dict
+    from servesim.config.config import config_to_dict
 
     began = time.perf_counter()
     if isinstance(precision, bool) or not isinstance(precision, (int, float)) or not 1e-4 <= precision < 1:

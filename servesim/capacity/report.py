@@ -1,5 +1,5 @@
 """HTML pages of a capacity search (capacity.json) and of a deployment
-search (search.json), in the style of servesim/replay/report.py; any other
+search (search.json), in the style of servesim/results/report.py; any other
 folder is that module's (a run's or a sweep's).
 
 - capacity: the answer, one plot per SLO of every probe's figure against the
@@ -14,7 +14,7 @@ folder is that module's (a run's or a sweep's).
 import os
 from pathlib import Path
 
-from servesim.replay import report as base
+from servesim.results import report as base
 
 CAPACITY_JSON = "capacity.json"
 SEARCH_JSON = "search.json"
@@ -180,7 +180,7 @@ def search_page(directory: Path, plots) -> str:
 
 def write_report(directory) -> Path:
     """Write `directory/report.html` for a capacity search, a deployment
-    search, or (servesim/replay/report.py) a run or a sweep."""
+    search, or (servesim/results/report.py) a run or a sweep."""
     d = Path(directory)
     if (d / CAPACITY_JSON).is_file():
         page = capacity_page

@@ -1,7 +1,7 @@
 """`servesim search CONFIG --slo ... --grid GRID (--rate R | --capacity)`:
 the deployments of a grid that meet the SLOs, cheapest first.
 
-The grid is a sweep's grid file (`servesim/replay/sweep.py`: workers,
+The grid is a sweep's grid file (`servesim/sweep/sweep.py`: workers,
 data_parallel_size, max_num_seqs, max_num_batched_tokens, P/D pool sizes,
 router, ...); it may not set the load itself, which the search sets.
 
@@ -69,9 +69,9 @@ def rate_point(config_path, overrides, out_dir, slo, load_key, value, fingerprin
     """One point of a rate search: replay at `load_key=value`, write its
     report and slo.json (the fingerprint and the check) into `out_dir`."""
     from servesim.capacity.capacity import PROBE_FIGURES
-    from servesim.capacity.slo import evaluate, slos_from_dict
+    from servesim.config.slo import evaluate, slos_from_dict
     from servesim.replay.api import run
-    from servesim.replay.sweep import override_text
+    from servesim.sweep.sweep import override_text
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +91,7 @@ def capacity_point(config_path, overrides, out_dir, slo, settings, fingerprint) 
     """One point of a capacity search: its own capacity search, written to
     `out_dir/capacity.json` with the fingerprint."""
     from servesim.capacity.capacity import capacity, write_capacity
-    from servesim.capacity.slo import slos_from_dict
+    from servesim.config.slo import slos_from_dict
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,9 +133,9 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
     from servesim.capacity.capacity import DEFAULT_PRECISION
     from servesim.capacity.deployment import gpus_of
     from servesim.capacity.load import check_grid_keys, load_of
-    from servesim.replay import executors
-    from servesim.replay.config import config_to_dict, load_config
-    from servesim.replay.sweep import Grid, load_grid, override_text, point_dir_names, validate_points
+    from servesim.sweep import executors
+    from servesim.config.config import config_to_dict, load_config
+    from servesim.sweep.sweep import Grid, load_grid, override_text, point_dir_names, validate_points
 
     if (rate is None) == (not capacity_mode):
         raise InputError("give either --rate R (the load every point must sustain) or --capacity")
@@ -254,7 +254,7 @@ def _point_doc(p: SearchPoint, capacity_mode: bool) -> dict:
                     "metrics": at.get("metrics"), "request_rate": row.get("request_rate"),
                     "probes": len(row.get("probes", ()))})
     else:
-        from servesim.capacity.slo import binding
+        from servesim.config.slo import binding
 
         doc.update({"margin": row.get("margin"), "binding_slo": binding(row) if row else None,
                     "metrics": row.get("metrics"), "violated": row.get("violated"),
@@ -292,20 +292,20 @@ def _document(config_path, grid, slos, load, rate, capacity_mode, settings, poin
 
 
 def _values_text(values: dict) -> str:
-    from servesim.replay.sweep import cell_text
+    from servesim.sweep.sweep import cell_text
 
     return ", ".join(f"{k}={cell_text(v)}" for k, v in values.items())
 
 
 def _per_request():
-    from servesim.capacity.slo import PER_REQUEST
+    from servesim.config.slo import PER_REQUEST
 
     return PER_REQUEST
 
 
 def write_search_files(doc: dict, out_dir) -> None:
     """search.csv (one row per point, grid order) and search.json."""
-    from servesim.replay.sweep import cell_text
+    from servesim.sweep.sweep import cell_text
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -58,10 +58,14 @@ def database_systems() -> dict:
 
 def backend_version(system: str) -> str:
     """The database's current vLLM version for `system` (query_versions.yaml)."""
-    from servesim.replay.yaml_input import parse_yaml, read_text
+    from ruamel.yaml import YAML, YAMLError
 
     path = os.path.join(_systems_dir(), "query_versions.yaml")
-    data = parse_yaml(read_text(path, "database versions"), path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = YAML(typ="safe").load(f)
+    except (OSError, YAMLError) as e:
+        raise InputError(f"{path}: cannot read the database versions: {e}") from None
     slot = (data.get("overrides") or {}).get(system, {}).get(BACKEND) or data["defaults"][BACKEND]
     return str(slot["current"])
 

@@ -1,7 +1,7 @@
 """Tables of the database's pass times for the `aic` timing, built at start-up
 from direct calls of aiconfigurator-core and cached on disk.
 
-The axes (servesim/engine/table_pricing.py) take their nodes from the
+The axes (servesim/deployment/table_pricing.py) take their nodes from the
 database's own measurement grid: prefill tokens and decode requests at the
 GEMM token counts it measured (it measures both k and k+1 where its curves
 step, so nodes there keep a step a step), contexts at powers of two and one
@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from servesim.deployment import aic
-from servesim.engine import table_pricing
+from servesim.deployment import table_pricing
 
 FORMAT = 1
 _REQUEST_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)

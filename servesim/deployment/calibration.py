@@ -10,7 +10,7 @@ that kind's records. A kind with fewer than MIN_RECORDS records keeps 1.
 
 import numpy as np
 
-from servesim.engine.table_pricing import table_pass_ms
+from servesim.deployment.table_pricing import table_pass_ms
 
 MIN_RECORDS = 5
 KINDS = ("prefill", "decode", "mixed")

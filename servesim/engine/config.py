@@ -3,7 +3,7 @@
 import attrs
 
 from servesim.deployment.config import DeploymentConfig
-from servesim.engine.speculative import SpeculativeConfig
+from servesim.scheduler.speculative import SpeculativeConfig
 from servesim.kvcache.config import KVCacheConfig, KVOffloadingConfig  # noqa: F401 (re-exported)
 from servesim.scheduler.config import SchedulerConfig
 
@@ -21,7 +21,7 @@ class TimingConfig:
     model_capture_size (the `max_cudagraph_capture_size` its records were
     corrected with, from its metadata, or None) and model_fit_on ("launch_stall",
     "window" or "records": whether the fit moved launches back to their own
-    passes; servesim/replay/fitted_checks.py).
+    passes; servesim/config/fitted_checks.py).
     type aic: pass times from aiconfigurator-core's database for the engine's
     deployment (docs/deployment.md); calibration (optional path) and
     calibration_factors (prefill, decode, mixed multipliers, read at load time).

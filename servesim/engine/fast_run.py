@@ -1,4 +1,4 @@
-"""Runs of synchronous passes inside one compiled loop.
+"""Runs of passes inside one compiled loop, synchronous and asynchronous.
 
 Between two outside events — an arrival, a telemetry tick, a closed-loop
 release — a synchronous one-rank worker only alternates "process pass k's
@@ -16,6 +16,10 @@ It stops and hands back to the engine core:
   unfinishable, for the core's general handling;
 - STALLED: before deciding, the rank looks livelocked (requests preempting
   each other without a token sampled): the core's decision takes them out.
+
+Under async scheduling `run_async_passes` does the same with two passes in
+flight (docs/engine.md §7) and hands back A_DECIDE_NEXT, A_NEEDS_CORE or
+A_IN_FLIGHT (its docstring says when).
 """
 
 import numpy as np

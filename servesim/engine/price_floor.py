@@ -5,7 +5,7 @@ A `fitted` model is a plane through the four forward-pass-record features
 feature space, it can price such a corner below 0 ms, and the pricing kernel
 would then run the pass in 0 ms without saying so. This module finds the
 lowest price any pass of the run can get, so the config loader can refuse the
-model before the run starts (`servesim/replay/fitted_checks.py`).
+model before the run starts (`servesim/config/fitted_checks.py`).
 
 **The run's shape.** One rank's pass schedules `p` prefill requests with `T`
 prefill tokens and `d` decode requests holding `C` context tokens in all,

@@ -15,7 +15,7 @@ import numpy as np
 
 from servesim.engine import fitted_formula
 from servesim.engine.config import TimingConfig
-from servesim.engine.table_pricing import table_pass_ms
+from servesim.deployment.table_pricing import table_pass_ms
 from servesim.jit import njit
 from servesim.scheduler import fast
 

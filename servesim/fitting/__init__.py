@@ -3,11 +3,11 @@
 `records` reads and validates the JSONL records; `launch_stall` moves each
 pass's launch back to its own record (`--launch-stall`); `fit` fits the
 `fitted` model per record or on windows (`--window`) and writes the model file;
-`evaluate` scores a model per pass kind; `commands` holds the `fit` and
-`evaluate` click commands. NumPy only (no Numba).
+`evaluate` scores a model per pass kind (the `fit` and `evaluate` click
+commands are in `servesim.cli.fitting`). NumPy only (no Numba).
 
 The names below are imported on first use, so `servesim --help` (which
-imports `servesim.fitting.commands`) does not load NumPy.
+imports `servesim.cli.fitting`) does not load NumPy.
 """
 
 import importlib
@@ -19,7 +19,6 @@ _EXPORTS = {
     "Fit": "fit", "fit_records": "fit", "fit_windows": "fit", "window_bounds": "fit",
     "write_model": "fit",
     "evaluate_records": "evaluate", "predict": "evaluate",
-    "fit_command": "commands", "evaluate_command": "commands",
 }
 
 __all__ = sorted(_EXPORTS)

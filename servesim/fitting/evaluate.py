@@ -5,7 +5,7 @@ number of records, mean recorded and predicted ms, mean signed and absolute
 percentage error of the prediction against the record; and the total
 predicted against the total recorded time. Percentage errors skip records of
 0 ms or less (a raw record can be negative: the record before an eager pass
-carries its launch; after `--launch-stall` none is, `commands._load` refuses
+carries its launch; after `--launch-stall` none is, `servesim.cli.fitting._load` refuses
 that); `pct_records` counts the rest.
 """
 

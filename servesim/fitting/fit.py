@@ -23,7 +23,7 @@ from ruamel.yaml.representer import RoundTripRepresenter
 
 from servesim.errors import InputError
 from servesim.fitting.records import DECODE, ForwardPassRecords
-from servesim.replay.config import FITTED_FEATURES, FITTED_SPEC_FEATURE
+from servesim.config.config import FITTED_FEATURES, FITTED_SPEC_FEATURE
 
 
 @attrs.frozen
@@ -166,7 +166,7 @@ def model_features(num_coefficients: int) -> list:
 
 def write_model(path, coefficients, records: int, r2, mape, metadata: dict) -> None:
     """Write the model file of fitting.md §2 (loads with
-    `servesim.replay.config.read_fitted_model`). `metadata` is
+    `servesim.config.config.read_fitted_model`). `metadata` is
     `{source: [file names], launch_stall: <stall file contents> | None,
     window: W | None}`. Written to a temporary file and renamed, so a failure
     never leaves a half-written model."""

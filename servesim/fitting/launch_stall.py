@@ -78,14 +78,6 @@ def stall_table(stall: dict) -> np.ndarray:
     return table
 
 
-def carried_ms(records: ForwardPassRecords, stall: dict) -> np.ndarray:
-    """What each record carries for its successor: `stall_ms[carrier][next]`
-    when the next pass (same worker, counter + 1) is recorded, else 0 (after
-    a gap the next pass keeps its own launch)."""
-    records.require_ids("--launch-stall")
-    return _carried(records, stall, *records.successors())
-
-
 def charge_own_launch(records: ForwardPassRecords, stall: dict) -> np.ndarray:
     """The wall times (ms) with each launch charged to its own pass:
     `wall'[i] = wall[i] - carried[i] + carried[i-1]`, where i-1 is the pass
@@ -131,7 +123,7 @@ def _carried(records, stall, order, follows) -> np.ndarray:
 
 
 def _read_json(path: str):
-    from servesim.replay.yaml_input import read_text
+    from servesim.config.yaml_input import read_text
 
     text = read_text(path, "launch stall file")
     try:

@@ -189,7 +189,7 @@ class BlockPool:
     """One rank's G1 pool: the arrays the kernels above work on.
 
     `num_identities` bounds the dense block identities the prefix cache can
-    hold (see `servesim.replay.prefix`).
+    hold (see `servesim.workload.prefix`).
     """
 
     def __init__(self, config: KVCacheConfig, num_identities: int):

@@ -15,10 +15,6 @@ class KVCacheConfig:
     num_gpu_blocks: int = 8192
     enable_prefix_caching: bool = True
 
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.num_gpu_blocks - 1
-
 
 @attrs.frozen
 class KVOffloadingConfig:

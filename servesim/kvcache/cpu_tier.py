@@ -8,7 +8,7 @@ vLLM: vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py
 Rules:
 
 - The tier holds at most `num_cpu_blocks` blocks, keyed by the prefix cache's
-  block identities (`servesim.replay.prefix`), least recently used first.
+  block identities (`servesim.workload.prefix`), least recently used first.
 - A block is *pending* from the moment its store is prepared (at the decision
   that schedules it) until the store completes: a pending block is not a hit,
   cannot be evicted, and a lookup that reaches it must wait and ask again.

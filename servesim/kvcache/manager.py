@@ -37,9 +37,6 @@ class KVCacheManager:
                                         max_blocks, self._hits)
         return self._hits[:num_hit].copy(), num_hit * self.block_size
 
-    def count_evictable(self, hit_blocks) -> int:
-        return bp.count_evictable(self.pool.blocks, hit_blocks, len(hit_blocks))
-
     def allocate_slots(self, request, num_new_tokens, hit_blocks=_NO_BLOCKS,
                        num_hit_tokens=0, reserve_tokens=0, extra_blocks=0,
                        delay_cache=False) -> bool:

@@ -11,8 +11,8 @@ from pathlib import Path
 import attrs
 
 from servesim.errors import InputError
-from servesim.replay.config_types import Config
-from servesim.replay.records import SimulationResult
+from servesim.config.config_types import Config
+from servesim.results.records import SimulationResult
 
 
 @attrs.define(eq=False)
@@ -40,7 +40,7 @@ class Report:
     def write(self, out_dir) -> Path:
         """Write summary.json and, as the config's `output` block asks,
         requests.jsonl / passes.jsonl / telemetry.jsonl into `out_dir`."""
-        from servesim.replay.output import write_outputs
+        from servesim.results.output import write_outputs
 
         out = self.config.output
         return write_outputs(
@@ -58,7 +58,7 @@ def resolve_config(config, overrides=()) -> Config:
     against the current directory) or a Config (relative paths in overrides
     against its file's directory), with `overrides` ("dotted.key=value")
     applied."""
-    from servesim.replay import config as cfgmod
+    from servesim.config import config as cfgmod
 
     overrides = tuple(overrides)
     if isinstance(config, (str, Path)):
@@ -96,19 +96,19 @@ def prepare(config, overrides=(), limit=None, pass_log=None, telemetry_interval_
     options, its loaded workload, and the warnings of the checks made before
     simulating (`preflight.check_run`). `servesim validate` and `run` both
     go through here, so validate accepts exactly what run accepts."""
-    from servesim.replay.preflight import check_config, check_run
-    from servesim.replay.workload import load_workload
+    from servesim.config.preflight import check_config, check_run
+    from servesim.workload.workload import load_workload
 
     cfg = resolve_config(config, overrides)
     cfg = _with_run_options(cfg, limit, pass_log, telemetry_interval_ms)
     if isinstance(config, (str, os.PathLike)):
-        from servesim.capacity.slo import check_config_slos
+        from servesim.config.slo import check_config_slos
 
         check_config_slos(config, overrides)  # a replay ignores `slo:`, but a bad one is still bad input
     check_config(cfg)  # before a synthetic workload is generated
     workload = load_workload(cfg.workload, cfg.engine.kv_cache.block_size)
     if cfg.engine.speculative is not None:
-        from servesim.replay.speculative_config import check_accepted
+        from servesim.config.speculative_config import check_accepted
 
         check_accepted(workload, cfg.engine.speculative.num_speculative_tokens)
     return cfg, workload, check_run(cfg, workload)
@@ -141,8 +141,8 @@ def run(
     Raises :class:`InputError` on bad input.
     """
     from servesim.replay.driver import simulate
-    from servesim.replay.metrics import summarize
-    from servesim.replay import config as cfgmod
+    from servesim.results.metrics import summarize
+    from servesim.config import config as cfgmod
 
     start = time.perf_counter()
     cfg, workload, warnings = prepare(config, overrides, limit, pass_log, telemetry_interval_ms)
@@ -163,7 +163,7 @@ def run(
     wall_time_s = time.perf_counter() - start
     summary = summarize(result, cfgmod.config_to_dict(cfg), wall_time_s)
     if baseline:
-        from servesim.replay.metrics import with_baseline
+        from servesim.results.metrics import with_baseline
 
         plain = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, speculative=None),
                              output=attrs.evolve(cfg.output, pass_log=False,

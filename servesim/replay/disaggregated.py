@@ -33,7 +33,7 @@ from servesim.engine import disagg
 from servesim.engine.core import EngineCore
 from servesim.kvcache.manager import KVCacheManager
 from servesim.replay.driver import empty_results, Replay
-from servesim.replay.records import STATUS_REJECTED, PoolStats, RunStats
+from servesim.results.records import STATUS_REJECTED, PoolStats, RunStats
 from servesim.replay.router import Router
 from servesim.scheduler.request import Request
 from servesim.scheduler.scheduler import Scheduler

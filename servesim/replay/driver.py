@@ -12,18 +12,18 @@ import numpy as np
 from servesim.engine.core import EngineCore
 from servesim.engine.events import ARRIVAL, EventLoop
 from servesim.engine.release import TokenLog
-from servesim.engine.speculative import spec_table_slack
+from servesim.scheduler.speculative import spec_table_slack
 from servesim.errors import InputError
-from servesim.replay.config_types import Config
-from servesim.replay.fitted_checks import launch_double_count_warning
-from servesim.replay.speculative_config import check_accepted
-from servesim.replay.prefix import block_identities
-from servesim.replay.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
+from servesim.config.config_types import Config
+from servesim.config.fitted_checks import launch_double_count_warning
+from servesim.config.speculative_config import check_accepted
+from servesim.workload.prefix import block_identities
+from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
                                      RequestRecords, RunStats, SimulationResult,
                                      WorkerStats)
 from servesim.replay.router import Router
 from servesim.replay.telemetry import Telemetry
-from servesim.replay.workload import Workload
+from servesim.workload.workload import Workload
 from servesim.kvcache.manager import KVCacheManager
 from servesim.scheduler.fast import FastScheduler
 from servesim.scheduler import fast_table
@@ -146,7 +146,7 @@ class Replay:
             workload.hash_flat, workload.hash_offsets, workload.trace_block_size,
             prompt, num_blocks, block_size, hash_lookahead)
         if workload.sessions is not None:
-            from servesim.replay.sessions import session_block_identities
+            from servesim.workload.sessions import session_block_identities
 
             self.idents, num_identities = session_block_identities(
                 workload.sessions, self.idents, self.ident_offsets, num_identities,
@@ -176,9 +176,9 @@ class Replay:
         self._next_release = 0  # closed loop: next request to release
         self._last_progress = time.perf_counter()
         self._arrivals = 0  # arrivals so far; open loop: they come in workload order
-        self.sessions = None  # arrivals that wait for finishes (replay/sessions.py)
+        self.sessions = None  # arrivals that wait for finishes (workload/sessions.py)
         if workload.sessions is not None:
-            from servesim.replay.sessions import SessionArrivals
+            from servesim.workload.sessions import SessionArrivals
 
             self.sessions = SessionArrivals(workload.sessions, self.arrival_ms,
                                             workload.concurrency, self.loop, self._on_arrival)
@@ -280,7 +280,7 @@ class Replay:
     def horizon(self) -> float:
         """The next instant at which something outside a worker may touch it:
         the next arrival (closed loop: the next event of any kind, since a
-        finish elsewhere releases one; sessions: replay/sessions.py) or
+        finish elsewhere releases one; sessions: workload/sessions.py) or
         telemetry tick."""
         if self.sessions is not None:
             t = self.sessions.horizon()

@@ -20,7 +20,7 @@ cached, kind, flags) plus the preempted and unfinishable requests, and
 
 import numpy as np
 
-from servesim.engine.speculative import accepted_drafts
+from servesim.scheduler.speculative import accepted_drafts
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
 from servesim.scheduler.fast_queue import (WQ_LEN, wq_add, wq_peek, wq_pop, wq_prepend,

@@ -19,7 +19,7 @@ from servesim.scheduler.request import RequestStatus
  PRIORITY, ID_RANK, FIRST_TOKEN_PASS, FINISH_PASS, OFFSET, CAPACITY,
  SPEC, SPEC_PASSES, SPEC_DRAFTED, SPEC_ACCEPTED) = range(23)
 NUM_INT_FIELDS = 23
-# speculative decoding (servesim/engine/speculative.py): SPEC drafts held
+# speculative decoding (servesim/scheduler/speculative.py): SPEC drafts held
 # (vLLM's `len(spec_token_ids)`), SPEC_PASSES passes that verified real drafts,
 # SPEC_DRAFTED / SPEC_ACCEPTED real drafts scheduled / accepted
 ARRIVAL, FIRST_SCHEDULED = range(2)

@@ -10,7 +10,6 @@ class RequestStatus(enum.IntEnum):
     RUNNING = 1
     PREEMPTED = 2
     FINISHED = 3
-    REJECTED = 4
     UNFINISHED = 5  # could never finish (outgrows the pool while alone)
 
 

@@ -103,10 +103,6 @@ class Scheduler:
 
     # -- requests in and out -------------------------------------------------
 
-    def max_tokens_for(self, num_prompt_tokens, output_length) -> int:
-        """Generation stops at `output_length` tokens or at `max_model_len`."""
-        return min(output_length, self.max_model_len - num_prompt_tokens)
-
     def can_ever_fit(self, num_prompt_tokens) -> bool:
         """A prompt needing more blocks than usable, or reaching max_model_len,
         is rejected at arrival (docs/engine.md §3)."""

@@ -7,7 +7,7 @@ import copy
 
 from ruamel.yaml import YAML
 
-from servesim.replay.examples import EXAMPLES, example_text
+from servesim.config.examples import EXAMPLES, example_text
 
 ROWS = 250  # trace rows per case (--limit)
 # summary keys that measure the host, not the simulation

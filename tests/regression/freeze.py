@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from regression.cases import HOST_KEYS, ROWS, cases  # noqa: E402
-from servesim.cli import main  # noqa: E402
+from servesim.cli.main import main  # noqa: E402
 
 
 def run_case(name, cfg, pass_log, folder):

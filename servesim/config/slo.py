@@ -90,7 +90,7 @@ def _check_name(name: str, where: str) -> None:
     if name == "itl_ms":
         raise InputError(f"{where}{name}: ITL has no per-request value for goodput; per-request "
                          f"targets are {', '.join(PER_REQUEST)}; for ITL give a percentile, e.g. itl_p99_ms")
-    from servesim.replay.validation import did_you_mean
+    from servesim.config.validation import did_you_mean
 
     hint = did_you_mean(name, _all_names())
     raise InputError(f"{where}{name}: unknown SLO metric{hint}; accepted: <metric>_<stat>_ms with "
@@ -155,7 +155,7 @@ def config_slo_block(config_path, overrides=()) -> tuple:
     """The config file's `slo:` block, after the `--set slo.NAME=VALUE`
     overrides among `overrides`, as ((name, value) ...) and a where_of(name)
     giving "FILE:LINE: slo." (or "--set slo.") for messages; () when absent."""
-    from servesim.replay.yaml_input import OVERRIDE, apply_override, read_yaml
+    from servesim.config.yaml_input import OVERRIDE, apply_override, read_yaml
 
     source = str(config_path)
     data, where = read_yaml(source, "config file")
@@ -202,7 +202,7 @@ def slos_from_dict(data: dict) -> SLOs:
 
 def good_requests(records, per_request) -> np.ndarray:
     """Per request: finished and meeting every per-request target."""
-    from servesim.replay.records import STATUS_FINISHED
+    from servesim.results.records import STATUS_FINISHED
 
     good = np.asarray(records.status) == STATUS_FINISHED
     arrival = np.asarray(records.arrival_ms, dtype=np.float64)

@@ -1,6 +1,6 @@
 """The attrs classes of the top-level YAML blocks (`workload`, `cluster`,
 `output`) and of the whole resolved config. Parsing and validation live in
-`servesim.replay.config`."""
+`servesim.config.config`."""
 
 import attrs
 

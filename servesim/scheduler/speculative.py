@@ -27,7 +27,7 @@ MAX_SPECULATIVE_TOKENS = 8
 class SpeculativeConfig:
     """`engine.speculative`. `acceptance_rates` has k entries (default: all
     0.7); `seed` keys the acceptance draws of requests without `accepted`.
-    Checked in servesim/replay/speculative_config.py."""
+    Checked in servesim/config/speculative_config.py."""
 
     method: str = "mtp"
     num_speculative_tokens: int = 1

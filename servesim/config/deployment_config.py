@@ -8,7 +8,7 @@ import attrs
 
 from servesim.deployment.config import KEYS, DeploymentConfig
 from servesim.errors import InputError
-from servesim.replay.validation import BOOL, INT, NUMBER, enum, ge, gt, le
+from servesim.config.validation import BOOL, INT, NUMBER, enum, ge, gt, le
 
 DTYPES = ("auto", "bfloat16", "float16")
 QUANTIZATIONS = ("fp8",)
@@ -90,8 +90,8 @@ CALIBRATION_KINDS = ("prefill", "decode", "mixed")
 def read_calibration(path: str) -> tuple:
     """The (prefill, decode, mixed) factors of a calibration file written by
     `servesim calibrate` (docs/deployment.md), checked."""
-    from servesim.replay.validation import NUMBER, Ctx, show
-    from servesim.replay.yaml_input import read_yaml
+    from servesim.config.validation import NUMBER, Ctx, show
+    from servesim.config.yaml_input import read_yaml
 
     data, where = read_yaml(path, "calibration file")
     ctx = Ctx(path, os.path.dirname(path), where)

@@ -8,7 +8,7 @@ from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from servesim.errors import InputError
-from servesim.replay.validation import OVERRIDE, join, show
+from servesim.config.validation import OVERRIDE, join, show
 
 
 def read_text(path: str, what: str) -> str:

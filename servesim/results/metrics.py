@@ -12,7 +12,7 @@ import numpy as np
 
 from servesim.jit import njit
 
-from servesim.replay.records import (
+from servesim.results.records import (
     STATUS_FINISHED,
     STATUS_REJECTED,
     STATUS_UNFINISHED,
@@ -198,7 +198,7 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
     if stats.pools is not None:
         summary = _with_pools(summary, stats, rec)
     if rec.session is not None:
-        from servesim.replay.session_metrics import with_sessions
+        from servesim.results.session_metrics import with_sessions
 
         summary = with_sessions(summary, rec)
     return summary

@@ -1,6 +1,6 @@
 """Sessions and agent graphs: requests whose arrival waits for other requests.
 
-A :class:`SessionPlan` rides on a :class:`~servesim.replay.workload.Workload`
+A :class:`SessionPlan` rides on a :class:`~servesim.workload.workload.Workload`
 (its `sessions`; None for a workload of independent requests). Every request
 belongs to one session and has a turn index in it; it may depend on earlier
 requests. A request without dependencies (a root: a session's first turn, an

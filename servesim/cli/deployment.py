@@ -49,7 +49,7 @@ def calibrate_command(records_files, config_path, output_path):
     from servesim.deployment.calibration import KINDS, calibration_document, fit_factors
     from servesim.errors import InputError
     from servesim.fitting.records import read_records
-    from servesim.replay.config import load_config
+    from servesim.config.config import load_config
 
     cfg = load_config(config_path)
     if cfg.engine.timing.type != "aic":

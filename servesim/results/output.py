@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from servesim.replay.metrics import itl_quantiles
-from servesim.replay.records import STATUS_FINISHED, STATUS_NAMES, SimulationResult
+from servesim.results.metrics import itl_quantiles
+from servesim.results.records import STATUS_FINISHED, STATUS_NAMES, SimulationResult
 
 SUMMARY = "summary.json"
 REQUESTS = "requests.jsonl"
@@ -191,7 +191,7 @@ def write_outputs(
     inter-token latency distribution (requests.jsonl has no per-token times).
     Returns the output directory.
     """
-    from servesim.replay.outdir import claim, output_error
+    from servesim.results.outdir import claim, output_error
 
     contents = {}
     if per_request:

@@ -31,7 +31,7 @@ class RequestRecords:
     moved; NaN: never handed off) and `transferred_tokens` (-1: never handed
     off). `worker` / `dp_rank` are then the decode worker's.
 
-    Session workloads (servesim/replay/sessions.py) add `session` (index into
+    Session workloads (servesim/workload/sessions.py) add `session` (index into
     `session_ids`) and `turn` per request (None otherwise).
     """
 

@@ -18,8 +18,8 @@ import math
 import os
 
 from servesim.engine.config import EngineConfig
-from servesim.replay.validation import Ctx, join, show
-from servesim.replay.yaml_input import read_yaml
+from servesim.config.validation import Ctx, join, show
+from servesim.config.yaml_input import read_yaml
 
 FIT_ON_LAUNCH_STALL, FIT_ON_WINDOW, FIT_ON_RECORDS = "launch_stall", "window", "records"
 
@@ -117,7 +117,7 @@ def _model_name(engine: EngineConfig) -> str:
 def _terms(engine: EngineConfig, corner) -> str:
     """' = intercept 5.2 + num_decode_requests 256 x -0.07 + ...' for a
     fitted model (the coefficients that make the price), else ''."""
-    from servesim.replay.config import FITTED_FEATURES
+    from servesim.config.config import FITTED_FEATURES
 
     timing = engine.timing
     if timing.type != "fitted":

@@ -6,7 +6,7 @@ import numpy as np
 
 def sessions_section(plots, requests: list, summary: dict) -> list:
     """HTML parts of the "Sessions" section ([] for a run without sessions)."""
-    from servesim.replay import report
+    from servesim.results import report
 
     sessions = summary.get("sessions")
     if not isinstance(sessions, dict) or not requests or "turn" not in requests[0]:

@@ -4,8 +4,8 @@ turns, and the prefix-cache hit rate by turn index."""
 
 import numpy as np
 
-from servesim.replay.metrics import _round, latency_stats
-from servesim.replay.records import STATUS_FINISHED
+from servesim.results.metrics import _round, latency_stats
+from servesim.results.records import STATUS_FINISHED
 
 
 def session_summary(rec) -> dict:

@@ -80,7 +80,7 @@ def fit_command(records_files, launch_stall_path, window, capture_size, output_p
                 "window": window}
     if window is not None:
         # The capture size that cut the windows: a run with engine.launch must
-        # use the same one (servesim/replay/fitted_checks.py).
+        # use the same one (servesim/config/fitted_checks.py).
         metadata["capture_size"] = capture_size
     write_model(output_path, fit.coefficients, len(records), fit.r2, fit.mape, metadata)
     click.echo(_fit_report(records, wall_ms, stall, launch_stall_path, window, capture_size,
@@ -98,7 +98,7 @@ def fit_command(records_files, launch_stall_path, window, capture_size, output_p
 def evaluate_command(records_files, model_path, launch_stall_path, capture_size, fmt):
     """Score a fitted model on forward-pass records, per pass kind."""
     from servesim.fitting.evaluate import evaluate_records, format_table
-    from servesim.replay.config import read_fitted_model
+    from servesim.config.config import read_fitted_model
 
     coefficients = read_fitted_model(model_path)
     records, wall_ms, _, capture_size = _load(records_files, launch_stall_path, capture_size)

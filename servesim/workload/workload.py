@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 
 from servesim.errors import InputError
-from servesim.replay.preflight import check_trace_ids
+from servesim.config.preflight import check_trace_ids
 
 
 @attrs.frozen(eq=False)
@@ -32,7 +32,7 @@ class Workload:
     (not pinned). `concurrency` is the closed-loop bound (None: open loop).
     `source` and `lines` name the file and line of each row for messages
     (lines are 1-based; synthetic workloads have source None).
-    `sessions` (a `servesim.replay.sessions.SessionPlan`, None for independent
+    `sessions` (a `servesim.workload.sessions.SessionPlan`, None for independent
     requests): requests in file order whose arrivals wait for others'
     finishes; their `arrival_ms` is NaN except for roots.
     """
@@ -61,7 +61,7 @@ class Workload:
 
 # --------------------------------------------------------------------------
 # Loading: dispatch, then the Mooncake JSONL and Azure CSV readers.
-# The synthetic generator lives in servesim.replay.synthetic.
+# The synthetic generator lives in servesim.workload.synthetic.
 # --------------------------------------------------------------------------
 
 FORMATS = ("mooncake", "azure", "mooncake-delta", "agentic_mooncake")
@@ -93,7 +93,7 @@ def load_workload(cfg, block_size: int) -> Workload:
     if cfg.trace is not None:
         w = _load_trace(cfg)
     elif cfg.synthetic is not None:
-        from servesim.replay.synthetic import synthetic_workload
+        from servesim.workload.synthetic import synthetic_workload
 
         w = synthetic_workload(cfg.synthetic, block_size)
         if cfg.limit is not None:
@@ -106,7 +106,7 @@ def load_workload(cfg, block_size: int) -> Workload:
     if concurrency is not None and (type(concurrency) is not int or concurrency < 1):
         raise InputError(f"workload.concurrency: must be an integer >= 1 or null, got {concurrency!r}")
     if w.sessions is not None:
-        from servesim.replay.sessions import scale_delays
+        from servesim.workload.sessions import scale_delays
 
         first = float(np.nanmin(w.arrival_ms))
         w = attrs.evolve(w, sessions=scale_delays(w.sessions, cfg.speedup))
@@ -148,7 +148,7 @@ def load_mooncake(path, trace_block_size: int = 512, limit: int | None = None) -
         except _HasSessions:
             rows = None
     if rows is None:  # rows with session fields: turns wait for each other
-        from servesim.replay.session_trace import load_session_trace
+        from servesim.workload.session_trace import load_session_trace
 
         return load_session_trace(path, "mooncake", trace_block_size, limit)
     if not rows[0]:
@@ -197,7 +197,7 @@ def _load_trace(cfg) -> Workload:
     """Load `cfg.trace` in its format, applying `limit` while reading."""
     fmt = trace_format(cfg.trace, cfg.format)
     if fmt in ("mooncake-delta", "agentic_mooncake"):
-        from servesim.replay.session_trace import load_session_trace
+        from servesim.workload.session_trace import load_session_trace
 
         return load_session_trace(cfg.trace, fmt, cfg.trace_block_size, cfg.limit)
     loader = load_mooncake if fmt == "mooncake" else load_azure
@@ -211,7 +211,7 @@ def _head(w: Workload, n: int) -> Workload:
     end = int(w.hash_offsets[n])
     sessions = w.sessions
     if sessions is not None:
-        from servesim.replay.sessions import head_plan
+        from servesim.workload.sessions import head_plan
 
         sessions = head_plan(sessions, n)
     return attrs.evolve(
@@ -413,7 +413,7 @@ def _mooncake_workload(rows, path: str, tbs: int) -> Workload:
 def _accepted_lists(extras: dict, path: str, n: int) -> dict:
     """The `accepted` lists of speculative decoding (lists of integers >= 0;
     their upper bound, num_speculative_tokens, is checked against the config
-    in servesim/replay/speculative_config.py)."""
+    in servesim/config/speculative_config.py)."""
     counts = np.zeros(n, dtype=np.int64)
     values = []
     for row in sorted(extras):

@@ -27,10 +27,9 @@ import math
 import numpy as np
 
 from servesim.errors import InputError
-from servesim.replay import sessions as ss
-from servesim.replay import workload as wl
+from servesim.workload import sessions as ss
+from servesim.workload import workload as wl
 
-SESSION_FORMATS = ("mooncake-delta", "agentic_mooncake")
 SESSION_FIELDS = ("session_id", "delay", "delay_ms")
 
 

@@ -15,8 +15,8 @@ target (spec README §9).
 import numpy as np
 
 from servesim.errors import InputError
-from servesim.replay.config_types import LengthDistribution, SyntheticConfig
-from servesim.replay.workload import Workload
+from servesim.config.config_types import LengthDistribution, SyntheticConfig
+from servesim.workload.workload import Workload
 
 _KEY = "workload.synthetic"
 # Upper clip of lognormal lengths with no `max` (keeps int64 and memory sane).
@@ -62,13 +62,13 @@ def synthetic_workload(cfg: SyntheticConfig, block_size: int) -> Workload:
 
 def synthetic_sessions(cfg: SyntheticConfig, block_size: int) -> Workload:
     """Chat sessions (`synthetic.sessions`): turn k's prompt is turn k-1's
-    prompt, its output and `new_input_tokens` more (servesim/replay/sessions.py).
+    prompt, its output and `new_input_tokens` more (servesim/workload/sessions.py).
     Requests are session by session, turn by turn. Draw order (fixed): new
     input lengths, output lengths, think times (when a distribution), session
     starts. A first prompt shares its first round(ratio * its trace blocks)
     blocks with the other sessions of its prefix group (session index modulo
     `prefix_groups`); trace blocks are 32 engine blocks."""
-    from servesim.replay.sessions import accumulate_deltas, chain_plan
+    from servesim.workload.sessions import accumulate_deltas, chain_plan
 
     sc = cfg.sessions
     count, turns = sc.count, sc.turns

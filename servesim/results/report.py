@@ -539,7 +539,7 @@ def run_report(directory: Path, plots: _Plots) -> str:
         body.append(_img("throughput", uri,
                          f"In bins of {width:g} s of simulated time. Output tokens: each request's "
                          "tokens spread evenly between its first and last token."))
-        from servesim.replay.session_report import sessions_section
+        from servesim.results.session_report import sessions_section
 
         body.extend(sessions_section(plots, requests, summary))
     else:

@@ -28,7 +28,7 @@ from servesim.engine.config import (
 )
 from servesim.errors import InputError
 from servesim.kvcache.config import KVCacheConfig
-from servesim.replay.config_types import (
+from servesim.config.config_types import (
     ClusterConfig,
     Config,
     LengthDistribution,
@@ -38,9 +38,9 @@ from servesim.replay.config_types import (
     WorkloadConfig,
 )
 from servesim.deployment.config import KEYS as DEPLOYMENT_KEYS
-from servesim.replay.deployment_config import deployment_to_data, read_calibration, read_deployment
-from servesim.replay.fitted_checks import check_engine_pricing, read_fitted_provenance
-from servesim.replay.validation import (
+from servesim.config.deployment_config import deployment_to_data, read_calibration, read_deployment
+from servesim.config.fitted_checks import check_engine_pricing, read_fitted_provenance
+from servesim.config.validation import (
     BOOL,
     INT,
     NUMBER,
@@ -60,9 +60,9 @@ from servesim.replay.validation import (
     show,
     tagged_section,
 )
-from servesim.replay.speculative_config import parse_speculative
-from servesim.replay.speculative_config import to_data as speculative_to_data
-from servesim.replay.yaml_input import apply_override, plain_data, read_yaml
+from servesim.config.speculative_config import parse_speculative
+from servesim.config.speculative_config import to_data as speculative_to_data
+from servesim.config.yaml_input import apply_override, plain_data, read_yaml
 from servesim.scheduler.config import SchedulerConfig
 
 
@@ -99,7 +99,7 @@ _KV_CACHE_KEYS = tuple(f.name for f in attrs.fields(KVCacheConfig))
 _SCHEDULER_KEYS = tuple(f.name for f in attrs.fields(SchedulerConfig))
 _ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "speculative",
                 "timing", *DEPLOYMENT_KEYS)
-# `slo` is read by `servesim capacity` / `search` (servesim/capacity/slo.py); a replay ignores it
+# `slo` is read by `servesim capacity` / `search` (servesim/config/slo.py); a replay ignores it
 _TOP_KEYS = ("workload", "engine", "cluster", "output", "slo")
 _AGGREGATED_KEYS = ("workers", "data_parallel_size", "router")
 _DISAGGREGATED_KEYS = ("mode", "prefill_workers", "decode_workers", "data_parallel_size",

@@ -155,10 +155,10 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
     from servesim.replay.api import run as api_run
 
     if html_report:
-        from servesim.replay.report import require_matplotlib
+        from servesim.results.report import require_matplotlib
 
         require_matplotlib()  # before the run, not after it
-    from servesim.replay.outdir import claim
+    from servesim.results.outdir import claim
 
     with claim(output_dir, remove_if_empty=True):  # a folder that cannot be written fails here, before the run
         progress = None
@@ -187,7 +187,7 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
             click.echo(f"{deployment['capacity_text']}; pass times: {deployment['timing_source']}", err=True)
         out = report.write(output_dir)
         if html_report:
-            from servesim.replay.report import write_report
+            from servesim.results.report import write_report
 
             write_report(out)
     if fmt == "json":
@@ -213,7 +213,7 @@ def validate(config, overrides):
 @click.argument("name", default="mooncake")
 def example(name):
     """Print a ready config (default: mooncake)."""
-    from servesim.replay.examples import EXAMPLES, example_text
+    from servesim.config.examples import EXAMPLES, example_text
 
     names = list(EXAMPLES)
     if name not in names:
@@ -242,7 +242,7 @@ def sweep(config, grid, output_dir, jobs, executor, ray_address):
     config and trace) are not run again. Exits 1 if any point failed, 130 on
     Ctrl-C (sweep.csv then lists the points that finished).
     """
-    from servesim.replay.sweep import SWEEP_CSV, sweep as run_sweep
+    from servesim.sweep.sweep import SWEEP_CSV, sweep as run_sweep
 
     bar = None
     progress = None
@@ -255,7 +255,7 @@ def sweep(config, grid, output_dir, jobs, executor, ray_address):
                 bar.__enter__()
             bar.update(done - bar.pos)
 
-    from servesim.replay.outdir import claim
+    from servesim.results.outdir import claim
 
     try:
         # a folder that cannot be written, or another sweep in it, fails before any point
@@ -296,11 +296,11 @@ def report(directory):
 
 
 def _register_fitting_commands():
-    from servesim.fitting.commands import evaluate_command, fit_command
+    from servesim.cli.fitting import evaluate_command, fit_command
 
     main.add_command(fit_command, "fit")
     main.add_command(evaluate_command, "evaluate")
-    from servesim.deployment.commands import calibrate_command, gpus_command, models_command
+    from servesim.cli.deployment import calibrate_command, gpus_command, models_command
 
     main.add_command(models_command, "models")
     main.add_command(gpus_command, "gpus")
@@ -308,7 +308,7 @@ def _register_fitting_commands():
 
 
 def _register_capacity_commands():
-    from servesim.capacity.commands import capacity_command, search_command
+    from servesim.cli.capacity import capacity_command, search_command
 
     main.add_command(capacity_command, "capacity")
     main.add_command(search_command, "search")

@@ -1,5 +1,5 @@
 """The `servesim capacity` and `servesim search` commands (registered by
-servesim/cli.py)."""
+servesim/cli/main.py)."""
 
 import json
 import sys
@@ -43,10 +43,10 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
     is a full replay. Exits 1 when no load down to --min-rate meets the SLOs.
     """
     from servesim.capacity.capacity import UNMET, capacity, probe_table, write_capacity
-    from servesim.capacity.slo import load_slos
+    from servesim.config.slo import load_slos
 
     if html_report:
-        from servesim.replay.report import require_matplotlib
+        from servesim.results.report import require_matplotlib
 
         require_matplotlib()
     slos = load_slos(config, slo_options, overrides)
@@ -63,7 +63,7 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
     from servesim.capacity.load import load_of
     from servesim.replay.api import resolve_config
 
-    from servesim.replay.outdir import claim
+    from servesim.results.outdir import claim
 
     integer = load_of(resolve_config(config, overrides)).integer
     with claim(output_dir, remove_if_empty=True):  # an unwritable folder fails before the probes
@@ -120,11 +120,11 @@ def search_command(config, slo_options, grid, rate, capacity_mode, output_dir, l
     point failed.
     """
     from servesim.capacity.search import FAILED, SEARCH_CSV, search
-    from servesim.capacity.slo import load_slos
+    from servesim.config.slo import load_slos
     from servesim.errors import InputError
 
     if html_report:
-        from servesim.replay.report import require_matplotlib
+        from servesim.results.report import require_matplotlib
 
         require_matplotlib()
     if executor == "local" and ray_address is not None:
@@ -134,7 +134,7 @@ def search_command(config, slo_options, grid, rate, capacity_mode, output_dir, l
     slos = load_slos(config, slo_options)
     if rate is not None and float(rate).is_integer():
         rate = int(rate)
-    from servesim.replay.outdir import claim
+    from servesim.results.outdir import claim
 
     with claim(output_dir, remove_if_empty=True):  # an unwritable folder fails before any point
         doc = search(config, grid, slos, output_dir, rate=rate, capacity_mode=capacity_mode, limit=limit,

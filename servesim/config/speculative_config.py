@@ -1,13 +1,13 @@
 """Reading and checking `engine.speculative` (the schema of
-:class:`~servesim.engine.speculative.SpeculativeConfig`), and the check of a
+:class:`~servesim.scheduler.speculative.SpeculativeConfig`), and the check of a
 trace's `accepted` lists against `num_speculative_tokens`."""
 
 import attrs
 
-from servesim.engine.speculative import (DEFAULT_RATE, MAX_SPECULATIVE_TOKENS, METHODS,
+from servesim.scheduler.speculative import (DEFAULT_RATE, MAX_SPECULATIVE_TOKENS, METHODS,
                                          SpeculativeConfig)
 from servesim.errors import InputError
-from servesim.replay.validation import INT, NUMBER, REQUIRED, Section, check, enum, ge, le, show
+from servesim.config.validation import INT, NUMBER, REQUIRED, Section, check, enum, ge, le, show
 
 KEYS = tuple(f.name for f in attrs.fields(SpeculativeConfig))
 

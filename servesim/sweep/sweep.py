@@ -91,8 +91,8 @@ def load_grid(path) -> Grid:
     """Read and check a grid file (see the module docstring for its forms)."""
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-    from servesim.replay.yaml_input import parse_yaml, read_text
-    from servesim.replay.yaml_input import plain_data as _plain
+    from servesim.config.yaml_input import parse_yaml, read_text
+    from servesim.config.yaml_input import plain_data as _plain
 
     source = str(path)
     doc = parse_yaml(read_text(source, "grid file"), source)
@@ -196,7 +196,7 @@ def override_text(key, value, source=None, line=None) -> str:
     """The `--set` text of one grid value, checked to parse back to the value."""
     from ruamel.yaml import YAML
 
-    from servesim.replay.yaml_input import plain_data as _plain
+    from servesim.config.yaml_input import plain_data as _plain
 
     text = _yaml_text(value)
     try:
@@ -237,7 +237,7 @@ def validate_points(config_path: str, grid: Grid) -> list:
     the first point that does not validate raises an InputError naming the
     grid file, the line and the key. Relative paths in the grid are relative
     to the grid file's folder."""
-    from servesim.replay.config import config_to_dict, load_config
+    from servesim.config.config import config_to_dict, load_config
 
     load_config(config_path)  # a broken base config is the config's error, not the grid's
     grid_dir = os.path.dirname(os.path.abspath(grid.source))
@@ -284,8 +284,8 @@ def run_point(config_path: str, overrides: tuple, out_dir: str, fingerprint: str
     raises: returns {"status", "error", "summary"} where summary is the
     summary.json dict without its config."""
     from servesim.replay.api import run
-    from servesim.replay.fingerprint import FINGERPRINT_FILE, write_fingerprint
-    from servesim.replay.outdir import claim
+    from servesim.sweep.fingerprint import FINGERPRINT_FILE, write_fingerprint
+    from servesim.results.outdir import claim
 
     out = Path(out_dir)
     try:
@@ -312,7 +312,7 @@ def run_point(config_path: str, overrides: tuple, out_dir: str, fingerprint: str
 def expected_outputs(config: dict) -> list:
     """The files a complete run of the resolved `config` (as summary.json
     records it) writes."""
-    from servesim.replay.output import ITL_QUANTILES, PASSES, REQUESTS, SUMMARY, TELEMETRY
+    from servesim.results.output import ITL_QUANTILES, PASSES, REQUESTS, SUMMARY, TELEMETRY
 
     out = config.get("output") or {}
     names = [SUMMARY]
@@ -329,7 +329,7 @@ def _finished_summary(point_dir: Path, config: dict, fingerprint: str | None = N
     """The summary.json in `point_dir` if the folder holds a complete run of
     `config`: every output the config asks for, and (when given) inputs of
     the same `fingerprint` (the config and the trace's content)."""
-    from servesim.replay.fingerprint import read_fingerprint
+    from servesim.sweep.fingerprint import read_fingerprint
 
     try:
         summary = json.loads((point_dir / "summary.json").read_text(encoding="utf-8"))
@@ -347,7 +347,7 @@ def _finished_summary(point_dir: Path, config: dict, fingerprint: str | None = N
 def _remove_interrupted(out: Path, results, todo) -> None:
     """Remove the folders of the points an interrupt stopped mid-run (they
     hold their run's lock, whose process is gone or cancelled)."""
-    from servesim.replay.outdir import LOCK
+    from servesim.results.outdir import LOCK
 
     for i, _ in todo:
         folder = out / results[i].dir
@@ -391,7 +391,7 @@ def sweep(config, grid, out_dir="sweep-out", *, jobs=None, executor="local", ray
     into `out_dir`. `executor` is "local" (processes) or "ray".
     `progress(done, total)` is called as points complete. Raises InputError
     on a bad config or grid, before anything runs."""
-    from servesim.replay import executors
+    from servesim.sweep import executors
 
     if executor not in executors.EXECUTORS:
         raise InputError(f"unknown executor {executor!r}; accepted: {', '.join(executors.EXECUTORS)}")
@@ -407,7 +407,7 @@ def sweep(config, grid, out_dir="sweep-out", *, jobs=None, executor="local", ray
     configs = validate_points(config_path, grid)
     out = Path(out_dir)
     names = point_dir_names(grid)
-    from servesim.replay.fingerprint import HASH_CACHE, FileHashes, fingerprint
+    from servesim.sweep.fingerprint import HASH_CACHE, FileHashes, fingerprint
 
     hashes = FileHashes(out / HASH_CACHE)
     results, todo = [], []

@@ -1,0 +1,156 @@
+"""The package layout (README "Layout"): dependencies between servesim's
+sub-packages point one way.
+
+Every module's imports are read with `ast`, those inside functions too (the
+lazy imports that keep `servesim --help` light are dependencies all the same).
+An import of a sub-package from a module of another is an edge between the
+two; the edges must form no circle, and each must point down the layers below.
+"""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "servesim"
+
+# Each layer may import the layers below it, never one above or beside it.
+LAYERS = (
+    ("cli",),  # the command line: argument parsing and every subcommand
+    ("capacity",),  # the highest load under SLOs, the cheapest deployment of a grid
+    ("sweep", "fitting"),  # a grid of replays; pass-time models from measured passes
+    ("replay",),  # the run API, the driver, routers, disaggregated pools, telemetry
+    ("workload",),  # traces, synthetic workloads, sessions, prefix identities
+    ("config",),  # the config schema: YAML reading, validation, examples, SLOs
+    ("engine",),  # one engine core: the event loop, pass pricing, KV transfer
+    ("scheduler", "deployment"),  # vLLM's scheduler; model + GPU specs and aic tables
+    ("kvcache", "results"),  # the block pool and CPU tier; records, metrics, outputs
+)
+# Top-level modules any sub-package may use (they import no sub-package).
+BASE = {"errors", "jit", "cache"}
+RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+
+
+def unit_of(module: str) -> str:
+    """The layout unit of a dotted module name under servesim: its sub-package,
+    or the top-level module's name."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, root: Path = PACKAGE) -> list:
+    """(line, dotted servesim module) of every import in the file, at any depth."""
+    module = module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            # `from servesim import replay` imports the sub-package itself
+            names = [f"{target}.{a.name}" for a in node.names] if target == "servesim" else [target]
+            out += [(node.lineno, n) for n in names]
+    return [(line, name) for line, name in out if name == "servesim" or name.startswith("servesim.")]
+
+
+def edges() -> dict:
+    """{(importing unit, imported unit): ["file:line", ...]} across units."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = unit_of(module_name(path))
+        if module_name(path) == "servesim.__main__":
+            src = "cli"
+        for line, name in imported_modules(path):
+            dst = unit_of(name)
+            if dst and dst != src:
+                found.setdefault((src, dst), []).append(f"{path.relative_to(PACKAGE.parent)}:{line}")
+    return found
+
+
+def circles(graph: dict) -> list:
+    """Every strongly connected set of more than one unit (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                out.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_unit_has_a_place():
+    units = {unit_of(module_name(p)) for p in PACKAGE.rglob("*.py")} - {""}
+    subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert subpackages == set(RANK), "a sub-package missing from LAYERS, or a layer without one"
+    assert units - subpackages == BASE | {"__main__"}
+
+
+def test_no_circle_between_subpackages():
+    graph = {}
+    for src, dst in edges():
+        graph.setdefault(src, set()).add(dst)
+    found = circles(graph)
+    assert found == [], "sub-packages on a circle of imports: " + "; ".join(", ".join(c) for c in found)
+
+
+def test_imports_point_down_the_layers():
+    wrong = []
+    for (src, dst), where in sorted(edges().items()):
+        if src in BASE and dst not in BASE:
+            wrong.append(f"{src} -> {dst} (a base module imports a sub-package): {where}")
+        elif dst in BASE:
+            continue
+        elif RANK[dst] <= RANK[src]:
+            wrong.append(f"{src} -> {dst}: {', '.join(where)}")
+    assert wrong == [], "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_results_import_no_engine_module():
+    below = {dst for (src, dst) in edges() if src == "results"}
+    assert below <= BASE
+
+
+def test_the_checks_see_lazy_and_relative_imports(tmp_path):
+    """The reader is what the layout rests on: a lazy import inside a function
+    and a relative import both count, and a circle is found."""
+    pkg = tmp_path / "servesim" / "replay"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "x.py").write_text("def f():\n    from servesim.cli.main import main\n"
+                              "    from ..sweep import sweep\n    import servesim.errors\n")
+    got = imported_modules(pkg / "x.py", root=tmp_path / "servesim")
+    assert [name for _, name in got] == ["servesim.cli.main", "servesim.sweep", "servesim.errors"]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": {"c"}}) == []
+
