@@ -26,6 +26,7 @@ from servesim.replay.driver import make_replay
 from servesim.replay.examples import example_text
 from servesim.replay.metrics import summarize
 from servesim.replay.output import request_lines
+from servesim.replay.preflight import check_run, pool_sizes
 
 LINK = {"bytes_per_token": 62500, "bandwidth_gbps": 1, "latency_ms": 0.5}
 
@@ -460,3 +461,99 @@ def test_the_disaggregated_example_runs(tmp_path):
     report.write(tmp_path / "out")
     line = json.loads((tmp_path / "out" / "requests.jsonl").read_text().splitlines()[0])
     assert {"prefill_worker", "decode_worker", "kv_transfer_ms", "transferred_tokens"} <= set(line)
+
+
+# ------------------------------------------------------------------ per-pool DP width
+
+
+def test_each_pool_routes_over_its_own_data_parallel_ranks():
+    # Prefill workers of 2 DP ranks, decode workers of 4, round robin: a, b
+    # (t=0) and c, d (t=100) go to prefill ranks 0, 1, 0, 1 and, at their
+    # handoffs, to decode ranks 0, 1, 2, 3. a and b share the lockstep prefill
+    # pass [0,10] and are handed off at 10 in rank order; each prefill rank
+    # has its own link, so both pulls of 32 tokens are on the wire [10,12].
+    data = disagg(num_gpu_blocks=64, prefill={"data_parallel_size": 2},
+                  decode={"data_parallel_size": 4})
+    replay, result = simulate(data, [dict(id=r, t=100 * (k // 2), P=32, O=3)
+                                     for k, r in enumerate("abcd")])
+    assert [len(core.ranks) for core in replay.prefill_workers + replay.decode_workers] == [2, 4]
+    rows = [row(result, r) for r in "abcd"]
+    assert [r["prefill_dp_rank"] for r in rows] == [0, 1, 0, 1]
+    assert [r["dp_rank"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["status"] == "finished" and r["output_tokens"] == 3 for r in rows)
+    assert [(h.transfer.start_ms, h.transfer.finish_ms) for h in replay.handoffs] == [
+        (10.0, 12.0), (10.0, 12.0), (110.0, 112.0), (110.0, 112.0)]
+    s = summarize(result, config_to_dict(replay.config), 0.0)
+    assert [s["pools"][p]["data_parallel_size"] for p in ("prefill", "decode")] == [2, 4]
+    assert [p.ranks for p in pool_sizes(replay.config)] == [2, 4]
+
+
+def test_a_pools_data_parallel_size_defaults_to_the_clusters_and_round_trips():
+    cfg = config_from_dict(disagg(data_parallel_size=2, decode={"data_parallel_size": 3}),
+                           source="test")
+    c = cfg.cluster
+    assert (c.pool_data_parallel_size("prefill"), c.pool_data_parallel_size("decode")) == (2, 3)
+    assert c.data_parallel_widths() == [("cluster.data_parallel_size", 2),
+                                        ("cluster.decode.data_parallel_size", 3)]
+    data = config_to_dict(cfg)
+    assert data["cluster"]["prefill"] == {} and data["cluster"]["decode"] == {"data_parallel_size": 3}
+    assert config_from_dict(data, source="test") == cfg
+    # the cluster's width still reaches a pool without its own
+    again = api_resolve(cfg, ["cluster.data_parallel_size=4"])
+    assert again.cluster.pool_data_parallel_size("prefill") == 4
+    assert again.cluster.pool_data_parallel_size("decode") == 3
+    # an aggregated summary, or pools of the cluster's width, report no pool width
+    s = summarize(simulate(disagg(num_gpu_blocks=64), [dict(id="a", t=0, P=32, O=2)])[1], {}, 0.0)
+    assert all("data_parallel_size" not in p for p in s["pools"].values())
+
+
+@pytest.mark.parametrize("pool, value, expected", [
+    ("decode", 0, "cluster.decode.data_parallel_size: must be an integer >= 1, got 0"),
+    ("prefill", "two", "cluster.prefill.data_parallel_size: must be an integer >= 1, got 'two'"),
+    ("prefill", 1.5, "cluster.prefill.data_parallel_size: must be an integer >= 1, got 1.5"),
+])
+def test_an_invalid_pool_data_parallel_size_names_the_key(pool, value, expected):
+    assert expected in _error(disagg(**{pool: {"data_parallel_size": value}}))
+
+
+def test_a_pinned_dp_rank_must_exist_in_both_pools():
+    data = disagg(num_gpu_blocks=64, prefill={"data_parallel_size": 2},
+                  decode={"data_parallel_size": 4})
+    cfg = config_from_dict(data, source="test")
+    workload = make_workload([dict(id="a", t=0, P=32, O=2)])
+    workload.dp_rank[:] = 3
+    with pytest.raises(InputError, match=r"dp_rank 3 is out of range "
+                                         r"\(cluster.prefill.data_parallel_size is 2\)"):
+        check_run(cfg, workload)
+    workload.dp_rank[:] = 1  # pinned to rank 1 in both pools
+    result = make_replay(cfg, workload).run()
+    assert (row(result, "a")["prefill_dp_rank"], row(result, "a")["dp_rank"]) == (1, 1)
+
+
+def test_the_cli_runs_dp_2_prefill_and_dp_4_decode_end_to_end(tmp_path):
+    from click.testing import CliRunner
+
+    from servesim.cli import main
+
+    path = tmp_path / "d.yaml"
+    path.write_text(example_text("disaggregated"))
+    out = tmp_path / "out"
+    args = ["run", str(path), "--limit", "60", "-o", str(out), "-q", "--pass-log",
+            "--set", "cluster.prefill.data_parallel_size=2",
+            "--set", "cluster.decode.data_parallel_size=4"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 60
+    assert summary["config"]["cluster"]["decode"]["data_parallel_size"] == 4
+    assert [summary["pools"][p]["data_parallel_size"] for p in ("prefill", "decode")] == [2, 4]
+    lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert {r["prefill_dp_rank"] for r in lines} == {0, 1}
+    assert {r["dp_rank"] for r in lines if r["dp_rank"] is not None} == {0, 1, 2, 3}
+    passes_ = [json.loads(line) for line in (out / "passes.jsonl").read_text().splitlines()]
+    assert {(p["pool"], p["dp_rank"]) for p in passes_} == {
+        ("prefill", 0), ("prefill", 1), ("decode", 0), ("decode", 1), ("decode", 2), ("decode", 3)}
+    bad = CliRunner().invoke(main, ["run", str(path), "--limit", "5", "-o", str(tmp_path / "x"),
+                                    "-q", "--set", "cluster.decode.data_parallel_size=0"])
+    assert bad.exit_code == 2
+    assert "cluster.decode.data_parallel_size: must be an integer >= 1, got 0" in bad.output

@@ -59,7 +59,8 @@ class DisaggregatedReplay(Replay):
     def _build_workers(self, num_identities):
         config = self.config
         cluster = config.cluster
-        dp = cluster.data_parallel_size
+        prefill_dp = cluster.pool_data_parallel_size("prefill")
+        decode_dp = cluster.pool_data_parallel_size("decode")
         n = len(self.workload)
         self.prefill_objects = [None] * n
         self.decode_objects = [None] * n
@@ -72,17 +73,18 @@ class DisaggregatedReplay(Replay):
             return lambda config, pool: Scheduler(config, KVCacheManager(pool), tokens)
 
         self.prefill_workers = [
-            EngineCore(w, cluster.prefill, dp, self.loop, num_identities, _PrefillObserver(self),
+            EngineCore(w, cluster.prefill, prefill_dp, self.loop, num_identities, _PrefillObserver(self),
                        maker(cluster.prefill), pool="prefill")
             for w in range(cluster.prefill_workers)]
         self.decode_workers = [
-            EngineCore(w, cluster.decode, dp, self.loop, num_identities, self,
+            EngineCore(w, cluster.decode, decode_dp, self.loop, num_identities, self,
                        maker(cluster.decode), pool="decode")
             for w in range(cluster.decode_workers)]
         disagg.connect(self.prefill_workers, self.decode_workers, cluster.kv_transfer)
         self.workers = self.prefill_workers + self.decode_workers
-        self.router = Router(cluster.router, self.prefill_workers, dp)
-        self.decode_router = Router(cluster.router, self.decode_workers, dp)
+        (prefill_key, _), (decode_key, _) = cluster.data_parallel_widths()
+        self.router = Router(cluster.router, self.prefill_workers, prefill_dp, prefill_key)
+        self.decode_router = Router(cluster.router, self.decode_workers, decode_dp, decode_key)
 
     # -- arrivals and handoffs -------------------------------------------------
 
@@ -176,7 +178,8 @@ class DisaggregatedReplay(Replay):
         stats.prefix_cache_queries = stats.prefix_cache_hits = 0
         stats.preempted_prefix_cache_queries = stats.preempted_prefix_cache_hits = 0
         for name, cores in (("prefill", self.prefill_workers), ("decode", self.decode_workers)):
-            pool = PoolStats(workers=len(cores))
+            pool = PoolStats(workers=len(cores), data_parallel_size=getattr(
+                self.config.cluster, f"{name}_data_parallel_size"))
             means = []
             for core in cores:
                 pool.passes += core.num_passes
