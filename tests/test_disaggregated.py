@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+import helpers
 from helpers import LINEAR_10MS, make_workload, sched
 from servesim.errors import InputError
 from servesim.replay.api import resolve_config as api_resolve
@@ -49,9 +50,22 @@ def disagg(prefill_workers=1, decode_workers=1, router="round_robin", link=None,
             "engine": engine, "cluster": cluster, "output": {"pass_log": True}}
 
 
+@pytest.fixture(autouse=True, params=helpers.PATHS, ids=lambda p: p or "default")
+def scheduler_path(request):
+    """Every rule is checked on every scheduler implementation."""
+    helpers.current_path = request.param
+    yield request.param
+    helpers.current_path = None
+
+
+def replay_of(cfg, workload):
+    """The replay on the current test's scheduler path."""
+    return make_replay(cfg, workload, path=helpers.current_path or "auto")
+
+
 def simulate(data, rows):
     """`(replay, result)` of the rows under the config data."""
-    replay = make_replay(config_from_dict(data, source="test"), make_workload(rows))
+    replay = replay_of(config_from_dict(data, source="test"), make_workload(rows))
     return replay, replay.run()
 
 
@@ -101,7 +115,7 @@ def test_one_request_prefill_pass_then_exact_transfer_then_decode_passes(async_s
     assert (a["kv_transfer_ms"], a["transferred_tokens"], a["output_tokens"]) == (4.5, 64, 3)
     assert (a["prefill_worker"], a["decode_worker"], a["worker"]) == (0, 0, 0)
     assert (a["first_token_pass"], a["finish_pass"]) == (0, 1)  # prefill pass 0, decode pass 1
-    job = replay.handoffs[0].transfer
+    job = replay.transfer(0)
     assert (job.submit_ms, job.start_ms, job.finish_ms, job.land_ms) == (10.0, 10.0, 14.0, 14.5)
     assert sender(replay).freed == [(0, 14.5)]
     # the decode pass computing the first token's KV is priced as a decode
@@ -142,7 +156,8 @@ def test_a_one_token_request_finishes_on_the_prefill_worker_and_is_never_handed_
     assert (b["status"], b["output_tokens"], b["finish_ms"]) == ("finished", 1, 10.0)
     assert (b["worker"], b["dp_rank"], b["decode_worker"], b["kv_transfer_ms"],
             b["transferred_tokens"], b["prefill_worker"]) == (None, None, None, None, None, 0)
-    assert sender(replay).freed == [] and not replay.prefill_workers[0].ranks[0].scheduler.delayed_free
+    assert sender(replay).freed == [] and replay.transfer(0) is None
+    assert not replay.prefill_workers[0].ranks[0].scheduler.has_requests()
     assert replay.prefill_workers[0].ranks[0].pool.num_free_blocks == 63
 
 
@@ -213,8 +228,8 @@ def test_transfers_from_one_prefill_worker_queue_fifo_on_its_link():
         (0.0, 10.0, [("a", 64, 0, "new"), ("b", 64, 0, "new")], 55)]
     assert passes(result, "decode", 0) == [(14.5, 24.5, [("a", 1, 64, "new")], 58)]
     assert passes(result, "decode", 1) == [(18.5, 28.5, [("b", 1, 64, "new")], 58)]
-    jobs = [(h.transfer.start_ms, h.transfer.finish_ms, h.transfer.land_ms)
-            for h in replay.handoffs]
+    jobs = [(replay.transfer(i).start_ms, replay.transfer(i).finish_ms, replay.transfer(i).land_ms)
+            for i in range(2)]
     assert jobs == [(10.0, 14.0, 14.5), (14.0, 18.0, 18.5)]
     assert (row(result, "a")["kv_transfer_ms"], row(result, "b")["kv_transfer_ms"]) == (4.5, 8.5)
     assert sender(replay).freed == [(0, 14.5), (1, 18.5)]
@@ -258,7 +273,7 @@ def test_a_full_decode_pool_makes_the_handoff_wait_while_the_prefill_worker_hold
     b = row(result, "b")
     assert (b["first_token_ms"], b["finish_ms"], b["kv_transfer_ms"]) == (30.0, 216.0, 3.0)
     assert sender(replay).freed == [(0, 13.0), (1, 206.0)]
-    assert replay.handoffs[1].transfer.submit_ms == 203.0
+    assert replay.transfer(1).submit_ms == 203.0
 
 
 def test_a_request_preempted_with_its_first_token_in_flight_is_handed_off_with_nothing_to_pull():
@@ -361,7 +376,7 @@ def test_aggregated_outputs_have_no_disaggregated_keys():
     cfg = config_from_dict(data, source="test")
     assert config_to_dict(cfg)["cluster"] == {"workers": 1, "data_parallel_size": 1,
                                               "router": "round_robin"}
-    result = make_replay(cfg, make_workload([dict(id="a", t=0, P=64, O=3)])).run()
+    result = replay_of(cfg, make_workload([dict(id="a", t=0, P=64, O=3)])).run()
     line = json.loads(next(iter(request_lines(result)))[0])
     assert "decode_worker" not in line and "kv_transfer_ms" not in line
     s = summarize(result, {}, 0.0)
@@ -481,7 +496,7 @@ def test_each_pool_routes_over_its_own_data_parallel_ranks():
     assert [r["prefill_dp_rank"] for r in rows] == [0, 1, 0, 1]
     assert [r["dp_rank"] for r in rows] == [0, 1, 2, 3]
     assert all(r["status"] == "finished" and r["output_tokens"] == 3 for r in rows)
-    assert [(h.transfer.start_ms, h.transfer.finish_ms) for h in replay.handoffs] == [
+    assert [(replay.transfer(i).start_ms, replay.transfer(i).finish_ms) for i in range(4)] == [
         (10.0, 12.0), (10.0, 12.0), (110.0, 112.0), (110.0, 112.0)]
     s = summarize(result, config_to_dict(replay.config), 0.0)
     assert [s["pools"][p]["data_parallel_size"] for p in ("prefill", "decode")] == [2, 4]
@@ -526,7 +541,7 @@ def test_a_pinned_dp_rank_must_exist_in_both_pools():
                                          r"\(cluster.prefill.data_parallel_size is 2\)"):
         check_run(cfg, workload)
     workload.dp_rank[:] = 1  # pinned to rank 1 in both pools
-    result = make_replay(cfg, workload).run()
+    result = replay_of(cfg, workload).run()
     assert (row(result, "a")["prefill_dp_rank"], row(result, "a")["dp_rank"]) == (1, 1)
 
 

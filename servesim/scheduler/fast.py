@@ -30,8 +30,9 @@ from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINIS
                                            MAX_COMPUTED, MAX_TOKENS, NUM_BLOCKS, NUM_CACHED,
                                            NUM_TOKENS, OFFSET, CAPACITY, PLACEHOLDERS,
                                            PREEMPTED, PREEMPTIONS, PREFILL_TARGET, PRIORITY,
-                                           PROMPT, RECOMPUTED, RUNNING, SPEC, SPEC_ACCEPTED,
-                                           SPEC_DRAFTED, SPEC_PASSES, STATUS, UNFINISHED)
+                                                           PROMPT, RECOMPUTED, REMOTE_DECODE, RUNNING, SPEC,
+                                           SPEC_ACCEPTED, SPEC_DRAFTED, SPEC_PASSES, STATUS,
+                                           UNFINISHED)
 from servesim.scheduler.output import KIND_NEW, KIND_RESUMED, KIND_RUNNING
 from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
 
@@ -45,8 +46,11 @@ NUM_CFG = 16
 # tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash, C_SEED
 # keys acceptance draws
 # S (after the waiting queue's two slots)
-(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL) = range(2, 9)
-NUM_SCALARS = 9
+(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL,
+ S_HELD) = range(2, 10)
+NUM_SCALARS = 10
+# S_HELD: disaggregated prefill worker, finished requests whose blocks are held
+# for a decode worker (the reference scheduler's `delayed_free`)
 # out rows
 O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_SPEC, O_PRE, O_UNFIN = range(8)
 NUM_OUT_ROWS = 8  # O_SPEC: draft tokens scheduled (included in O_TOK)
@@ -191,7 +195,9 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
             out[O_PRE, feats[N_PRE]] = victim
             feats[N_PRE] += 1
             if victim == i:
-                if S[S_RUN_N] == 0:  # alone and still too big: it never fits
+                # alone and still too big: it never fits (blocks held for a
+                # transfer on a prefill worker come back: it waits for them)
+                if S[S_RUN_N] == 0 and S[S_HELD] == 0:
                     wq_remove(R, F, S, wq, priority, i)
                     R[i, STATUS] = UNFINISHED
                     out[O_UNFIN, feats[N_UNFIN]] = i
@@ -483,7 +489,10 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
         for j in range(num_finished):
             i = finished[j]
             if R[i, STATUS] == RUNNING:
-                _free(R, tables, blocks, pscal, i)
+                if R[i, REMOTE_DECODE]:  # held for the decode worker (`_finish`)
+                    S[S_HELD] += 1
+                else:
+                    _free(R, tables, blocks, pscal, i)
             else:  # preempted with its last token in flight
                 wq_remove(R, F, S, wq, cfg[C_PRIORITY], i)
             R[i, STATUS] = FINISHED
@@ -495,6 +504,15 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                 kept += 1
         S[S_RUN_N] = kept
     return num_finished
+
+
+@njit
+def free_delayed(R, tables, blocks, pscal, S, i):
+    """`Scheduler.free_delayed`: the transfer of handed-off request i's KV is
+    done, its held blocks are freed (vLLM's `_update_from_kv_xfer_finished`
+    for `finished_sending`; docs/engine.md §13)."""
+    _free(R, tables, blocks, pscal, i)
+    S[S_HELD] -= 1
 
 
 @njit
@@ -642,7 +660,19 @@ class FastScheduler:
         add_request(self.table.R, self.table.F, self.S, self.wq, self.priority, i)
 
     def has_requests(self) -> bool:
-        return bool(self.S[S_RUN_N] or self.S[WQ_LEN])
+        """Anything to run or wait for — including, on a disaggregated prefill
+        worker, finished requests whose blocks wait for their transfer."""
+        return bool(self.S[S_RUN_N] or self.S[WQ_LEN] or self.S[S_HELD])
+
+    def holds(self, i) -> bool:
+        """Disaggregated prefill worker: whether request i's blocks are held
+        for a decode worker."""
+        R = self.table.R
+        return bool(R[i, STATUS] == FINISHED and R[i, REMOTE_DECODE] and R[i, NUM_BLOCKS])
+
+    def free_delayed(self, i):
+        t = self.table
+        free_delayed(t.R, t.tables, self.pool.blocks, self.pool.scalars, self.S, i)
 
     def pending_prefill_tokens(self) -> int:
         return int(pending_prefill_tokens(self.table.R, self.S, self.running, self.wq,

@@ -17,11 +17,18 @@ from servesim.scheduler.request import RequestStatus
 (PROMPT, MAX_TOKENS, NUM_TOKENS, COMPUTED, PLACEHOLDERS, PREEMPTIONS, STATUS,
  PREFILL_TARGET, MAX_COMPUTED, RECOMPUTED, FIRST_CACHED, NUM_BLOCKS, NUM_CACHED,
  PRIORITY, ID_RANK, FIRST_TOKEN_PASS, FINISH_PASS, OFFSET, CAPACITY,
- SPEC, SPEC_PASSES, SPEC_DRAFTED, SPEC_ACCEPTED) = range(23)
-NUM_INT_FIELDS = 23
+ SPEC, SPEC_PASSES, SPEC_DRAFTED, SPEC_ACCEPTED, REMOTE_DECODE, KV_HANDOFF) = range(25)
+NUM_INT_FIELDS = 25
 # speculative decoding (servesim/engine/speculative.py): SPEC drafts held
 # (vLLM's `len(spec_token_ids)`), SPEC_PASSES passes that verified real drafts,
 # SPEC_DRAFTED / SPEC_ACCEPTED real drafts scheduled / accepted
+# disaggregated serving (servesim/engine/disagg.py): on a prefill worker
+# REMOTE_DECODE marks a request handed off after its first token (its blocks
+# are then held, not freed, when it finishes); on a decode worker KV_HANDOFF
+# is a handed-off request's state until its admission: HANDOFF_HELD (the
+# prefill worker holds its prompt's KV), HANDOFF_NOTHING (nothing held:
+# computed here), 0 once admitted (vLLM's `do_remote_prefill` cleared)
+HANDOFF_HELD, HANDOFF_NOTHING = 1, 2
 ARRIVAL, FIRST_SCHEDULED = range(2)
 NUM_FLOAT_FIELDS = 2
 
