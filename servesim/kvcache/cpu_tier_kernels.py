@@ -419,6 +419,16 @@ class TierArrays:
         self.job_blocks = np.zeros((2, n), dtype=np.int64)
         self.lanes = np.zeros((2, n), dtype=np.int64)
 
+    @classmethod
+    def empty(cls):
+        """A tier of no blocks (the `kv` arrays of a source other than the
+        CPU tier, which never touches them)."""
+        import types
+
+        config = types.SimpleNamespace(num_cpu_blocks=0, bytes_per_token=0, connector="none",
+                                       d2h_gbps=1.0, h2d_gbps=1.0)
+        return cls(config, 1, 1, 1)
+
     def ensure_room(self, num_jobs: int, num_blocks: int):
         KS = self.KS
         need = KS[K_JOBS] + num_jobs

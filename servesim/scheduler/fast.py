@@ -963,13 +963,19 @@ class FastScheduler:
         return connector
 
     def attach_connector(self, connector):
+        """Use `connector` (a `FastCPUConnector`) as this rank's CPU tier."""
         self.connector = connector
-        self.cfg[C_KV_SOURCE] = KV_SOURCE_CPU
-        self._attach_kv()
+        self.attach_kv_source(KV_SOURCE_CPU, connector.tier)
 
-    def _attach_kv(self):
-        """The state of loads that wait ahead of the queue, whatever their
-        source: `waiting_for_kv` and the per-call outputs `KO`/`KC`."""
+    def attach_kv_source(self, source, tier=None):
+        """Admit loads that wait ahead of the queue from `source`
+        (KV_SOURCE_CPU with its `tier`; KV_SOURCE_REMOTE: the kernels get an
+        empty tier, which its code paths never touch): creates
+        `waiting_for_kv` and the per-call outputs `KO`/`KC`."""
+        from servesim.kvcache.cpu_tier_kernels import TierArrays
+
+        self.cfg[C_KV_SOURCE] = source
+        self._tier = tier if tier is not None else TierArrays.empty()
         n = len(self.table.request_ids) + 1
         width = max(n, self.num_gpu_blocks) + self._out_width
         self.kv_state = (np.zeros(n, dtype=np.int64),
@@ -978,9 +984,10 @@ class FastScheduler:
 
     def _kv(self):
         """The `kv` tuple of the kernels (room made for a call's jobs)."""
-        c = self.connector
-        c.tier.ensure_room(3 * self.num_gpu_blocks + 4, 3 * self.num_gpu_blocks + 4)
-        return self.kv_state + c.tier.arrays() + (c.tier.lanes, c.tier.storing, c.tier.KF)
+        t = self._tier
+        if self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+            t.ensure_room(3 * self.num_gpu_blocks + 4, 3 * self.num_gpu_blocks + 4)
+        return self.kv_state + t.arrays() + (t.lanes, t.storing, t.KF)
 
     @property
     def waiting_for_kv(self) -> list:
