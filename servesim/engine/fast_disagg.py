@@ -29,7 +29,8 @@ import numpy as np
 
 from servesim.jit import njit
 from servesim.scheduler import fast
-from servesim.scheduler.fast_table import HANDOFF_HELD, KV_HANDOFF, PROMPT
+from servesim.scheduler.fast_table import (HANDOFF_PULLING, KV_G1_HIT, KV_HANDOFF, KV_LANDED,
+                                           KV_LOAD, PROMPT)
 
 # Transfers.I fields (integers) and .F fields (instants)
 X_TOKENS, X_NBYTES, X_LINK, X_DONE = range(4)
@@ -82,14 +83,15 @@ def poll_sender(R, tables, blocks, pscal, S, pending, state, log, XF, now):
 
 
 @njit
-def poll_receiver(pending, state, XI, XF, now):
-    """`DecodeReceiver.poll`: pulls landed by `now` are done (their requests
-    can be admitted)."""
+def poll_receiver(R, pending, state, XI, XF, now):
+    """`DecodeReceiver.poll`: pulls landed by `now` are done, their requests
+    KV_LANDED (the compiled scheduler then admits them)."""
     kept = 0
     for k in range(state[P_COUNT]):
         i = pending[k]
         if XF[i, X_LAND] <= now:
             XI[i, X_DONE] = 1
+            R[i, KV_LOAD] = KV_LANDED
         else:
             pending[kept] = i
             kept += 1
@@ -201,8 +203,8 @@ class ArrayReceiver:
         a notice (no bytes) when it was admitted with nothing to pull."""
         R = self.scheduler.table.R
         tokens = 0
-        if R[i, KV_HANDOFF] == HANDOFF_HELD:  # still waiting for the pull
-            tokens = int(R[i, PROMPT]) - self.scheduler.load_g1_hit(i)
+        if R[i, KV_HANDOFF] == HANDOFF_PULLING:  # waiting for the pull
+            tokens = int(R[i, PROMPT] - R[i, KV_G1_HIT])
         self.transfers.submit(i, tokens, now)
         if tokens:
             self._pending[self._state[P_COUNT]] = i
@@ -210,7 +212,8 @@ class ArrayReceiver:
 
     def poll(self, now: float):
         if self._state[P_COUNT]:
-            poll_receiver(self._pending, self._state, self.transfers.I, self.transfers.F, now)
+            poll_receiver(self.scheduler.table.R, self._pending, self._state, self.transfers.I,
+                          self.transfers.F, now)
 
     def next_completion_ms(self):
         n = self._state[P_COUNT]
@@ -228,4 +231,5 @@ def connect(prefill_cores, decode_cores, transfers: Transfers):
             core.attach_transfers(rank, sender)
     for core in decode_cores:
         for rank in core.ranks:
+            rank.scheduler.attach_kv_source(fast.KV_SOURCE_REMOTE)
             core.attach_transfers(rank, ArrayReceiver(rank.scheduler, transfers))

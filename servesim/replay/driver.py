@@ -102,10 +102,10 @@ class ArrayRequests:
 
 
 def fast_path_supports(config: Config) -> bool:
-    """The compiled scheduler covers every rule except disaggregated
-    prefill/decode (its decode side uses the reference scheduler's remote-KV
-    admission)."""
-    return not config.cluster.disaggregated
+    """The compiled scheduler covers every rule: the CPU tier and
+    disaggregated prefill/decode included (both admit loads through the same
+    path; the CPU tier on disaggregated workers is rejected by the config)."""
+    return True
 
 
 _INT_RESULTS = ("output_tokens", "num_preemptions", "first_admission_cached_tokens",

@@ -8,6 +8,13 @@ Speculative decoding (docs/engine.md §12) exists only here:
 drafts in the running loop's ask, padding in the waiting loop, lookahead slots
 in `_allocate`, verification and trimming in `update_from_output`.
 
+Disaggregated serving (docs/engine.md §13, servesim/engine/disagg.py): a
+prefill worker holds a finished `REMOTE_DECODE` request's blocks (`S_HELD`)
+until `free_delayed`; a decode worker's handed-off requests (`KV_HANDOFF`)
+are admitted as loads from the prefill rank holding their prompt's KV
+(`KV_SOURCE_REMOTE`: `_remote_lookup`, `_remote_prepare_load`,
+`_remote_admitted`), over the load path the CPU tier uses.
+
 It is the engine's fast path; the reference scheduler stays the readable
 statement of the rules, and tests hold the two to identical pass logs and
 request records (tests/test_fast_path.py). Each kernel below mirrors the
@@ -322,6 +329,15 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
                         break
                     _connector_prepare_load(R, idents, tables, kv, i, num_hit, num_loaded)
                     continue
+            elif cfg[C_KV_SOURCE] == KV_SOURCE_REMOTE and R[i, KV_HANDOFF] == HANDOFF_HELD:
+                if _remote_lookup(R, cfg, i, num_hit) > 0:
+                    # blocks for the whole sequence, the first token's slot too
+                    if not _queue_load(R, F, idents, tables, blocks, idmap, pscal, cfg, S,
+                                       wq, hits[:num_hit], num_hit, num_tokens - num_hit * bs,
+                                       kv, i):
+                        break
+                    _remote_prepare_load(R, kv, i)
+                    continue
         hit = num_hit * bs
         num_new = num_tokens - hit
         if 0 < threshold < num_new:
@@ -353,7 +369,11 @@ def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=N
     them from G1 and the rest loaded (counted as the CPU tier's hit tokens
     with a CPU tier); its admission is recorded in the prefix-cache stats
     (`PrefixCacheStats`: G1 hits only, preempted requests apart) and it gets
-    its entry in the pass."""
+    its entry in the pass. A handed-off request's first admission on a
+    disaggregated decode worker has its prompt's KV and its first token: its
+    prefill is the prompt only, so the pass computing the first token's KV is
+    a decode (docs/engine.md §10), and its source learns of the admission
+    (`_remote_admitted`)."""
     num_tokens = R[i, NUM_TOKENS]
     resumed = R[i, STATUS] == PREEMPTED
     if resumed:
@@ -364,15 +384,19 @@ def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=N
         S[S_HITS] += g1_hit
     if R[i, FIRST_CACHED] < 0:
         R[i, FIRST_CACHED] = hit
+    target = num_tokens
     if kv is not None:
         if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
             if hit > g1_hit:
                 R[i, CPU_CACHED] += hit - g1_hit
                 kv[9][ct.K_HIT_TOKENS] += hit - g1_hit
             R[i, CPU_CURSOR] = 0
+        elif cfg[C_KV_SOURCE] == KV_SOURCE_REMOTE and R[i, KV_HANDOFF]:
+            target = R[i, PROMPT]  # its first admission: the prefill is the prompt only
+            _remote_admitted(R, kv, i)
     R[i, STATUS] = RUNNING
     R[i, COMPUTED] = hit
-    R[i, PREFILL_TARGET] = num_tokens
+    R[i, PREFILL_TARGET] = target
     running[S[S_RUN_N]] = i
     S[S_RUN_N] += 1
     e = feats[N_SCHED]
@@ -469,6 +493,45 @@ def _finish_load(R, idents, tables, blocks, idmap, cfg, i):
     cache_blocks(R, idents, tables, blocks, idmap, cfg, i, computed)
     R[i, COMPUTED] = computed
     R[i, KV_LOAD] = KV_NONE
+
+
+# -- a disaggregated decode worker's remote KV (docs/engine.md §13; engine/disagg.py) --
+# The source of a handed-off request's KV is the prefill rank holding it
+# (R[i, KV_HANDOFF]); the transfers decided here (pulls, notices) are listed
+# in KO_LOADS as request indices, in decision order, for the rank's receiver
+# (engine/fast_disagg.py), which marks a landed pull KV_LANDED.
+
+
+@njit
+def _remote_lookup(R, cfg, i, num_hit):
+    """`DecodeReceiver.lookup` (NIXL's `get_num_new_matched_tokens`,
+    nixl_connector.py) for the handed-off head i past its G1 hit of
+    `num_hit` blocks, its prompt's KV held by the prefill rank: the rest of
+    the prompt's blocks, partial last block included (`P - hit` tokens)."""
+    return max(0, -(-R[i, PROMPT] // cfg[C_BLOCK_SIZE]) - num_hit)
+
+
+@njit
+def _remote_prepare_load(R, kv, i):
+    """`DecodeReceiver.prepare_load` (NIXL's `update_state_after_alloc`):
+    the pull of request i's prompt past its G1 hit, which `_queue_load`
+    admitted, goes out at this decision (KO_LOADS)."""
+    KO, KC = kv[1], kv[2]
+    R[i, KV_HANDOFF] = HANDOFF_PULLING
+    KO[KO_LOADS, KC[KO_LOADS]] = i
+    KC[KO_LOADS] += 1
+
+
+@njit
+def _remote_admitted(R, kv, i):
+    """`DecodeReceiver.admitted`: handed-off request i is admitted; if it
+    pulled nothing while the prefill rank still holds its blocks, a notice
+    (no bytes, KO_LOADS) releases them, sent at this decision like a pull."""
+    if R[i, KV_HANDOFF] == HANDOFF_HELD:
+        KO, KC = kv[1], kv[2]
+        KO[KO_LOADS, KC[KO_LOADS]] = i
+        KC[KO_LOADS] += 1
+    R[i, KV_HANDOFF] = 0
 
 
 # -- the CPU tier's connector hooks (docs/engine.md §9; cpu_tier_kernels.py) -------
@@ -875,6 +938,8 @@ class FastOutput:
     :class:`~servesim.scheduler.output.SchedulerOutput` over `out`/`feats`."""
 
     __slots__ = ("out", "feats")
+    # no transfers decided (a pass decided with `kv` state: FastKVOutput)
+    loads = preemption_stores = stores = new_blocks = load_requests = ()
 
     def __init__(self, out, feats):
         self.out = out
