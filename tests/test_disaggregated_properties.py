@@ -18,7 +18,11 @@ the end:
 - when everything fits (both pools hold every request at once), every request
   finishes with exactly its output tokens, its first token from the end of
   its prefill pass, the rest from a decode worker that admitted it with its
-  whole prompt cached (pulled or already held) no earlier than the pull landed.
+  whole prompt cached (pulled or already held) no earlier than the pull landed;
+- the compiled path (servesim/scheduler/fast.py, engine/fast_disagg.py) gives
+  exactly the reference path's pass log, records, summary and transfers.
+
+The checks run on both paths while the reference scheduler exists.
 """
 
 import warnings
@@ -32,6 +36,8 @@ from hypothesis import strategies as st
 from servesim.kvcache.block_pool import REF
 from servesim.replay.config import config_from_dict
 from servesim.replay.driver import make_replay
+from servesim.replay.metrics import summarize
+from servesim.replay.output import request_lines
 from servesim.replay.records import STATUS_FINISHED, STATUS_UNFINISHED
 from servesim.scheduler import fast, fast_table
 from servesim.scheduler.scheduler import Scheduler
@@ -107,12 +113,14 @@ def held(scheduler) -> int:
     return int(scheduler.S[fast.S_HELD])
 
 
-def held_requests(scheduler) -> list:
-    """`(num_blocks, remote_decode)` of each request held for a transfer."""
+def held_requests(scheduler, here) -> list:
+    """`(num_blocks, remote_decode)` of each request held for a transfer
+    (`here`: the requests routed to this rank; the ranks of a pool share
+    one table on the compiled path)."""
     if isinstance(scheduler, Scheduler):
         return [(r.num_blocks, r.remote_decode) for r in scheduler.delayed_free.values()]
     R = scheduler.table.R
-    rows = np.flatnonzero((R[:, fast_table.STATUS] == fast_table.FINISHED)
+    rows = np.flatnonzero(here & (R[:, fast_table.STATUS] == fast_table.FINISHED)
                           & (R[:, fast_table.NUM_BLOCKS] > 0))
     return [(int(R[i, fast_table.NUM_BLOCKS]), bool(R[i, fast_table.REMOTE_DECODE]))
             for i in rows]
@@ -139,17 +147,18 @@ def check_rank(replay, pool, core, rank, now):
     else:
         present = [replay.handed_off(i) for i in range(len(replay.workload))]
         worker_of, rank_of = replay.worker_of, replay.rank_of
+    here = (np.asarray(present, dtype=bool) & (worker_of == core.index)
+            & (rank_of == rank.index))
     holders = Counter()
-    for i, here in enumerate(present):
-        if here and worker_of[i] == core.index and rank_of[i] == rank.index:
-            holders.update(replay.blocks_of(pool, i))
+    for i in np.flatnonzero(here):
+        holders.update(replay.blocks_of(pool, i))
     blocks = rank.pool
     refs = blocks.blocks[REF, 1:blocks.num_gpu_blocks]
     assert refs.tolist() == [holders[b] for b in range(1, blocks.num_gpu_blocks)]
     assert blocks.num_free_blocks == int((refs == 0).sum()) == len(blocks.free_queue())
     scheduler = rank.scheduler
     if pool == "prefill":
-        requests = held_requests(scheduler)
+        requests = held_requests(scheduler, here)
         assert len(requests) == held(scheduler)
         for num_blocks, remote_decode in requests:  # held for a decode worker
             assert num_blocks > 0 and remote_decode
@@ -297,3 +306,27 @@ def test_when_everything_fits_every_request_finishes_with_exactly_its_output_tok
             assert start >= job.land_ms
             assert records.kv_transfer_ms[i] == job.land_ms - job.submit_ms
         assert records.worker[i] == records.decode_worker[i] >= 0
+
+
+@settings(SETTINGS, max_examples=200)
+@given(scenario=scenarios())
+def test_the_compiled_path_gives_the_reference_paths_results(scenario):
+    # the compiled scheduler and the handoffs over arrays (engine/fast_disagg.py)
+    # reproduce the reference scheduler and engine/disagg.py byte for byte:
+    # pass log, request lines, summary (pools and transfers included)
+    data, workload = scenario
+    cfg = config_from_dict(data, source="test")
+    results = []
+    for path in ("reference", "fast"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            replay = make_replay(cfg, workload, path=path)
+            result = replay.run()
+        lines = [line for chunk in request_lines(result) for line in chunk]
+        results.append((result.pass_log, lines, summarize(result, {}, 0.0),
+                        [replay.transfer(i) for i in range(len(workload))]))
+    reference, compiled = results
+    assert compiled[0] == reference[0]
+    assert compiled[1] == reference[1]
+    assert compiled[2] == reference[2]
+    assert compiled[3] == reference[3]
