@@ -960,7 +960,8 @@ class FastOutput:
 class FastKVOutput(FastOutput):
     """A pass decided with `kv` state: also the transfers it decided, as the
     reference :class:`~servesim.scheduler.output.SchedulerOutput` carries
-    them — CPU-tier job ids in `loads`, `preemption_stores` and `stores`,
+    them — CPU-tier job ids in `loads`, `preemption_stores` and `stores`
+    (a remote source's: FastRemoteOutput),
     the G1 blocks the pass writes in `new_blocks`, and the requests whose
     loads were queued in `load_requests` (for a source other than the tier)."""
 
@@ -973,6 +974,19 @@ class FastKVOutput(FastOutput):
         self.preemption_stores = KO[KO_PSTORES, :KC[KO_PSTORES]].tolist()
         self.stores = KO[KO_STORES, :KC[KO_STORES]].tolist()
         self.new_blocks = KO[KO_NEW_BLOCKS, :KC[KO_NEW_BLOCKS]].tolist()
+
+
+class FastRemoteOutput(FastOutput):
+    """A pass decided on a disaggregated decode worker (KV_SOURCE_REMOTE):
+    also the transfers it decided, in `loads` — the request indices of its
+    pulls and notices, in decision order, for the rank's receiver
+    (engine/fast_disagg.py)."""
+
+    __slots__ = ("loads",)
+
+    def __init__(self, out, feats, KO, KC):
+        super().__init__(out, feats)
+        self.loads = KO[KO_LOADS, :KC[KO_LOADS]].tolist() if KC[KO_LOADS] else ()
 
 
 class _PrefixCacheStats:
@@ -1107,9 +1121,6 @@ class FastScheduler:
         R = self.table.R
         return bool(R[i, STATUS] == FINISHED and R[i, REMOTE_DECODE] and R[i, NUM_BLOCKS])
 
-    def free_delayed(self, i):
-        t = self.table
-        free_delayed(t.R, t.tables, self.pool.blocks, self.pool.scalars, self.S, i)
 
     def pending_prefill_tokens(self) -> int:
         return int(pending_prefill_tokens(self.table.R, self.S, self.running, self.wq,
@@ -1135,7 +1146,7 @@ class FastScheduler:
                 fstores = KC[KO_FSTORES]
                 KC[:] = 0
                 KC[KO_FSTORES] = fstores
-                return FastKVOutput(out, feats, self.kv_state[1], KC)
+                return self._kv_output(out, feats)
             return FastOutput(out, feats)
         if self.kv_state is None:
             schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
@@ -1144,9 +1155,15 @@ class FastScheduler:
         else:
             schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
                      self.S, self.running, self.wq, out, feats, self._kv())
-            result = FastKVOutput(out, feats, self.kv_state[1], self.kv_state[2])
+            result = self._kv_output(out, feats)
         self.note_unfinishable(result)
         return result
+
+    def _kv_output(self, out, feats):
+        KO, KC = self.kv_state[1], self.kv_state[2]
+        if self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+            return FastKVOutput(out, feats, KO, KC)
+        return FastRemoteOutput(out, feats, KO, KC)
 
     def note_unfinishable(self, out: FastOutput):
         n = out.feats[N_UNFIN]
@@ -1165,8 +1182,8 @@ class FastScheduler:
                                out.feats[N_SCHED], release_ms, pass_index,
                                tok.detokenize_ms, tok.client_ms, tok.offsets,
                                tok.last_client, self.finished_buffer,
-                               *(() if self.kv_state is None else (self._kv(),)))
-        if self.kv_state is not None:
+                               *((self._kv(),) if self.connector is not None else ()))
+        if self.connector is not None:  # only the CPU tier acts on outputs
             KO, KC = self.kv_state[1], self.kv_state[2]
             if KC[KO_FSTORES]:
                 self.finished_stores.extend(KO[KO_FSTORES, :KC[KO_FSTORES]].tolist())
