@@ -572,3 +572,13 @@ def test_the_cli_runs_dp_2_prefill_and_dp_4_decode_end_to_end(tmp_path):
                                     "-q", "--set", "cluster.decode.data_parallel_size=0"])
     assert bad.exit_code == 2
     assert "cluster.decode.data_parallel_size: must be an integer >= 1, got 0" in bad.output
+
+
+def test_the_report_names_each_pools_dp_width_when_they_differ():
+    from servesim.replay.report import _workload_text
+
+    data = config_to_dict(config_from_dict(disagg(decode={"data_parallel_size": 4}),
+                                           source="test"))
+    assert "1 prefill worker(s) × 1 DP rank(s) + 1 decode worker(s) × 4" in _workload_text(data)
+    same = config_to_dict(config_from_dict(disagg(data_parallel_size=2), source="test"))
+    assert "1 prefill + 1 decode worker(s) × 2 DP rank(s)" in _workload_text(same)
