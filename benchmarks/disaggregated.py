@@ -13,8 +13,8 @@ polynomial pass-time model, round-robin routing. The same four GPUs run as
 
 The simulated figures are deterministic; the wall time (the simulator's own,
 in this process, Numba cache warm) is the median of `--repeat` runs.
-Disaggregated runs use the reference scheduler (the compiled fast path
-covers aggregated workers only), hence their longer wall time.
+Disaggregated runs use the compiled scheduler pass by pass (compiled runs of
+many passes cover aggregated workers only), hence their longer wall time.
 
     python benchmarks/disaggregated.py             # print and append to RESULTS.md
     python benchmarks/disaggregated.py --no-write  # print only

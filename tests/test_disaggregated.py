@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+import helpers
 from helpers import LINEAR_10MS, make_workload, sched
 from servesim.errors import InputError
 from servesim.replay.api import resolve_config as api_resolve
@@ -26,6 +27,7 @@ from servesim.replay.driver import make_replay
 from servesim.config.examples import example_text
 from servesim.results.metrics import summarize
 from servesim.results.output import request_lines
+from servesim.config.preflight import check_run, pool_sizes
 
 LINK = {"bytes_per_token": 62500, "bandwidth_gbps": 1, "latency_ms": 0.5}
 
@@ -48,9 +50,22 @@ def disagg(prefill_workers=1, decode_workers=1, router="round_robin", link=None,
             "engine": engine, "cluster": cluster, "output": {"pass_log": True}}
 
 
+@pytest.fixture(autouse=True, params=helpers.PATHS, ids=lambda p: p or "default")
+def scheduler_path(request):
+    """Every rule is checked on every scheduler implementation."""
+    helpers.current_path = request.param
+    yield request.param
+    helpers.current_path = None
+
+
+def replay_of(cfg, workload):
+    """The replay on the current test's scheduler path."""
+    return make_replay(cfg, workload, path=helpers.current_path or "auto")
+
+
 def simulate(data, rows):
     """`(replay, result)` of the rows under the config data."""
-    replay = make_replay(config_from_dict(data, source="test"), make_workload(rows))
+    replay = replay_of(config_from_dict(data, source="test"), make_workload(rows))
     return replay, replay.run()
 
 
@@ -100,7 +115,7 @@ def test_one_request_prefill_pass_then_exact_transfer_then_decode_passes(async_s
     assert (a["kv_transfer_ms"], a["transferred_tokens"], a["output_tokens"]) == (4.5, 64, 3)
     assert (a["prefill_worker"], a["decode_worker"], a["worker"]) == (0, 0, 0)
     assert (a["first_token_pass"], a["finish_pass"]) == (0, 1)  # prefill pass 0, decode pass 1
-    job = replay.handoffs[0].transfer
+    job = replay.transfer(0)
     assert (job.submit_ms, job.start_ms, job.finish_ms, job.land_ms) == (10.0, 10.0, 14.0, 14.5)
     assert sender(replay).freed == [(0, 14.5)]
     # the decode pass computing the first token's KV is priced as a decode
@@ -141,7 +156,8 @@ def test_a_one_token_request_finishes_on_the_prefill_worker_and_is_never_handed_
     assert (b["status"], b["output_tokens"], b["finish_ms"]) == ("finished", 1, 10.0)
     assert (b["worker"], b["dp_rank"], b["decode_worker"], b["kv_transfer_ms"],
             b["transferred_tokens"], b["prefill_worker"]) == (None, None, None, None, None, 0)
-    assert sender(replay).freed == [] and not replay.prefill_workers[0].ranks[0].scheduler.delayed_free
+    assert sender(replay).freed == [] and replay.transfer(0) is None
+    assert not replay.prefill_workers[0].ranks[0].scheduler.has_requests()
     assert replay.prefill_workers[0].ranks[0].pool.num_free_blocks == 63
 
 
@@ -212,8 +228,8 @@ def test_transfers_from_one_prefill_worker_queue_fifo_on_its_link():
         (0.0, 10.0, [("a", 64, 0, "new"), ("b", 64, 0, "new")], 55)]
     assert passes(result, "decode", 0) == [(14.5, 24.5, [("a", 1, 64, "new")], 58)]
     assert passes(result, "decode", 1) == [(18.5, 28.5, [("b", 1, 64, "new")], 58)]
-    jobs = [(h.transfer.start_ms, h.transfer.finish_ms, h.transfer.land_ms)
-            for h in replay.handoffs]
+    jobs = [(replay.transfer(i).start_ms, replay.transfer(i).finish_ms, replay.transfer(i).land_ms)
+            for i in range(2)]
     assert jobs == [(10.0, 14.0, 14.5), (14.0, 18.0, 18.5)]
     assert (row(result, "a")["kv_transfer_ms"], row(result, "b")["kv_transfer_ms"]) == (4.5, 8.5)
     assert sender(replay).freed == [(0, 14.5), (1, 18.5)]
@@ -257,7 +273,7 @@ def test_a_full_decode_pool_makes_the_handoff_wait_while_the_prefill_worker_hold
     b = row(result, "b")
     assert (b["first_token_ms"], b["finish_ms"], b["kv_transfer_ms"]) == (30.0, 216.0, 3.0)
     assert sender(replay).freed == [(0, 13.0), (1, 206.0)]
-    assert replay.handoffs[1].transfer.submit_ms == 203.0
+    assert replay.transfer(1).submit_ms == 203.0
 
 
 def test_a_request_preempted_with_its_first_token_in_flight_is_handed_off_with_nothing_to_pull():
@@ -360,7 +376,7 @@ def test_aggregated_outputs_have_no_disaggregated_keys():
     cfg = config_from_dict(data, source="test")
     assert config_to_dict(cfg)["cluster"] == {"workers": 1, "data_parallel_size": 1,
                                               "router": "round_robin"}
-    result = make_replay(cfg, make_workload([dict(id="a", t=0, P=64, O=3)])).run()
+    result = replay_of(cfg, make_workload([dict(id="a", t=0, P=64, O=3)])).run()
     line = json.loads(next(iter(request_lines(result)))[0])
     assert "decode_worker" not in line and "kv_transfer_ms" not in line
     s = summarize(result, {}, 0.0)
@@ -460,3 +476,109 @@ def test_the_disaggregated_example_runs(tmp_path):
     report.write(tmp_path / "out")
     line = json.loads((tmp_path / "out" / "requests.jsonl").read_text().splitlines()[0])
     assert {"prefill_worker", "decode_worker", "kv_transfer_ms", "transferred_tokens"} <= set(line)
+
+
+# ------------------------------------------------------------------ per-pool DP width
+
+
+def test_each_pool_routes_over_its_own_data_parallel_ranks():
+    # Prefill workers of 2 DP ranks, decode workers of 4, round robin: a, b
+    # (t=0) and c, d (t=100) go to prefill ranks 0, 1, 0, 1 and, at their
+    # handoffs, to decode ranks 0, 1, 2, 3. a and b share the lockstep prefill
+    # pass [0,10] and are handed off at 10 in rank order; each prefill rank
+    # has its own link, so both pulls of 32 tokens are on the wire [10,12].
+    data = disagg(num_gpu_blocks=64, prefill={"data_parallel_size": 2},
+                  decode={"data_parallel_size": 4})
+    replay, result = simulate(data, [dict(id=r, t=100 * (k // 2), P=32, O=3)
+                                     for k, r in enumerate("abcd")])
+    assert [len(core.ranks) for core in replay.prefill_workers + replay.decode_workers] == [2, 4]
+    rows = [row(result, r) for r in "abcd"]
+    assert [r["prefill_dp_rank"] for r in rows] == [0, 1, 0, 1]
+    assert [r["dp_rank"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["status"] == "finished" and r["output_tokens"] == 3 for r in rows)
+    assert [(replay.transfer(i).start_ms, replay.transfer(i).finish_ms) for i in range(4)] == [
+        (10.0, 12.0), (10.0, 12.0), (110.0, 112.0), (110.0, 112.0)]
+    s = summarize(result, config_to_dict(replay.config), 0.0)
+    assert [s["pools"][p]["data_parallel_size"] for p in ("prefill", "decode")] == [2, 4]
+    assert [p.ranks for p in pool_sizes(replay.config)] == [2, 4]
+
+
+def test_a_pools_data_parallel_size_defaults_to_the_clusters_and_round_trips():
+    cfg = config_from_dict(disagg(data_parallel_size=2, decode={"data_parallel_size": 3}),
+                           source="test")
+    c = cfg.cluster
+    assert (c.pool_data_parallel_size("prefill"), c.pool_data_parallel_size("decode")) == (2, 3)
+    assert c.data_parallel_widths() == [("cluster.data_parallel_size", 2),
+                                        ("cluster.decode.data_parallel_size", 3)]
+    data = config_to_dict(cfg)
+    assert data["cluster"]["prefill"] == {} and data["cluster"]["decode"] == {"data_parallel_size": 3}
+    assert config_from_dict(data, source="test") == cfg
+    # the cluster's width still reaches a pool without its own
+    again = api_resolve(cfg, ["cluster.data_parallel_size=4"])
+    assert again.cluster.pool_data_parallel_size("prefill") == 4
+    assert again.cluster.pool_data_parallel_size("decode") == 3
+    # an aggregated summary, or pools of the cluster's width, report no pool width
+    s = summarize(simulate(disagg(num_gpu_blocks=64), [dict(id="a", t=0, P=32, O=2)])[1], {}, 0.0)
+    assert all("data_parallel_size" not in p for p in s["pools"].values())
+
+
+@pytest.mark.parametrize("pool, value, expected", [
+    ("decode", 0, "cluster.decode.data_parallel_size: must be an integer >= 1, got 0"),
+    ("prefill", "two", "cluster.prefill.data_parallel_size: must be an integer >= 1, got 'two'"),
+    ("prefill", 1.5, "cluster.prefill.data_parallel_size: must be an integer >= 1, got 1.5"),
+])
+def test_an_invalid_pool_data_parallel_size_names_the_key(pool, value, expected):
+    assert expected in _error(disagg(**{pool: {"data_parallel_size": value}}))
+
+
+def test_a_pinned_dp_rank_must_exist_in_both_pools():
+    data = disagg(num_gpu_blocks=64, prefill={"data_parallel_size": 2},
+                  decode={"data_parallel_size": 4})
+    cfg = config_from_dict(data, source="test")
+    workload = make_workload([dict(id="a", t=0, P=32, O=2)])
+    workload.dp_rank[:] = 3
+    with pytest.raises(InputError, match=r"dp_rank 3 is out of range "
+                                         r"\(cluster.prefill.data_parallel_size is 2\)"):
+        check_run(cfg, workload)
+    workload.dp_rank[:] = 1  # pinned to rank 1 in both pools
+    result = replay_of(cfg, workload).run()
+    assert (row(result, "a")["prefill_dp_rank"], row(result, "a")["dp_rank"]) == (1, 1)
+
+
+def test_the_cli_runs_dp_2_prefill_and_dp_4_decode_end_to_end(tmp_path):
+    from click.testing import CliRunner
+
+    from servesim.cli.main import main
+
+    path = tmp_path / "d.yaml"
+    path.write_text(example_text("disaggregated"))
+    out = tmp_path / "out"
+    args = ["run", str(path), "--limit", "60", "-o", str(out), "-q", "--pass-log",
+            "--set", "cluster.prefill.data_parallel_size=2",
+            "--set", "cluster.decode.data_parallel_size=4"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 60
+    assert summary["config"]["cluster"]["decode"]["data_parallel_size"] == 4
+    assert [summary["pools"][p]["data_parallel_size"] for p in ("prefill", "decode")] == [2, 4]
+    lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert {r["prefill_dp_rank"] for r in lines} == {0, 1}
+    assert {r["dp_rank"] for r in lines if r["dp_rank"] is not None} == {0, 1, 2, 3}
+    passes_ = [json.loads(line) for line in (out / "passes.jsonl").read_text().splitlines()]
+    assert {(p["pool"], p["dp_rank"]) for p in passes_} == {
+        ("prefill", 0), ("prefill", 1), ("decode", 0), ("decode", 1), ("decode", 2), ("decode", 3)}
+    bad = CliRunner().invoke(main, ["run", str(path), "--limit", "5", "-o", str(tmp_path / "x"),
+                                    "-q", "--set", "cluster.decode.data_parallel_size=0"])
+    assert bad.exit_code == 2
+    assert "cluster.decode.data_parallel_size: must be an integer >= 1, got 0" in bad.output
+
+
+def test_the_report_names_each_pools_dp_width_when_they_differ():
+    from servesim.results.report import _workload_text
+
+    data = config_to_dict(config_from_dict(disagg(decode={"data_parallel_size": 4}),
+                                           source="test"))
+    assert "1 prefill worker(s) × 1 DP rank(s) + 1 decode worker(s) × 4" in _workload_text(data)
+    same = config_to_dict(config_from_dict(disagg(data_parallel_size=2), source="test"))
+    assert "1 prefill + 1 decode worker(s) × 2 DP rank(s)" in _workload_text(same)

@@ -18,21 +18,30 @@ the end:
 - when everything fits (both pools hold every request at once), every request
   finishes with exactly its output tokens, its first token from the end of
   its prefill pass, the rest from a decode worker that admitted it with its
-  whole prompt cached (pulled or already held) no earlier than the pull landed.
+  whole prompt cached (pulled or already held) no earlier than the pull landed;
+- the compiled path (servesim/scheduler/fast.py, engine/fast_disagg.py) gives
+  exactly the reference path's pass log, records, summary and transfers.
+
+The checks run on both paths while the reference scheduler exists.
 """
 
 import warnings
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from servesim.kvcache.block_pool import REF
 from servesim.config.config import config_from_dict
 from servesim.replay.driver import make_replay
+from servesim.results.metrics import summarize
+from servesim.results.output import request_lines
 from servesim.results.records import STATUS_FINISHED, STATUS_UNFINISHED
-from helpers import family_prefix_ids, workload_of
+from servesim.scheduler import fast, fast_table
+from servesim.scheduler.scheduler import Scheduler
+from helpers import PATHS, family_prefix_ids, workload_of
 
 MAX_PASSES = 50_000
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True,
@@ -97,38 +106,77 @@ def scenarios(draw, ample=False):
     return data, workload
 
 
+def held(scheduler) -> int:
+    """Finished requests whose blocks a prefill rank holds for a transfer."""
+    if isinstance(scheduler, Scheduler):
+        return len(scheduler.delayed_free)
+    return int(scheduler.S[fast.S_HELD])
+
+
+def held_requests(scheduler, here) -> list:
+    """`(num_blocks, remote_decode)` of each request held for a transfer
+    (`here`: the requests routed to this rank; the ranks of a pool share
+    one table on the compiled path)."""
+    if isinstance(scheduler, Scheduler):
+        return [(r.num_blocks, r.remote_decode) for r in scheduler.delayed_free.values()]
+    R = scheduler.table.R
+    rows = np.flatnonzero(here & (R[:, fast_table.STATUS] == fast_table.FINISHED)
+                          & (R[:, fast_table.NUM_BLOCKS] > 0))
+    return [(int(R[i, fast_table.NUM_BLOCKS]), bool(R[i, fast_table.REMOTE_DECODE]))
+            for i in rows]
+
+
+def waiting_for_pulls(scheduler) -> list:
+    """`(request index, blocks held, tokens computed, pull landed)` of each
+    request waiting for its pull."""
+    if isinstance(scheduler, Scheduler):
+        return [(r.index, r.num_blocks, r.num_computed_tokens,
+                 r.kv_load is None or r.kv_load.done) for r in scheduler.waiting_for_kv]
+    R = scheduler.table.R
+    return [(i, int(R[i, fast_table.NUM_BLOCKS]), int(R[i, fast_table.COMPUTED]),
+             R[i, fast_table.KV_LOAD] != fast_table.KV_IN_FLIGHT)
+            for i in scheduler.waiting_for_kv]
+
+
 def check_rank(replay, pool, core, rank, now):
     """Blocks conserved on one rank; requests waiting for a pull hold their
     blocks while their source blocks are still held on the prefill side."""
     if pool == "prefill":
-        objects, worker_of, rank_of = (replay.prefill_objects, replay.prefill_worker_of,
+        present, worker_of, rank_of = (replay.arrived, replay.prefill_worker_of,
                                        replay.prefill_rank_of)
     else:
-        objects, worker_of, rank_of = replay.decode_objects, replay.worker_of, replay.rank_of
+        present = [replay.handed_off(i) for i in range(len(replay.workload))]
+        worker_of, rank_of = replay.worker_of, replay.rank_of
+    here = (np.asarray(present, dtype=bool) & (worker_of == core.index)
+            & (rank_of == rank.index))
     holders = Counter()
-    for i, request in enumerate(objects):
-        if request is not None and worker_of[i] == core.index and rank_of[i] == rank.index:
-            holders.update(request.block_table[:request.num_blocks].tolist())
+    for i in np.flatnonzero(here):
+        holders.update(replay.blocks_of(pool, i))
     blocks = rank.pool
     refs = blocks.blocks[REF, 1:blocks.num_gpu_blocks]
     assert refs.tolist() == [holders[b] for b in range(1, blocks.num_gpu_blocks)]
     assert blocks.num_free_blocks == int((refs == 0).sum()) == len(blocks.free_queue())
     scheduler = rank.scheduler
-    for request in scheduler.delayed_free.values():  # held for a decode worker
-        assert request.num_blocks > 0 and request.remote_decode
-    for request in scheduler.waiting_for_kv:
-        assert request.num_blocks > 0
-        if request.kv_load is not None and not request.kv_load.done:
-            assert request.num_computed_tokens == 0
-            handoff = request.kv_load.handoff
-            if request.kv_load.land_ms > now:  # in flight: the source is still there
-                assert handoff.sender.holds(handoff.source)
+    if pool == "prefill":
+        requests = held_requests(scheduler, here)
+        assert len(requests) == held(scheduler)
+        for num_blocks, remote_decode in requests:  # held for a decode worker
+            assert num_blocks > 0 and remote_decode
+    for i, num_blocks, computed, landed in waiting_for_pulls(scheduler):
+        assert num_blocks > 0
+        if not landed:
+            assert computed == 0
+            job = replay.transfer(i)
+            if job.land_ms > now:  # in flight: the source is still there
+                assert replay.sender_of(i).holds(i if not isinstance(scheduler, Scheduler)
+                                                 else replay.sides.handoffs[i].source)
 
 
-def run_checked(data, workload):
+def run_checked(data, workload, path):
     """Run with the checks on every rank of both pools before each decision
-    and after each pass's outputs; returns (replay, result)."""
-    replay = make_replay(config_from_dict(data, source="test"), workload)
+    and after each pass's outputs, on scheduler `path`; returns (replay,
+    result)."""
+    replay = make_replay(config_from_dict(data, source="test"), workload, path=path or "auto")
     passes = [0]
 
     def wrap(pool, core, rank):
@@ -157,12 +205,13 @@ def run_checked(data, workload):
         warnings.simplefilter("ignore")
         result = replay.run()
     event("preemptions" if result.stats.preemptions else "no preemption")
-    event("partial pulls" if any(h is not None and h.transfer is not None and
-                                 0 < h.transfer.tokens < h.source.num_prompt_tokens
-                                 for h in replay.handoffs) else "no partial pull")
+    n = len(workload)
+    jobs = [replay.transfer(i) for i in range(n)]
+    event("partial pulls" if any(j is not None and 0 < j.tokens < workload.input_length[i]
+                                 for i, j in enumerate(jobs)) else "no partial pull")
     event("a handoff with nothing held" if any(
-        h is not None and h.transfer is None and replay.decode_objects[i].kv_handoff is None
-        for i, h in enumerate(replay.handoffs)) else "every handoff held its blocks")
+        replay.handed_off(i) and jobs[i] is None and result.records.transferred_tokens[i] == 0
+        for i in range(n)) else "every handoff held its blocks")
     return replay, result
 
 
@@ -176,12 +225,12 @@ def check_transfers(replay, data):
             sender = rank.transfers
             freed.update(i for i, _ in sender.freed)
             for i, t in sender.freed:
-                job = replay.handoffs[i].transfer
+                job = replay.transfer(i)
                 assert job is not None and t >= job.land_ms and job.freed_ms == t
-            assert not rank.scheduler.delayed_free
+            assert not held(rank.scheduler)
             assert rank.pool.num_free_blocks == rank.pool.num_gpu_blocks - 1
-            jobs = [h.transfer for h in replay.handoffs
-                    if h is not None and h.transfer is not None and h.sender is sender]
+            jobs = [replay.transfer(i) for i in range(len(replay.workload))
+                    if replay.transfer(i) is not None and replay.sender_of(i) is sender]
             wire = sorted((j for j in jobs if j.tokens), key=lambda j: (j.submit_ms, j.start_ms))
             previous_end = 0.0
             for j in wire:
@@ -193,24 +242,23 @@ def check_transfers(replay, data):
             for j in jobs:
                 if not j.tokens:  # a notice: no wire, the latency only
                     assert j.land_ms == j.submit_ms + link["latency_ms"]
-    held = [i for i, h in enumerate(replay.handoffs)
-            if h is not None and h.transfer is not None]
-    assert freed == Counter(held)  # exactly once each, and only those
+    moved = [i for i in range(len(replay.workload)) if replay.transfer(i) is not None]
+    assert freed == Counter(moved)  # exactly once each, and only those
     for core in replay.decode_workers:
         for rank in core.ranks:
             assert not rank.scheduler.waiting_for_kv
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(SETTINGS, max_examples=300)
-@given(scenarios())
-def test_blocks_are_conserved_and_prefill_kv_is_freed_once_after_its_transfer(scenario):
+@given(scenario=scenarios())
+def test_blocks_are_conserved_and_prefill_kv_is_freed_once_after_its_transfer(path, scenario):
     data, workload = scenario
-    replay, result = run_checked(data, workload)
+    replay, result = run_checked(data, workload, path)
     check_transfers(replay, data)
     for i, status in enumerate(result.records.status):
-        for request in (replay.prefill_objects[i], replay.decode_objects[i]):
-            if request is not None and status == STATUS_FINISHED:
-                assert request.num_blocks == 0
+        if status == STATUS_FINISHED:
+            assert replay.blocks_of("prefill", i) == replay.blocks_of("decode", i) == []
     # FCFS never livelocks: a request is unfinished only if its whole sequence
     # outgrows a decode rank (blocks held for transfers come back)
     if data["engine"]["scheduling_policy"] == "fcfs":
@@ -220,11 +268,12 @@ def test_blocks_are_conserved_and_prefill_kv_is_freed_once_after_its_transfer(sc
             assert -(-(P + O - 1) // 16) > usable, result.records.ids[i]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(SETTINGS, max_examples=200)
-@given(scenarios(ample=True))
-def test_when_everything_fits_every_request_finishes_with_exactly_its_output_tokens(scenario):
+@given(scenario=scenarios(ample=True))
+def test_when_everything_fits_every_request_finishes_with_exactly_its_output_tokens(path, scenario):
     data, workload = scenario
-    replay, result = run_checked(data, workload)
+    replay, result = run_checked(data, workload, path)
     check_transfers(replay, data)
     records = result.records
     assert (records.status == STATUS_FINISHED).all()
@@ -246,14 +295,38 @@ def test_when_everything_fits_every_request_finishes_with_exactly_its_output_tok
         times = records.token_client_ms[records.token_offsets[i]:records.token_offsets[i + 1]]
         assert (np.diff(times) >= 0).all()
         if O == 1:
-            assert replay.decode_objects[i] is None and records.decode_worker[i] == -1
+            assert not replay.handed_off(i) and records.decode_worker[i] == -1
             continue
         start, entry = decode_entries[rid]
         # admitted once, with the whole prompt's KV: 1 token to compute
         assert (entry["kind"], entry["tokens"], entry["cached"]) == ("new", 1, P)
-        job = replay.handoffs[i].transfer
+        job = replay.transfer(i)
         assert 0 <= records.transferred_tokens[i] == job.tokens <= P
         if job.tokens:
             assert start >= job.land_ms
             assert records.kv_transfer_ms[i] == job.land_ms - job.submit_ms
         assert records.worker[i] == records.decode_worker[i] >= 0
+
+
+@settings(SETTINGS, max_examples=200)
+@given(scenario=scenarios())
+def test_the_compiled_path_gives_the_reference_paths_results(scenario):
+    # the compiled scheduler and the handoffs over arrays (engine/fast_disagg.py)
+    # reproduce the reference scheduler and engine/disagg.py byte for byte:
+    # pass log, request lines, summary (pools and transfers included)
+    data, workload = scenario
+    cfg = config_from_dict(data, source="test")
+    results = []
+    for path in ("reference", "fast"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            replay = make_replay(cfg, workload, path=path)
+            result = replay.run()
+        lines = [line for chunk in request_lines(result) for line in chunk]
+        results.append((result.pass_log, lines, summarize(result, {}, 0.0),
+                        [replay.transfer(i) for i in range(len(workload))]))
+    reference, compiled = results
+    assert compiled[0] == reference[0]
+    assert compiled[1] == reference[1]
+    assert compiled[2] == reference[2]
+    assert compiled[3] == reference[3]

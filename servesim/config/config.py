@@ -199,6 +199,9 @@ def _cluster_to_data(cluster: ClusterConfig, engine: EngineConfig) -> dict:
     for pool in _POOLS:
         resolved = _engine_to_data(getattr(cluster, pool))
         data[pool] = {key: value for key, value in resolved.items() if base[key] != value}
+        width = getattr(cluster, f"{pool}_data_parallel_size")
+        if width is not None:
+            data[pool]["data_parallel_size"] = width
     data["kv_transfer"] = attrs.asdict(cluster.kv_transfer)
     return data
 
@@ -604,7 +607,10 @@ def _cluster(ctx: Ctx, data, engine_data, engine: EngineConfig) -> ClusterConfig
     if "workers" in s.data:
         ctx.fail(s.sub("workers"), "applies only to cluster.mode: aggregated; a disaggregated "
                  "cluster has cluster.prefill_workers and cluster.decode_workers")
-    pools = {pool: _pool_engine(ctx, s, pool, engine_data, engine) for pool in _POOLS}
+    widths = {pool: _pool_data_parallel_size(ctx, s, pool) for pool in _POOLS}
+    pools = {pool: _pool_engine(ctx, s, pool, engine_data, engine,
+                                widths[pool] or common["data_parallel_size"])
+             for pool in _POOLS}
     return ClusterConfig(
         mode=mode,
         prefill_workers=s.get("prefill_workers", INT, 1, ge(1)),
@@ -612,23 +618,42 @@ def _cluster(ctx: Ctx, data, engine_data, engine: EngineConfig) -> ClusterConfig
         prefill=pools["prefill"],
         decode=pools["decode"],
         kv_transfer=_kv_transfer(ctx, s),
+        prefill_data_parallel_size=widths["prefill"],
+        decode_data_parallel_size=widths["decode"],
         **common,
     )
 
 
-def _pool_engine(ctx: Ctx, s: Section, pool: str, engine_data, engine: EngineConfig) -> EngineConfig:
+def _pool_data_parallel_size(ctx: Ctx, s: Section, pool: str):
+    """`cluster.prefill.data_parallel_size` / `cluster.decode.data_parallel_size`:
+    the attention-DP ranks of each of the pool's workers, or None when not
+    given (`cluster.data_parallel_size` applies). A cluster key, not an
+    engine key: it is read out of the pool's mapping before the engine
+    overrides are."""
+    overrides = s.data.get(pool)
+    if not isinstance(overrides, dict) or "data_parallel_size" not in overrides:
+        return None
+    return check(ctx, join(s.sub(pool), "data_parallel_size"), overrides["data_parallel_size"],
+                 INT, ge(1))
+
+
+def _pool_engine(ctx: Ctx, s: Section, pool: str, engine_data, engine: EngineConfig,
+                 data_parallel_size: int = 1) -> EngineConfig:
     """`cluster.prefill` / `cluster.decode`: `engine` with the pool's keys
     replacing its own (a mapping such as `timing` is replaced whole), checked
     like `engine`; a message names the key where it was given. Launch timing
     and the CPU tier are not modelled on disaggregated workers, and both pools
-    share `block_size` and `max_model_len` (one model, whole blocks moved)."""
+    share `block_size` and `max_model_len` (one model, whole blocks moved).
+    The pool's `data_parallel_size` (read by `_pool_data_parallel_size`) is
+    not an engine key; a deployment derives its blocks with it."""
     overrides = s.data.get(pool)
     path = s.sub(pool)
     if overrides is None:
         overrides = {}
     if not isinstance(overrides, dict):
         ctx.fail(path, f"must be a mapping of engine keys (overrides of engine for the {pool} "
-                 f"workers), got {show(overrides)}")
+                 f"workers) and data_parallel_size, got {show(overrides)}")
+    overrides = {key: value for key, value in overrides.items() if key != "data_parallel_size"}
     merged = {**(engine_data if isinstance(engine_data, dict) else {}), **overrides}
 
     def path_of(key):
@@ -642,7 +667,7 @@ def _pool_engine(ctx: Ctx, s: Section, pool: str, engine_data, engine: EngineCon
         if merged.get(key) is not None:
             ctx.fail(path_of(key), f"is not supported on disaggregated {pool} workers "
                      f"(cluster.mode: disaggregated): {reason}; remove it")
-    config = _engine(ctx, merged, path_of)
+    config = _engine(ctx, merged, path_of, data_parallel_size)
     for key in _SHARED_ENGINE_KEYS:
         if key in overrides:
             ours = getattr(config.kv_cache if key == "block_size" else config.scheduler, key)

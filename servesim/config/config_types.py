@@ -76,9 +76,12 @@ class ClusterConfig:
     prompts and decodes. Disaggregated: `prefill_workers` and `decode_workers`
     engines whose configs (`prefill`, `decode`) are `engine:` with the pool's
     overrides, resolved; prompts' KV moves over `kv_transfer` links
-    (servesim/engine/disagg.py). `data_parallel_size` and `router` apply to
-    every pool (the router picks the prefill worker at arrival and the decode
-    worker at handoff)."""
+    (servesim/engine/disagg.py). `router` applies to every pool (it picks the
+    prefill worker at arrival and the decode worker at handoff);
+    `data_parallel_size` too, unless a pool sets its own
+    (`prefill_data_parallel_size`, `decode_data_parallel_size`: the YAML's
+    `cluster.prefill.data_parallel_size` / `cluster.decode.data_parallel_size`;
+    None: `data_parallel_size`)."""
 
     workers: int = 1
     data_parallel_size: int = 1
@@ -89,10 +92,29 @@ class ClusterConfig:
     prefill: EngineConfig | None = None
     decode: EngineConfig | None = None
     kv_transfer: KVTransferConfig | None = None
+    prefill_data_parallel_size: int | None = None
+    decode_data_parallel_size: int | None = None
 
     @property
     def disaggregated(self) -> bool:
         return self.mode == "disaggregated"
+
+    def pool_data_parallel_size(self, pool: str) -> int:
+        """The DP ranks of each worker of `pool` ("prefill" or "decode")."""
+        width = getattr(self, f"{pool}_data_parallel_size")
+        return self.data_parallel_size if width is None else width
+
+    def data_parallel_widths(self) -> list:
+        """`[(config key, DP width)]` of each pool (aggregated: the one
+        `cluster.data_parallel_size`; disaggregated: prefill, then decode,
+        each named by the key its width comes from), for messages such as a
+        pinned `dp_rank` out of range."""
+        if not self.disaggregated:
+            return [("cluster.data_parallel_size", self.data_parallel_size)]
+        return [(f"cluster.{pool}.data_parallel_size"
+                 if getattr(self, f"{pool}_data_parallel_size") is not None
+                 else "cluster.data_parallel_size", self.pool_data_parallel_size(pool))
+                for pool in ("prefill", "decode")]
 
 
 @attrs.frozen

@@ -54,15 +54,15 @@ class PoolSize:
 def pool_sizes(cfg) -> list:
     """The :class:`PoolSize` of every pool of a resolved config."""
     c = cfg.cluster
-    dp = c.data_parallel_size
     if c.disaggregated:
-        pools = [("cluster.prefill", c.prefill, c.prefill_workers), ("cluster.decode", c.decode, c.decode_workers)]
+        pools = [("cluster.prefill", c.prefill, c.prefill_workers * c.pool_data_parallel_size("prefill")),
+                 ("cluster.decode", c.decode, c.decode_workers * c.pool_data_parallel_size("decode"))]
     else:
-        pools = [("engine", cfg.engine, c.workers)]
+        pools = [("engine", cfg.engine, c.workers * c.data_parallel_size)]
     out = []
-    for key, engine, workers in pools:
+    for key, engine, ranks in pools:
         off = engine.kv_offloading
-        out.append(PoolSize(key, workers * dp, engine.kv_cache.num_gpu_blocks,
+        out.append(PoolSize(key, ranks, engine.kv_cache.num_gpu_blocks,
                             off.num_cpu_blocks if off is not None else 0, engine.kv_cache.block_size))
     return out
 
@@ -158,12 +158,12 @@ def check_run(cfg, workload, limit: int | None = None) -> list:
     """Everything checked before simulating a loaded config and workload,
     after `check_config` (see the module docstring); returns the warnings
     to print."""
-    dp = cfg.cluster.data_parallel_size
-    pinned = np.flatnonzero(workload.dp_rank >= dp)
-    if len(pinned):
-        i = int(pinned[0])
-        raise InputError(f"{workload.source or 'workload'}: request {workload.request_ids[i]!r}: dp_rank "
-                         f"{int(workload.dp_rank[i])} is out of range (cluster.data_parallel_size is {dp})")
+    for key, dp in cfg.cluster.data_parallel_widths():
+        pinned = np.flatnonzero(workload.dp_rank >= dp)
+        if len(pinned):
+            i = int(pinned[0])
+            raise InputError(f"{workload.source or 'workload'}: request {workload.request_ids[i]!r}: "
+                             f"dp_rank {int(workload.dp_rank[i])} is out of range ({key} is {dp})")
     pools = pool_sizes(cfg)
     block_size = pools[0].block_size
     prompt = workload.input_length.astype(np.int64)

@@ -51,7 +51,6 @@ from servesim.engine.events import DECIDE, PASS_END, EventLoop
 from servesim.engine.launch import launch_end
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
-from servesim.kvcache.cpu_tier import CPUOffloadConnector
 from servesim.scheduler.fast import FastScheduler
 
 
@@ -70,9 +69,7 @@ class Rank:
         self.scheduler = make_scheduler(config.scheduler, self.pool)
         self.connector = None
         if config.kv_offloading is not None:
-            self.connector = CPUOffloadConnector(config.kv_offloading,
-                                                 config.kv_cache.block_size)
-            self.scheduler.attach_connector(self.connector)
+            self.connector = self.scheduler.new_connector(config.kv_offloading)
         self.transfers = self.connector
         # the deployment's attention-DP width prices aic passes (expert parallelism)
         self.pricer = PassPricer(config.timing, config.kv_cache.num_gpu_blocks,

@@ -1,7 +1,9 @@
 """Replay through disaggregated prefill and decode pools (`cluster.mode:
-disaggregated`): routing at arrival and at handoff, the two request objects
-of each request, and their results merged into one record. The KV handoff
-itself — held blocks, links, pulls — is servesim/engine/disagg.py.
+disaggregated`): routing at arrival and at handoff, the two request states
+of each request (a prefill-side and a decode-side one: objects on the
+reference scheduler, rows of two tables on the compiled one), and their
+results merged into one record. The KV handoff itself — held blocks, links,
+pulls — is servesim/engine/disagg.py (fast_disagg.py over arrays).
 
 - At arrival the router (`cluster.router`) picks a prefill worker and rank.
   The request runs there with `max_tokens = 1` (nixl_connector.py's
@@ -26,17 +28,24 @@ itself — held blocks, links, pulls — is servesim/engine/disagg.py.
 """
 
 import math
+from collections import namedtuple
 
 import numpy as np
 
-from servesim.engine import disagg
+from servesim.engine import disagg, fast_disagg
 from servesim.engine.core import EngineCore
 from servesim.kvcache.manager import KVCacheManager
 from servesim.replay.driver import empty_results, Replay
 from servesim.results.records import STATUS_REJECTED, PoolStats, RunStats
 from servesim.replay.router import Router
+from servesim.scheduler import fast_table
+from servesim.scheduler.fast import FastScheduler
 from servesim.scheduler.request import Request
 from servesim.scheduler.scheduler import Scheduler
+
+# One handoff's transfer as tests read it, on either path (`transfer(i)`).
+TransferView = namedtuple("TransferView", "tokens nbytes submit_ms start_ms finish_ms land_ms "
+                                          "done freed_ms")
 
 
 class _PrefillObserver:
@@ -53,91 +62,52 @@ class _PrefillObserver:
         self.replay.on_pass(core, p)
 
 
-class DisaggregatedReplay(Replay):
-    """A :class:`Replay` over a prefill pool and a decode pool."""
+class _ObjectSides:
+    """The reference path: a prefill-side and a decode-side
+    :class:`Request` object per request, scheduled by the reference
+    :class:`Scheduler`, and engine/disagg.py's handoff objects."""
 
-    def _build_workers(self, num_identities):
-        config = self.config
-        cluster = config.cluster
-        dp = cluster.data_parallel_size
-        n = len(self.workload)
+    def __init__(self, replay):
+        self.replay = replay
+        n = len(replay.workload)
         self.prefill_objects = [None] * n
         self.decode_objects = [None] * n
         self.handoffs = [None] * n
-        self.prefill_worker_of = np.full(n, -1, dtype=np.int64)
-        self.prefill_rank_of = np.full(n, -1, dtype=np.int64)
 
-        def maker(engine):
-            tokens = self.tokens.with_detokenize(engine.detokenize_ms)
-            return lambda config, pool: Scheduler(config, KVCacheManager(pool), tokens)
+    def make_scheduler(self, engine, pool):
+        tokens = self.replay.tokens.with_detokenize(engine.detokenize_ms)
+        return lambda config, blocks: Scheduler(config, KVCacheManager(blocks), tokens)
 
-        self.prefill_workers = [
-            EngineCore(w, cluster.prefill, dp, self.loop, num_identities, _PrefillObserver(self),
-                       maker(cluster.prefill), pool="prefill")
-            for w in range(cluster.prefill_workers)]
-        self.decode_workers = [
-            EngineCore(w, cluster.decode, dp, self.loop, num_identities, self,
-                       maker(cluster.decode), pool="decode")
-            for w in range(cluster.decode_workers)]
-        disagg.connect(self.prefill_workers, self.decode_workers, cluster.kv_transfer)
-        self.workers = self.prefill_workers + self.decode_workers
-        self.router = Router(cluster.router, self.prefill_workers, dp)
-        self.decode_router = Router(cluster.router, self.decode_workers, dp)
+    def connect(self, prefill_cores, decode_cores, config):
+        disagg.connect(prefill_cores, decode_cores, config)
 
-    # -- arrivals and handoffs -------------------------------------------------
-
-    def _idents(self, i):
-        return self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]]
-
-    def _on_arrival(self, i):
-        w = self.workload
-        self.arrived[i] = True
-        self._arrivals += 1
-        prompt = int(w.input_length[i])
-        max_tokens = int(self.max_tokens[i])
-        worker, rank = self.router.route(w.request_ids[i], prompt, self._idents(i),
-                                         int(w.dp_rank[i]))
-        self.prefill_worker_of[i] = worker
-        self.prefill_rank_of[i] = rank
-        request = Request(i, w.request_ids[i], float(self.arrival_ms[i]), prompt,
-                          min(max_tokens, 1), self._idents(i), int(w.priority[i]))
+    def create_prefill(self, i, prompt, max_tokens):
+        r = self.replay
+        request = Request(i, r.workload.request_ids[i], float(r.arrival_ms[i]), prompt,
+                          min(max_tokens, 1), r._idents(i), int(r.workload.priority[i]))
         request.remote_decode = max_tokens > 1
         self.prefill_objects[i] = request
-        core = self.prefill_workers[worker]
-        decode_fits = (not request.remote_decode or self.decode_workers[0].ranks[0]
-                       .scheduler.can_ever_fit(prompt + 1))
-        if not decode_fits:
-            core.ranks[rank].num_requests += 1  # routed there, as add_request counts rejections
-        if not decode_fits or not core.add_request(rank, request, prompt):
-            self.status[i] = STATUS_REJECTED
-            self._release_next()
+        return request
 
-    def on_prefill_done(self, i, finished):
-        """A request's prefill-side request finished (its first token is out)
-        or was taken out as unfinishable."""
+    def remote_decode(self, i) -> bool:
+        return self.prefill_objects[i].remote_decode
+
+    def handoff(self, i, source_core, source_rank, decode_core, decode_rank):
+        r = self.replay
+        w = r.workload
         source = self.prefill_objects[i]
-        if not finished or not source.remote_decode:
-            self.on_done(i, finished)
-            return
-        w = self.workload
         prompt = source.num_prompt_tokens
-        worker, rank = self.decode_router.route(w.request_ids[i], prompt + 1, self._idents(i),
-                                                int(w.dp_rank[i]))
-        request = Request(i, w.request_ids[i], self.loop.now, prompt, int(self.max_tokens[i]),
-                          self._idents(i), int(w.priority[i]))
+        request = Request(i, w.request_ids[i], r.loop.now, prompt, int(r.max_tokens[i]),
+                          r._idents(i), int(w.priority[i]))
         request.num_tokens = prompt + 1  # the prompt and the first token
         request.max_computed_tokens = prompt  # computed once, on the prefill worker
         self.decode_objects[i] = request
-        self.worker_of[i] = worker
-        self.rank_of[i] = rank
-        self.handoffs[i] = disagg.handoff(
-            self.prefill_workers[self.prefill_worker_of[i]], int(self.prefill_rank_of[i]),
-            source, self.decode_workers[worker], rank, request, self.loop.now)
+        self.handoffs[i] = disagg.handoff(source_core, source_rank, source, decode_core,
+                                          decode_rank, request, r.loop.now)
 
-    # -- results ---------------------------------------------------------------
-
-    def _records(self):
-        n = len(self.workload)
+    def results(self):
+        """`(result columns, kv_transfer_ms, transferred_tokens)`."""
+        n = len(self.prefill_objects)
         out = empty_results(n)
         kv_transfer_ms = np.full(n, math.nan)
         transferred = np.full(n, -1, dtype=np.int64)
@@ -162,6 +132,226 @@ class DisaggregatedReplay(Replay):
             elif d.kv_handoff is None:  # admitted with nothing held to pull
                 transferred[i] = 0
                 kv_transfer_ms[i] = 0.0
+        return out, kv_transfer_ms, transferred
+
+    def transfer_bytes(self) -> int:
+        return sum(h.transfer.nbytes for h in self.handoffs
+                   if h is not None and h.transfer is not None)
+
+    def handed_off(self, i) -> bool:
+        return self.handoffs[i] is not None
+
+    def sender_of(self, i):
+        return self.handoffs[i].sender
+
+    def blocks_of(self, pool, i) -> list:
+        r = (self.prefill_objects if pool == "prefill" else self.decode_objects)[i]
+        return [] if r is None else r.block_table[:r.num_blocks].tolist()
+
+    def transfer(self, i):
+        h = self.handoffs[i]
+        if h is None or h.transfer is None:
+            return None
+        j = h.transfer
+        return TransferView(j.tokens, j.nbytes, j.submit_ms, j.start_ms, j.finish_ms, j.land_ms,
+                            j.done, j.freed_ms)
+
+
+class _ArraySides:
+    """The compiled path: a prefill-side and a decode-side
+    :class:`~servesim.scheduler.fast_table.RequestTable` (request i is row i
+    of both), scheduled by the compiled :class:`FastScheduler`, and the
+    handoffs' transfers as arrays (engine/fast_disagg.py)."""
+
+    def __init__(self, replay):
+        self.replay = replay
+        w = replay.workload
+        n = len(w)
+        max_tokens = replay.max_tokens
+        self.prefill = fast_table.RequestTable(w.request_ids, w.input_length,
+                                               np.minimum(max_tokens, 1), w.priority,
+                                               replay.idents, replay.ident_offsets)
+        self.prefill.R[:, fast_table.REMOTE_DECODE] = max_tokens > 1
+        self.decode = fast_table.RequestTable(w.request_ids, w.input_length, max_tokens,
+                                              w.priority, replay.idents, replay.ident_offsets)
+        self.handed = np.zeros(n, dtype=bool)
+        self.transfers = None  # at connect, once the links are known
+
+    def make_scheduler(self, engine, pool):
+        tokens = self.replay.tokens.with_detokenize(engine.detokenize_ms)
+        table = self.prefill if pool == "prefill" else self.decode
+        return lambda config, blocks: FastScheduler(config, blocks, table, tokens)
+
+    def connect(self, prefill_cores, decode_cores, config):
+        links = sum(len(core.ranks) for core in prefill_cores)
+        self.transfers = fast_disagg.Transfers(len(self.handed), links, config)
+        fast_disagg.connect(prefill_cores, decode_cores, self.transfers)
+
+    def create_prefill(self, i, prompt, max_tokens):
+        self.prefill.F[i, fast_table.ARRIVAL] = self.replay.arrival_ms[i]
+        return i
+
+    def remote_decode(self, i) -> bool:
+        return bool(self.prefill.R[i, fast_table.REMOTE_DECODE])
+
+    def handoff(self, i, source_core, source_rank, decode_core, decode_rank):
+        """`disagg.handoff` over the tables: request i joins the decode rank's
+        waiting queue now with its prompt and first token; whether the
+        prefill rank holds its blocks is fixed from here to its admission
+        (they are freed only once a transfer it submits there lands)."""
+        sender = source_core.ranks[source_rank].transfers
+        D = self.decode.R
+        prompt = int(D[i, fast_table.PROMPT])
+        D[i, fast_table.NUM_TOKENS] = prompt + 1  # the prompt and the first token
+        D[i, fast_table.MAX_COMPUTED] = prompt  # computed once, on the prefill worker
+        D[i, fast_table.KV_HANDOFF] = (fast_table.HANDOFF_HELD if sender.holds(i)
+                                       else fast_table.HANDOFF_NOTHING)
+        self.decode.F[i, fast_table.ARRIVAL] = self.replay.loop.now
+        self.transfers.link_of[i] = sender.link
+        self.handed[i] = True
+        decode_core.add_request(decode_rank, i, prompt + 1)
+
+    def results(self):
+        """`(result columns, kv_transfer_ms, transferred_tokens)`."""
+        P, D = self.prefill.R, self.decode.R
+        handed = self.handed
+        out = self.prefill.results()
+        out["output_tokens"] = np.where(handed, D[:, fast_table.NUM_TOKENS], P[:, fast_table.NUM_TOKENS]) - P[:, fast_table.PROMPT]
+        out["num_preemptions"] = out["num_preemptions"] + D[:, fast_table.PREEMPTIONS]
+        out["recomputed_tokens"] = out["recomputed_tokens"] + D[:, fast_table.RECOMPUTED]
+        decode_finish = D[:, fast_table.FINISH_PASS]
+        out["finish_pass"] = np.where(handed & (decode_finish >= 0), decode_finish,
+                                      out["finish_pass"])
+        X = self.transfers
+        tokens = X.I[:, fast_disagg.X_TOKENS]
+        has = handed & (tokens >= 0)
+        transferred = np.where(has, tokens, -1)
+        wait = np.where(tokens > 0, X.F[:, fast_disagg.X_LAND] - X.F[:, fast_disagg.X_SUBMIT], 0.0)
+        known = has & ((X.I[:, fast_disagg.X_DONE] != 0) | (tokens == 0))
+        kv_transfer_ms = np.where(known, wait, math.nan)
+        # admitted with nothing held to pull
+        nothing = handed & (tokens < 0) & (D[:, fast_table.KV_HANDOFF] == 0)
+        transferred[nothing] = 0
+        kv_transfer_ms[nothing] = 0.0
+        return out, kv_transfer_ms, transferred
+
+    def transfer_bytes(self) -> int:
+        return int(self.transfers.I[:, fast_disagg.X_NBYTES].sum())
+
+    def handed_off(self, i) -> bool:
+        return bool(self.handed[i])
+
+    def sender_of(self, i):
+        return self.transfers.senders[self.transfers.link_of[i]]
+
+    def blocks_of(self, pool, i) -> list:
+        t = self.prefill if pool == "prefill" else self.decode
+        off = t.R[i, fast_table.OFFSET]
+        return t.tables[off:off + t.R[i, fast_table.NUM_BLOCKS]].tolist()
+
+    def transfer(self, i):
+        X = self.transfers
+        if not X.has(i):
+            return None
+        F = X.F[i]
+        return TransferView(int(X.I[i, fast_disagg.X_TOKENS]), int(X.I[i, fast_disagg.X_NBYTES]),
+                            float(F[fast_disagg.X_SUBMIT]), float(F[fast_disagg.X_START]),
+                            float(F[fast_disagg.X_FINISH]), float(F[fast_disagg.X_LAND]),
+                            bool(X.I[i, fast_disagg.X_DONE]), float(F[fast_disagg.X_FREED]))
+
+
+class DisaggregatedReplay(Replay):
+    """A :class:`Replay` over a prefill pool and a decode pool, on either
+    scheduler (`sides`: the request state of both pools and the handoffs)."""
+
+    def _build_workers(self, num_identities):
+        config = self.config
+        cluster = config.cluster
+        prefill_dp = cluster.pool_data_parallel_size("prefill")
+        decode_dp = cluster.pool_data_parallel_size("decode")
+        n = len(self.workload)
+        self.sides = _ObjectSides(self) if self.path == "reference" else _ArraySides(self)
+        self.prefill_worker_of = np.full(n, -1, dtype=np.int64)
+        self.prefill_rank_of = np.full(n, -1, dtype=np.int64)
+        sides = self.sides
+        self.prefill_workers = [
+            EngineCore(w, cluster.prefill, prefill_dp, self.loop, num_identities,
+                       _PrefillObserver(self), sides.make_scheduler(cluster.prefill, "prefill"),
+                       pool="prefill")
+            for w in range(cluster.prefill_workers)]
+        self.decode_workers = [
+            EngineCore(w, cluster.decode, decode_dp, self.loop, num_identities, self,
+                       sides.make_scheduler(cluster.decode, "decode"), pool="decode")
+            for w in range(cluster.decode_workers)]
+        sides.connect(self.prefill_workers, self.decode_workers, cluster.kv_transfer)
+        self.workers = self.prefill_workers + self.decode_workers
+        (prefill_key, _), (decode_key, _) = cluster.data_parallel_widths()
+        self.router = Router(cluster.router, self.prefill_workers, prefill_dp, prefill_key)
+        self.decode_router = Router(cluster.router, self.decode_workers, decode_dp, decode_key)
+
+    # -- what tests read, on either path ---------------------------------------
+
+    def transfer(self, i):
+        """Request i's transfer (a :data:`TransferView`), or None."""
+        return self.sides.transfer(i)
+
+    def handed_off(self, i) -> bool:
+        """Whether request i was handed to a decode worker."""
+        return self.sides.handed_off(i)
+
+    def sender_of(self, i):
+        """The prefill rank's sender that handed request i off."""
+        return self.sides.sender_of(i)
+
+    def blocks_of(self, pool: str, i) -> list:
+        """The G1 blocks request i holds on its `pool` rank ("prefill",
+        "decode")."""
+        return self.sides.blocks_of(pool, i)
+
+    # -- arrivals and handoffs -------------------------------------------------
+
+    def _idents(self, i):
+        return self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]]
+
+    def _on_arrival(self, i):
+        w = self.workload
+        self.arrived[i] = True
+        self._arrivals += 1
+        prompt = int(w.input_length[i])
+        max_tokens = int(self.max_tokens[i])
+        worker, rank = self.router.route(w.request_ids[i], prompt, self._idents(i),
+                                         int(w.dp_rank[i]))
+        self.prefill_worker_of[i] = worker
+        self.prefill_rank_of[i] = rank
+        request = self.sides.create_prefill(i, prompt, max_tokens)
+        core = self.prefill_workers[worker]
+        decode_fits = (max_tokens <= 1 or self.decode_workers[0].ranks[0]
+                       .scheduler.can_ever_fit(prompt + 1))
+        if not decode_fits:
+            core.ranks[rank].num_requests += 1  # routed there, as add_request counts rejections
+        if not decode_fits or not core.add_request(rank, request, prompt):
+            self.status[i] = STATUS_REJECTED
+            self._release_next()
+
+    def on_prefill_done(self, i, finished):
+        """A request's prefill-side request finished (its first token is out)
+        or was taken out as unfinishable."""
+        if not finished or not self.sides.remote_decode(i):
+            self.on_done(i, finished)
+            return
+        w = self.workload
+        prompt = int(w.input_length[i])
+        worker, rank = self.decode_router.route(w.request_ids[i], prompt + 1, self._idents(i),
+                                                int(w.dp_rank[i]))
+        self.worker_of[i] = worker
+        self.rank_of[i] = rank
+        self.sides.handoff(i, self.prefill_workers[self.prefill_worker_of[i]],
+                           int(self.prefill_rank_of[i]), self.decode_workers[worker], rank)
+
+    # -- results ---------------------------------------------------------------
+
+    def _records(self):
+        out, kv_transfer_ms, transferred = self.sides.results()
         return self._make_records(
             out, self.worker_of, self.rank_of, prefill_worker=self.prefill_worker_of,
             prefill_dp_rank=self.prefill_rank_of,
@@ -176,7 +366,8 @@ class DisaggregatedReplay(Replay):
         stats.prefix_cache_queries = stats.prefix_cache_hits = 0
         stats.preempted_prefix_cache_queries = stats.preempted_prefix_cache_hits = 0
         for name, cores in (("prefill", self.prefill_workers), ("decode", self.decode_workers)):
-            pool = PoolStats(workers=len(cores))
+            pool = PoolStats(workers=len(cores), data_parallel_size=getattr(
+                self.config.cluster, f"{name}_data_parallel_size"))
             means = []
             for core in cores:
                 pool.passes += core.num_passes
@@ -196,6 +387,5 @@ class DisaggregatedReplay(Replay):
                         stats.preempted_prefix_cache_hits += pcs.preempted_hits
             pool.kv_usage_mean = sum(means) / len(means)
             stats.pools[name] = pool
-        stats.kv_transfer_bytes = sum(h.transfer.nbytes for h in self.handoffs
-                                      if h is not None and h.transfer is not None)
+        stats.kv_transfer_bytes = self.sides.transfer_bytes()
         return stats

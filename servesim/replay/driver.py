@@ -102,10 +102,10 @@ class ArrayRequests:
 
 
 def fast_path_supports(config: Config) -> bool:
-    """The compiled scheduler covers every rule except the CPU tier and
-    disaggregated prefill/decode (both use the reference scheduler's
-    remote-KV admission)."""
-    return config.engine.kv_offloading is None and not config.cluster.disaggregated
+    """The compiled scheduler covers every rule: the CPU tier and
+    disaggregated prefill/decode included (both admit loads through the same
+    path; the CPU tier on disaggregated workers is rejected by the config)."""
+    return True
 
 
 _INT_RESULTS = ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
@@ -188,8 +188,10 @@ class Replay:
         config = self.config
         self.store = ArrayRequests(self) if self.path == "fast" else ObjectRequests(self)
         cluster = config.cluster
-        # compiled runs of passes need no per-pass Python: not with a pass log
-        fast_runs = self.path == "fast" and not config.output.pass_log
+        # compiled runs of passes need no per-pass Python: not with a pass log,
+        # nor (yet) with a CPU tier, whose transfers the engine core times
+        fast_runs = (self.path == "fast" and not config.output.pass_log
+                     and config.engine.kv_offloading is None)
         self.workers = [EngineCore(w, config.engine, cluster.data_parallel_size, self.loop,
                                    num_identities, self, self.store.make_scheduler,
                                    fast_runs)

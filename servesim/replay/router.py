@@ -26,8 +26,10 @@ from servesim.kvcache import block_pool as bp
 
 
 class Router:
-    def __init__(self, policy: str, workers, data_parallel_size: int):
+    def __init__(self, policy: str, workers, data_parallel_size: int,
+                 width_key: str = "cluster.data_parallel_size"):
         self.policy = policy
+        self.width_key = width_key  # the config key of the DP width, for messages
         self.workers = workers
         self.dp = data_parallel_size
         num_workers = len(workers)
@@ -45,7 +47,7 @@ class Router:
         if pinned_rank >= self.dp:
             raise InputError(
                 f"request {request_id!r}: dp_rank {pinned_rank} is out of range "
-                f"(cluster.data_parallel_size is {self.dp})")
+                f"({self.width_key} is {self.dp})")
         if pinned_rank >= 0:
             candidates = [(w, pinned_rank) for w in range(len(self.workers))]
         else:

@@ -205,9 +205,13 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
 
 
 def _pool_dict(p) -> dict:
+    """One pool's figures; its DP width right after `workers` when the
+    config sets the pool's own."""
     queries = int(p.prefix_cache_queries)
+    width = {} if p.data_parallel_size is None else {"data_parallel_size": int(p.data_parallel_size)}
     return {
         "workers": int(p.workers),
+        **width,
         "requests": int(p.requests),
         "passes": int(p.passes),
         "busy_ms": _round(p.busy_ms),

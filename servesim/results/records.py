@@ -82,9 +82,11 @@ class WorkerStats:
 @attrs.define(eq=False)
 class PoolStats:
     """One pool of a disaggregated run (its workers summed; KV usage averaged
-    over its ranks)."""
+    over its ranks). `data_parallel_size`: the pool's own DP width when the
+    config sets one (`cluster.prefill.data_parallel_size`), else None."""
 
     workers: int = 0
+    data_parallel_size: int | None = None
     requests: int = 0
     passes: int = 0
     busy_ms: float = 0.0

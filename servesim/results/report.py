@@ -251,11 +251,18 @@ def _workload_text(config: dict) -> str:
         return ""
     e = config.get("engine", {})
     c = config.get("cluster", {})
+    dp = c.get("data_parallel_size", 1)
     if c.get("mode") == "disaggregated":
-        workers = f"{c.get('prefill_workers')} prefill + {c.get('decode_workers')} decode worker(s)"
+        widths = [(c.get(pool) or {}).get("data_parallel_size", dp) for pool in ("prefill", "decode")]
+        if widths[0] == widths[1]:
+            ranks = (f"{c.get('prefill_workers')} prefill + {c.get('decode_workers')} decode worker(s)"
+                     f" × {widths[0]} DP rank(s)")
+        else:
+            ranks = (f"{c.get('prefill_workers')} prefill worker(s) × {widths[0]} DP rank(s) + "
+                     f"{c.get('decode_workers')} decode worker(s) × {widths[1]}")
     else:
-        workers = f"{c.get('workers', 1)} worker(s)"
-    parts = [text, f"{workers} × {c.get('data_parallel_size', 1)} DP rank(s)",
+        ranks = f"{c.get('workers', 1)} worker(s) × {dp} DP rank(s)"
+    parts = [text, ranks,
              f"{e.get('num_gpu_blocks')} blocks of {e.get('block_size')} tokens",
              f"max_num_seqs {e.get('max_num_seqs')}", f"max_num_batched_tokens {e.get('max_num_batched_tokens')}",
              f"timing {e.get('timing', {}).get('type')}"]

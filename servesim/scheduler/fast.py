@@ -8,6 +8,13 @@ Speculative decoding (docs/engine.md §12) exists only here:
 drafts in the running loop's ask, padding in the waiting loop, lookahead slots
 in `_allocate`, verification and trimming in `update_from_output`.
 
+Disaggregated serving (docs/engine.md §13, servesim/engine/disagg.py): a
+prefill worker holds a finished `REMOTE_DECODE` request's blocks (`S_HELD`)
+until `free_delayed`; a decode worker's handed-off requests (`KV_HANDOFF`)
+are admitted as loads from the prefill rank holding their prompt's KV
+(`KV_SOURCE_REMOTE`: `_remote_lookup`, `_remote_prepare_load`,
+`_remote_admitted`), over the load path the CPU tier uses.
+
 It is the engine's fast path; the reference scheduler stays the readable
 statement of the rules, and tests hold the two to identical pass logs and
 request records (tests/test_fast_path.py). Each kernel below mirrors the
@@ -23,6 +30,7 @@ import numpy as np
 from servesim.scheduler.speculative import accepted_drafts
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
+from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.scheduler.fast_queue import (WQ_LEN, wq_add, wq_peek, wq_pop, wq_prepend,
                                            wq_remove)
 from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINISHED,
@@ -31,22 +39,31 @@ from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINIS
                                            NUM_TOKENS, OFFSET, CAPACITY, PLACEHOLDERS,
                                            PREEMPTED, PREEMPTIONS, PREFILL_TARGET, PRIORITY,
                                            PROMPT, RECOMPUTED, RUNNING, SPEC, SPEC_ACCEPTED,
-                                           SPEC_DRAFTED, SPEC_PASSES, STATUS, UNFINISHED)
+                                           SPEC_DRAFTED, SPEC_PASSES, STATUS, UNFINISHED,
+                                           KV_LOAD, KV_G1_HIT, KV_NONE, KV_IN_FLIGHT,
+                                           KV_LANDED, CPU_CURSOR, IN_FLIGHT, CPU_CACHED,
+                                           REMOTE_DECODE, KV_HANDOFF, HANDOFF_HELD,
+                                           HANDOFF_PULLING)
 from servesim.scheduler.output import KIND_NEW, KIND_RESUMED, KIND_RUNNING
 from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
 
 # cfg
 (C_MAX_SEQS, C_BUDGET, C_MAX_MODEL_LEN, C_CHUNKED, C_THRESHOLD, C_PRIORITY, C_RESERVE,
  C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE,
- C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED) = range(16)
-NUM_CFG = 16
+ C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED, C_KV_SOURCE) = range(17)
+NUM_CFG = 17
+# C_KV_SOURCE: where admitted loads come from (KV_SOURCE_NONE: no `kv` state)
+KV_SOURCE_NONE, KV_SOURCE_CPU, KV_SOURCE_REMOTE = range(3)
 # speculative decoding (docs/engine.md §12): C_SPEC_K drafts
 # per decode (0: off), C_LOOKAHEAD KV slots reserved beyond the scheduled
 # tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash, C_SEED
 # keys acceptance draws
 # S (after the waiting queue's two slots)
-(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL) = range(2, 9)
-NUM_SCALARS = 9
+(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL,
+ S_WFK_N, S_HELD) = range(2, 11)
+NUM_SCALARS = 11  # S_WFK_N: requests in `waiting_for_kv`
+# S_HELD: disaggregated prefill worker, finished requests whose blocks are held
+# for a decode worker (the reference scheduler's `delayed_free`)
 # out rows
 O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_SPEC, O_PRE, O_UNFIN = range(8)
 NUM_OUT_ROWS = 8  # O_SPEC: draft tokens scheduled (included in O_TOK)
@@ -57,19 +74,36 @@ F_SAMPLES = 1  # flags of an entry
 (N_SCHED, N_PRE, N_UNFIN, PREFILL_TOKENS, NUM_PREFILL, DECODE_REQS, DECODE_CTX,
  TOTAL_TOKENS, FREE_BLOCKS, SPEC_TOKENS, PREFILL_CTX) = range(11)
 NUM_FEATS = 11  # SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS)
+# `kv`, the optional last argument of `schedule` and `update_from_output`: the
+# state of loads that wait ahead of the queue and of the CPU tier, the tuple
+# (wfk, KO, KC, *TierArrays.arrays(), lanes, storing, KF) — `wfk[:S[S_WFK_N]]`
+# the requests waiting for their load (vLLM's WAITING_FOR_REMOTE_KVS) in the
+# order their loads were queued; `KO[row, :KC[row]]` what a call decided:
+(KO_LOADS, KO_LOAD_REQS, KO_PSTORES, KO_STORES, KO_FSTORES, KO_NEW_BLOCKS) = range(6)
+NUM_KO_ROWS = 6
+# KO_LOADS: CPU-tier load jobs queued (going out at the decision); KO_LOAD_REQS:
+# the requests whose loads were queued, whatever the source; KO_PSTORES:
+# `simple_cpu` preemption stores (at the decision); KO_STORES: `offloading`
+# stores of the pass (at its end); KO_FSTORES: stores of finished requests (set
+# by update_from_output); KO_NEW_BLOCKS: G1 blocks the pass took from the free
+# queue (it writes them). With `kv` None none of this exists (compiled away).
 
 
 @njit
 def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, num_hit,
-              reserve_tokens, extra_blocks):
+              reserve_tokens, extra_blocks, delay_cache=False, kv=None):
     """`KVCacheManager.allocate_slots` (kvcache/manager.py) over the table.
     Slots cover `min(total + num_lookahead_tokens, max_model_len)` tokens
     (the lookahead is k under speculative decoding, else 0); blocks are
     registered when full within the known tokens, and only once the hash
-    lookahead token exists."""
+    lookahead token exists — unless `delay_cache` (blocks a load will fill:
+    registered by `_finish_load`, vLLM's `delay_cache_blocks`). With `kv`,
+    the blocks taken from the free queue for a pass (not for a load) are
+    noted in KO_NEW_BLOCKS."""
     bs = cfg[C_BLOCK_SIZE]
     off = R[i, OFFSET]
     end = off + R[i, CAPACITY]
+    held_before = R[i, NUM_BLOCKS]
     total = R[i, COMPUTED] + num_hit * bs + num_new
     needed = -(-min(total + cfg[C_LOOKAHEAD], cfg[C_MAX_MODEL_LEN]) // bs)
     checked = max(needed, -(-reserve_tokens // bs)) + extra_blocks
@@ -82,6 +116,15 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     # else: the blocks it holds cover the tokens and the check (most decodes)
     if num_hit > 0:
         R[i, NUM_CACHED] = num_hit
+    if kv is not None:
+        if delay_cache:
+            return True
+        KO, KC = kv[1], kv[2]
+        n = KC[KO_NEW_BLOCKS]
+        for k in range(off + held_before + num_hit, off + R[i, NUM_BLOCKS]):
+            KO[KO_NEW_BLOCKS, n] = tables[k]
+            n += 1
+        KC[KO_NEW_BLOCKS] = n
     cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
     return True
 
@@ -133,7 +176,17 @@ def _victim_index(R, F, running, n, priority):
 
 
 @njit
-def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i):
+def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i, cfg=None, idents=None, kv=None):
+    """`_preempt_request`: free every block, back to the front of `waiting`
+    (priority: back into the heap). With the `simple_cpu` connector its full
+    computed blocks are stored first (docs/engine.md §9; KO_PSTORES)."""
+    if kv is not None:
+        if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+            j = _store_on_free(R, idents, tables, kv, i)
+            if j >= 0:
+                KO, KC = kv[1], kv[2]
+                KO[KO_PSTORES, KC[KO_PSTORES]] = j
+                KC[KO_PSTORES] += 1
     _free(R, tables, blocks, pscal, i)
     R[i, STATUS] = PREEMPTED
     R[i, COMPUTED] = 0
@@ -147,8 +200,11 @@ def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i):
 
 @njit
 def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                      out, feats, budget, threshold):
-    """The running loop (docs/engine.md §3 steps 1-4, §6)."""
+                      out, feats, budget, threshold, kv=None):
+    """The running loop (docs/engine.md §3 steps 1-4, §6). With a CPU tier
+    under async scheduling a victim that the pass in flight runs would free
+    its blocks only after that pass: the preemption loop stops there and the
+    request waits a pass (§7; priority goes on with the next request)."""
     priority = cfg[C_PRIORITY]
     index = 0
     no_hits = np.zeros(0, dtype=np.int64)
@@ -169,10 +225,15 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
             continue
         scheduled = True
         while not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
-                            no_hits, 0, 0, 0):
+                            no_hits, 0, 0, 0, False, kv):
             n_run = S[S_RUN_N]
             v = _victim_index(R, F, running, n_run, priority)
             victim = running[v]
+            if kv is not None:
+                if R[victim, IN_FLIGHT] > 0:  # only counted with a CPU tier, async
+                    index += 1
+                    scheduled = False
+                    break
             for k in range(v, n_run - 1):
                 running[k] = running[k + 1]
             S[S_RUN_N] = n_run - 1
@@ -187,11 +248,14 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
                             out[row, k] = out[row, k + 1]
                     feats[N_SCHED] = n - 1
                     break
-            _preempt(R, F, tables, blocks, pscal, S, wq, priority, victim)
+            _preempt(R, F, tables, blocks, pscal, S, wq, priority, victim, cfg, idents, kv)
             out[O_PRE, feats[N_PRE]] = victim
             feats[N_PRE] += 1
             if victim == i:
-                if S[S_RUN_N] == 0:  # alone and still too big: it never fits
+                # alone and still too big: it never fits (blocks held for a
+                # load, or on a prefill worker for a transfer, come back)
+                if (S[S_RUN_N] == 0 and S[S_HELD] == 0
+                        and (kv is None or S[S_WFK_N] == 0)):
                     wq_remove(R, F, S, wq, priority, i)
                     R[i, STATUS] = UNFINISHED
                     out[O_UNFIN, feats[N_UNFIN]] = i
@@ -215,10 +279,22 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
 
 @njit
 def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                      out, feats, budget, threshold):
-    """Admission, strict head of line (docs/engine.md §3, waiting loop)."""
+                      out, feats, budget, threshold, kv=None):
+    """Admission, strict head of line (docs/engine.md §3, waiting loop).
+    With `kv`, requests whose loads were queued come first
+    (`_schedule_loaded`); with a CPU tier a head with blocks in the tier past
+    its G1 hit queues a load instead (`_queue_load`, §9), and a head that
+    must wait for a store or another load to finish is skipped this pass
+    (put back at the front, in order, after the loop)."""
     priority = cfg[C_PRIORITY]
     bs = cfg[C_BLOCK_SIZE]
+    num_skipped = 0
+    skipped = np.zeros(0, dtype=np.int64)
+    if kv is not None:
+        if S[S_WFK_N] > 0:
+            budget = _schedule_loaded(R, F, idents, tables, blocks, idmap, pscal, cfg, S,
+                                      running, out, feats, budget, threshold, kv)
+        skipped = np.empty(S[WQ_LEN], dtype=np.int64)
     while S[WQ_LEN] > 0 and budget > 0 and S[S_RUN_N] < cfg[C_MAX_SEQS]:
         i = wq_peek(S, wq, priority)
         num_tokens = R[i, NUM_TOKENS]
@@ -240,6 +316,28 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
             off = R[i, OFFSET]
             num_hit = bp.find_cached_prefix(blocks, idmap, idents[off:off + R[i, CAPACITY]],
                                             max_blocks, hits)
+        if kv is not None:
+            if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+                num_loaded = _connector_lookup(R, idents, kv, i, num_hit)
+                if num_loaded < 0:  # wait for a store or another load
+                    skipped[num_skipped] = wq_pop(R, F, S, wq, priority)
+                    num_skipped += 1
+                    continue
+                if num_loaded > 0:
+                    if not _queue_load(R, F, idents, tables, blocks, idmap, pscal, cfg, S,
+                                       wq, hits[:num_hit], num_hit, num_loaded * bs, kv, i):
+                        break
+                    _connector_prepare_load(R, idents, tables, kv, i, num_hit, num_loaded)
+                    continue
+            elif cfg[C_KV_SOURCE] == KV_SOURCE_REMOTE and R[i, KV_HANDOFF] == HANDOFF_HELD:
+                if _remote_lookup(R, cfg, i, num_hit) > 0:
+                    # blocks for the whole sequence, the first token's slot too
+                    if not _queue_load(R, F, idents, tables, blocks, idmap, pscal, cfg, S,
+                                       wq, hits[:num_hit], num_hit, num_tokens - num_hit * bs,
+                                       kv, i):
+                        break
+                    _remote_prepare_load(R, kv, i)
+                    continue
         hit = num_hit * bs
         num_new = num_tokens - hit
         if 0 < threshold < num_new:
@@ -256,31 +354,281 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
         reserve = num_tokens if cfg[C_RESERVE] else 0
         extra = cfg[C_WATERMARK_BLOCKS] if S[S_RUN_N] > 0 else 0
         if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
-                         hits[:num_hit], num_hit, reserve, extra):
+                         hits[:num_hit], num_hit, reserve, extra, False, kv):
             break
         wq_pop(R, F, S, wq, priority)
-        resumed = R[i, STATUS] == PREEMPTED
-        if resumed:
-            S[S_PQUERIES] += num_tokens
-            S[S_PHITS] += hit
-        else:
-            S[S_QUERIES] += num_tokens
-            S[S_HITS] += hit
-        if R[i, FIRST_CACHED] < 0:
-            R[i, FIRST_CACHED] = hit
-        R[i, STATUS] = RUNNING
-        R[i, COMPUTED] = hit
-        R[i, PREFILL_TARGET] = num_tokens
-        running[S[S_RUN_N]] = i
-        S[S_RUN_N] += 1
-        e = feats[N_SCHED]
-        out[O_REQ, e] = i
-        out[O_TOK, e] = num_new
-        out[O_CACHED, e] = hit
-        out[O_KIND, e] = K_RESUMED if resumed else K_NEW
-        out[O_SPEC, e] = drafts
-        feats[N_SCHED] = e + 1
+        _admit(R, S, running, out, feats, i, hit, num_new, hit, drafts, cfg, kv)
         budget -= num_new
+    for k in range(num_skipped - 1, -1, -1):
+        wq_prepend(R, F, S, wq, priority, skipped[k])
+
+
+@njit
+def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=None):
+    """Move request i to `running` with `hit` tokens cached, `g1_hit` of
+    them from G1 and the rest loaded (counted as the CPU tier's hit tokens
+    with a CPU tier); its admission is recorded in the prefix-cache stats
+    (`PrefixCacheStats`: G1 hits only, preempted requests apart) and it gets
+    its entry in the pass. A handed-off request's first admission on a
+    disaggregated decode worker has its prompt's KV and its first token: its
+    prefill is the prompt only, so the pass computing the first token's KV is
+    a decode (docs/engine.md §10), and its source learns of the admission
+    (`_remote_admitted`)."""
+    num_tokens = R[i, NUM_TOKENS]
+    resumed = R[i, STATUS] == PREEMPTED
+    if resumed:
+        S[S_PQUERIES] += num_tokens
+        S[S_PHITS] += g1_hit
+    else:
+        S[S_QUERIES] += num_tokens
+        S[S_HITS] += g1_hit
+    if R[i, FIRST_CACHED] < 0:
+        R[i, FIRST_CACHED] = hit
+    target = num_tokens
+    if kv is not None:
+        if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+            if hit > g1_hit:
+                R[i, CPU_CACHED] += hit - g1_hit
+                kv[9][ct.K_HIT_TOKENS] += hit - g1_hit
+            R[i, CPU_CURSOR] = 0
+        elif cfg[C_KV_SOURCE] == KV_SOURCE_REMOTE and R[i, KV_HANDOFF]:
+            target = R[i, PROMPT]  # its first admission: the prefill is the prompt only
+            _remote_admitted(R, kv, i)
+    R[i, STATUS] = RUNNING
+    R[i, COMPUTED] = hit
+    R[i, PREFILL_TARGET] = target
+    running[S[S_RUN_N]] = i
+    S[S_RUN_N] += 1
+    e = feats[N_SCHED]
+    out[O_REQ, e] = i
+    out[O_TOK, e] = num_new
+    out[O_CACHED, e] = hit
+    out[O_KIND, e] = K_RESUMED if resumed else K_NEW
+    out[O_SPEC, e] = drafts
+    feats[N_SCHED] = e + 1
+
+
+# -- loads that wait ahead of the queue (WAITING_FOR_REMOTE_KVS) ----------------
+# Shared by every source of KV (the CPU tier; a disaggregated decode worker's
+# prefill workers): `_queue_load` admits a head as a load, its source marks
+# the load landed (R[i, KV_LOAD] = KV_LANDED), `_schedule_loaded` admits it.
+
+
+@njit
+def _queue_load(R, F, idents, tables, blocks, idmap, pscal, cfg, S, wq, hits, num_hit,
+                num_tokens, kv, i):
+    """Admission of the waiting head i whose KV past its G1 hit of `num_hit`
+    blocks comes from elsewhere (vLLM's `load_kv_async`;
+    vllm/v1/core/sched/scheduler.py): with the admission checks of §3 step 4
+    (`reserve_full_isl`, watermark) it takes its G1 blocks for the hit and
+    for `num_tokens` more tokens (registered in the prefix cache only once
+    loaded: `delay_cache`), leaves the waiting queue and waits in
+    `waiting_for_kv`, using no budget, with R[i, KV_LOAD] = KV_IN_FLIGHT
+    until its source sets KV_LANDED. Its source prepares the transfer
+    (KO_LOAD_REQS lists it). False, changing nothing, if it does not fit."""
+    reserve = R[i, NUM_TOKENS] if cfg[C_RESERVE] else 0
+    extra = cfg[C_WATERMARK_BLOCKS] if S[S_RUN_N] > 0 else 0
+    if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_tokens, hits,
+                     num_hit, reserve, extra, True, kv):
+        return False
+    wq_pop(R, F, S, wq, cfg[C_PRIORITY])
+    wfk, KO, KC = kv[0], kv[1], kv[2]
+    wfk[S[S_WFK_N]] = i
+    S[S_WFK_N] += 1
+    R[i, KV_LOAD] = KV_IN_FLIGHT
+    R[i, KV_G1_HIT] = num_hit * cfg[C_BLOCK_SIZE]
+    KO[KO_LOAD_REQS, KC[KO_LOAD_REQS]] = i
+    KC[KO_LOAD_REQS] += 1
+    return True
+
+
+@njit
+def _schedule_loaded(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, out, feats,
+                     budget, threshold, kv):
+    """Requests waiting for a load, in the order their loads were queued
+    (vllm/v1/core/sched/scheduler.py, WAITING_FOR_REMOTE_KVS and
+    `_update_waiting_for_remote_kv`): one whose load has not landed is
+    skipped; one whose load landed counts its blocks as computed
+    (`_finish_load`) and is admitted as a waiting head would be (it keeps
+    its place if it does not fit, its load finished). Returns the budget
+    left, or 0 when a loaded request does not fit (strict head of line)."""
+    wfk = kv[0]
+    k = 0
+    while k < S[S_WFK_N] and budget > 0 and S[S_RUN_N] < cfg[C_MAX_SEQS]:
+        i = wfk[k]
+        if R[i, KV_LOAD] == KV_IN_FLIGHT:
+            k += 1
+            continue
+        if R[i, KV_LOAD] == KV_LANDED:
+            _finish_load(R, idents, tables, blocks, idmap, cfg, i)
+        num_new = R[i, NUM_TOKENS] - R[i, COMPUTED]
+        if 0 < threshold < num_new:
+            num_new = threshold
+        if not cfg[C_CHUNKED] and num_new > budget:
+            return 0
+        num_new = min(num_new, budget)
+        reserve = R[i, NUM_TOKENS] if cfg[C_RESERVE] else 0
+        extra = cfg[C_WATERMARK_BLOCKS] if S[S_RUN_N] > 0 else 0
+        if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
+                         np.zeros(0, dtype=np.int64), 0, reserve, extra, False, kv):
+            return 0
+        n = S[S_WFK_N] - 1
+        for m in range(k, n):
+            wfk[m] = wfk[m + 1]
+        S[S_WFK_N] = n
+        _admit(R, S, running, out, feats, i, R[i, COMPUTED], num_new, R[i, KV_G1_HIT], 0,
+               cfg, kv)
+        budget -= num_new
+    return budget
+
+
+@njit
+def _finish_load(R, idents, tables, blocks, idmap, cfg, i):
+    """A landed load (`_update_waiting_for_remote_kv`): the request's blocks
+    count as computed, all but the last token (which is recomputed), and are
+    registered in the prefix cache."""
+    computed = min(R[i, NUM_BLOCKS] * cfg[C_BLOCK_SIZE], R[i, NUM_TOKENS])
+    if computed == R[i, NUM_TOKENS]:
+        computed -= 1
+    cache_blocks(R, idents, tables, blocks, idmap, cfg, i, computed)
+    R[i, COMPUTED] = computed
+    R[i, KV_LOAD] = KV_NONE
+
+
+# -- a disaggregated decode worker's remote KV (docs/engine.md §13; engine/disagg.py) --
+# The source of a handed-off request's KV is the prefill rank holding it
+# (R[i, KV_HANDOFF]); the transfers decided here (pulls, notices) are listed
+# in KO_LOADS as request indices, in decision order, for the rank's receiver
+# (engine/fast_disagg.py), which marks a landed pull KV_LANDED.
+
+
+@njit
+def _remote_lookup(R, cfg, i, num_hit):
+    """`DecodeReceiver.lookup` (NIXL's `get_num_new_matched_tokens`,
+    nixl_connector.py) for the handed-off head i past its G1 hit of
+    `num_hit` blocks, its prompt's KV held by the prefill rank: the rest of
+    the prompt's blocks, partial last block included (`P - hit` tokens)."""
+    return max(0, -(-R[i, PROMPT] // cfg[C_BLOCK_SIZE]) - num_hit)
+
+
+@njit
+def _remote_prepare_load(R, kv, i):
+    """`DecodeReceiver.prepare_load` (NIXL's `update_state_after_alloc`):
+    the pull of request i's prompt past its G1 hit, which `_queue_load`
+    admitted, goes out at this decision (KO_LOADS)."""
+    KO, KC = kv[1], kv[2]
+    R[i, KV_HANDOFF] = HANDOFF_PULLING
+    KO[KO_LOADS, KC[KO_LOADS]] = i
+    KC[KO_LOADS] += 1
+
+
+@njit
+def _remote_admitted(R, kv, i):
+    """`DecodeReceiver.admitted`: handed-off request i is admitted; if it
+    pulled nothing while the prefill rank still holds its blocks, a notice
+    (no bytes, KO_LOADS) releases them, sent at this decision like a pull."""
+    if R[i, KV_HANDOFF] == HANDOFF_HELD:
+        KO, KC = kv[1], kv[2]
+        KO[KO_LOADS, KC[KO_LOADS]] = i
+        KC[KO_LOADS] += 1
+    R[i, KV_HANDOFF] = 0
+
+
+# -- the CPU tier's connector hooks (docs/engine.md §9; cpu_tier_kernels.py) -------
+
+
+@njit
+def _connector_lookup(R, idents, kv, i, num_hit):
+    """`get_num_new_matched_tokens` for the waiting head i past its G1 hit
+    of `num_hit` blocks: blocks to load, or -1 when it must wait."""
+    tier, slot_of, KS = kv[3], kv[4], kv[9]
+    off = R[i, OFFSET]
+    return ct.get_num_new_matched_tokens(tier, slot_of, idents[off:off + R[i, CAPACITY]],
+                                         R[i, NUM_TOKENS], KS[ct.K_BLOCK_SIZE], num_hit)
+
+
+@njit
+def _connector_prepare_load(R, idents, tables, kv, i, first_block, num_blocks):
+    """The CPU-tier load of a request `_queue_load` admitted (KO_LOADS)."""
+    KO, KC = kv[1], kv[2]
+    tier, slot_of, jobs, job_times, job_blocks, KS = kv[3], kv[4], kv[6], kv[7], kv[8], kv[9]
+    off = R[i, OFFSET]
+    end = off + R[i, CAPACITY]
+    j = ct.update_state_after_alloc(tier, slot_of, jobs, job_times, job_blocks, KS, i,
+                                    idents[off:end], tables[off:end], first_block, num_blocks)
+    KO[KO_LOADS, KC[KO_LOADS]] = j
+    KC[KO_LOADS] += 1
+
+
+@njit
+def _prepare_store(R, idents, tables, kv, i, first_block, stop_block):
+    tier, slot_of, free_slots = kv[3], kv[4], kv[5]
+    jobs, job_times, job_blocks, KS = kv[6], kv[7], kv[8], kv[9]
+    off = R[i, OFFSET]
+    end = off + R[i, CAPACITY]
+    return ct.prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS,
+                            idents[off:end], tables[off:end], first_block, stop_block)
+
+
+@njit
+def _store_on_free(R, idents, tables, kv, i):
+    """`simple_cpu`: the store job of a finishing or preempted request's
+    full computed blocks not yet in the tier; < 0 if nothing to store or no
+    room."""
+    if kv[9][ct.K_FILL]:
+        return ct.EMPTY_JOB
+    full = min(R[i, COMPUTED], R[i, NUM_TOKENS]) // kv[9][ct.K_BLOCK_SIZE]
+    return _prepare_store(R, idents, tables, kv, i, 0, full)
+
+
+@njit
+def _connector_after_schedule(R, idents, tables, cfg, out, feats, kv):
+    """CPU-tier bookkeeping of a decided pass (docs/engine.md §7, §9): under
+    async scheduling its requests are now in flight; with the `offloading`
+    connector each scheduled request's blocks full after this pass (known
+    tokens only) and not yet in the tier become one store job, going out at
+    the pass end (OffloadingConnectorScheduler `_get_reqs_to_store`). A job
+    the tier has no room for is dropped and tried again next pass."""
+    KO, KC, KS = kv[1], kv[2], kv[9]
+    bs = cfg[C_BLOCK_SIZE]
+    for e in range(feats[N_SCHED]):
+        i = out[O_REQ, e]
+        if cfg[C_ASYNC]:
+            R[i, IN_FLIGHT] += 1
+        if not KS[ct.K_FILL]:
+            continue
+        full = min(R[i, COMPUTED], R[i, NUM_TOKENS]) // bs
+        if full > R[i, CPU_CURSOR]:
+            j = _prepare_store(R, idents, tables, kv, i, R[i, CPU_CURSOR], full)
+            if j != ct.NO_JOB:
+                R[i, CPU_CURSOR] = full
+                if j >= 0:
+                    KO[KO_STORES, KC[KO_STORES]] = j
+                    KC[KO_STORES] += 1
+
+
+@njit
+def _connector_request_finished(R, idents, tables, cfg, kv, i):
+    """The CPU-tier store that goes out with a finishing request's free
+    (the connector's `request_finished`, then its store jobs at the next
+    step: offloading_connector.py), or < 0. `simple_cpu`: its full computed
+    blocks not yet in the tier. `offloading` under async scheduling: the
+    blocks full within its computed tokens that its pass stores could not
+    take — its last pass was decided while the token it computed was a
+    placeholder — so it stores as many blocks as a sync engine, one pass
+    later. A sync engine's last pass already stored every block full at its
+    end: nothing."""
+    if not kv[9][ct.K_FILL]:
+        return _store_on_free(R, idents, tables, kv, i)
+    if not cfg[C_ASYNC]:
+        return ct.EMPTY_JOB
+    full = min(R[i, COMPUTED], R[i, NUM_TOKENS]) // cfg[C_BLOCK_SIZE]
+    if full <= R[i, CPU_CURSOR]:
+        return ct.EMPTY_JOB
+    j = _prepare_store(R, idents, tables, kv, i, R[i, CPU_CURSOR], full)
+    if j >= 0:
+        R[i, CPU_CURSOR] = full
+    return j
 
 
 @njit(inline="always")
@@ -349,17 +697,29 @@ def _update_after_schedule(R, cfg, out, feats):
 
 
 @njit
-def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats):
-    """One `Scheduler.schedule()`; fills `out` and `feats`."""
+def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats,
+             kv=None):
+    """One `Scheduler.schedule()`; fills `out` and `feats` (and, with `kv`,
+    the transfers it decided in `kv`'s KO rows, see above)."""
     threshold = cfg[C_THRESHOLD]
-    if S[S_RUN_N] + S[WQ_LEN] <= 1:
+    waiting = S[WQ_LEN]
+    if kv is not None:
+        waiting += S[S_WFK_N]
+        KC = kv[2]
+        for row in range(NUM_KO_ROWS):
+            if row != KO_FSTORES:
+                KC[row] = 0
+    if S[S_RUN_N] + waiting <= 1:
         threshold = 0
     budget = _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running,
-                               wq, out, feats, cfg[C_BUDGET], threshold)
+                               wq, out, feats, cfg[C_BUDGET], threshold, kv)
     if feats[N_PRE] == 0:
         _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                          out, feats, budget, threshold)
+                          out, feats, budget, threshold, kv)
     _update_after_schedule(R, cfg, out, feats)
+    if kv is not None:
+        if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+            _connector_after_schedule(R, idents, tables, cfg, out, feats, kv)
     feats[FREE_BLOCKS] = pscal[bp.NUM_FREE]
 
 
@@ -443,7 +803,7 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
 @njit
 def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
                        out, n_sched, release_ms, pass_index, detokenize_ms, client_ms,
-                       token_offsets, last_client, finished):
+                       token_offsets, last_client, finished, kv=None):
     """`Scheduler.update_from_output`: append sampled tokens (released at
     `release_ms`, reaching the client after detokenization), register the
     blocks of requests that were RUNNING up to their completed tokens
@@ -452,8 +812,18 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
 
     Under speculative decoding a pass yields 1 + accepted tokens per request
     (`_append_verified`); a sync engine's drafter then proposes k drafts for
-    every request that sampled and did not finish."""
+    every request that sampled and did not finish.
+
+    With a CPU tier (`kv`) under async scheduling the pass's requests are no
+    longer in flight, and a finishing RUNNING request's store (if any,
+    `_connector_request_finished`) is decided before its free (KO_FSTORES)."""
     num_finished = 0
+    cpu = False
+    if kv is not None:
+        cpu = cfg[C_KV_SOURCE] == KV_SOURCE_CPU
+        if cpu and cfg[C_ASYNC]:
+            for e in range(n_sched):
+                R[out[O_REQ, e], IN_FLIGHT] -= 1
     max_model_len = cfg[C_MAX_MODEL_LEN]
     k = cfg[C_SPEC_K]
     for e in range(n_sched):
@@ -483,7 +853,17 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
         for j in range(num_finished):
             i = finished[j]
             if R[i, STATUS] == RUNNING:
-                _free(R, tables, blocks, pscal, i)
+                if kv is not None:
+                    if cpu:
+                        job = _connector_request_finished(R, idents, tables, cfg, kv, i)
+                        if job >= 0:
+                            KO, KC = kv[1], kv[2]
+                            KO[KO_FSTORES, KC[KO_FSTORES]] = job
+                            KC[KO_FSTORES] += 1
+                if R[i, REMOTE_DECODE]:  # held for the decode worker (`_finish`)
+                    S[S_HELD] += 1
+                else:
+                    _free(R, tables, blocks, pscal, i)
             else:  # preempted with its last token in flight
                 wq_remove(R, F, S, wq, cfg[C_PRIORITY], i)
             R[i, STATUS] = FINISHED
@@ -495,6 +875,15 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                 kept += 1
         S[S_RUN_N] = kept
     return num_finished
+
+
+@njit
+def free_delayed(R, tables, blocks, pscal, S, i):
+    """`Scheduler.free_delayed`: the transfer of handed-off request i's KV is
+    done, its held blocks are freed (vLLM's `_update_from_kv_xfer_finished`
+    for `finished_sending`; docs/engine.md §13)."""
+    _free(R, tables, blocks, pscal, i)
+    S[S_HELD] -= 1
 
 
 @njit
@@ -549,6 +938,8 @@ class FastOutput:
     :class:`~servesim.scheduler.output.SchedulerOutput` over `out`/`feats`."""
 
     __slots__ = ("out", "feats")
+    # no transfers decided (a pass decided with `kv` state: FastKVOutput)
+    loads = preemption_stores = stores = new_blocks = load_requests = ()
 
     def __init__(self, out, feats):
         self.out = out
@@ -564,6 +955,38 @@ class FastOutput:
     total_tokens = property(lambda self: int(self.feats[TOTAL_TOKENS]))
     spec_tokens = property(lambda self: int(self.feats[SPEC_TOKENS]))
     free_blocks_after_schedule = property(lambda self: int(self.feats[FREE_BLOCKS]))
+
+
+class FastKVOutput(FastOutput):
+    """A pass decided with `kv` state: also the transfers it decided, as the
+    reference :class:`~servesim.scheduler.output.SchedulerOutput` carries
+    them — CPU-tier job ids in `loads`, `preemption_stores` and `stores`
+    (a remote source's: FastRemoteOutput),
+    the G1 blocks the pass writes in `new_blocks`, and the requests whose
+    loads were queued in `load_requests` (for a source other than the tier)."""
+
+    __slots__ = ("loads", "preemption_stores", "stores", "new_blocks", "load_requests")
+
+    def __init__(self, out, feats, KO, KC):
+        super().__init__(out, feats)
+        self.loads = KO[KO_LOADS, :KC[KO_LOADS]].tolist()
+        self.load_requests = KO[KO_LOAD_REQS, :KC[KO_LOAD_REQS]].tolist()
+        self.preemption_stores = KO[KO_PSTORES, :KC[KO_PSTORES]].tolist()
+        self.stores = KO[KO_STORES, :KC[KO_STORES]].tolist()
+        self.new_blocks = KO[KO_NEW_BLOCKS, :KC[KO_NEW_BLOCKS]].tolist()
+
+
+class FastRemoteOutput(FastOutput):
+    """A pass decided on a disaggregated decode worker (KV_SOURCE_REMOTE):
+    also the transfers it decided, in `loads` — the request indices of its
+    pulls and notices, in decision order, for the rank's receiver
+    (engine/fast_disagg.py)."""
+
+    __slots__ = ("loads",)
+
+    def __init__(self, out, feats, KO, KC):
+        super().__init__(out, feats)
+        self.loads = KO[KO_LOADS, :KC[KO_LOADS]].tolist() if KC[KO_LOADS] else ()
 
 
 class _PrefixCacheStats:
@@ -623,6 +1046,51 @@ class FastScheduler:
         self.prefix_cache_stats = _PrefixCacheStats(self.S)
         self.unfinishable = []
         self.stop_on_finish = False  # closed loop: a finish releases the next request
+        self.connector = None  # the CPU tier (attach_connector)
+        self.kv_state = None  # (wfk, KO, KC): loads waiting ahead of the queue
+        self.finished_stores = []  # CPU-tier store jobs of finished requests, for the engine
+
+    def new_connector(self, offloading_config):
+        """This rank's CPU tier (docs/engine.md §9) as arrays, attached."""
+        from servesim.scheduler.fast_connector import FastCPUConnector
+
+        connector = FastCPUConnector(offloading_config, self.pool, self.table)
+        self.attach_connector(connector)
+        return connector
+
+    def attach_connector(self, connector):
+        """Use `connector` (a `FastCPUConnector`) as this rank's CPU tier."""
+        self.connector = connector
+        self.attach_kv_source(KV_SOURCE_CPU, connector.tier)
+
+    def attach_kv_source(self, source, tier=None):
+        """Admit loads that wait ahead of the queue from `source`
+        (KV_SOURCE_CPU with its `tier`; KV_SOURCE_REMOTE: the kernels get an
+        empty tier, which its code paths never touch): creates
+        `waiting_for_kv` and the per-call outputs `KO`/`KC`."""
+        from servesim.kvcache.cpu_tier_kernels import TierArrays
+
+        self.cfg[C_KV_SOURCE] = source
+        self._tier = tier if tier is not None else TierArrays.empty()
+        n = len(self.table.request_ids) + 1
+        width = max(n, self.num_gpu_blocks) + self._out_width
+        self.kv_state = (np.zeros(n, dtype=np.int64),
+                         np.zeros((NUM_KO_ROWS, width), dtype=np.int64),
+                         np.zeros(NUM_KO_ROWS, dtype=np.int64))
+
+    def _kv(self):
+        """The `kv` tuple of the kernels (room made for a call's jobs)."""
+        t = self._tier
+        if self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+            t.ensure_room(3 * self.num_gpu_blocks + 4, 3 * self.num_gpu_blocks + 4)
+        return self.kv_state + t.arrays() + (t.lanes, t.storing, t.KF)
+
+    @property
+    def waiting_for_kv(self) -> list:
+        """Requests waiting for their load, in the order they were queued."""
+        if self.kv_state is None:
+            return []
+        return self.kv_state[0][:self.S[S_WFK_N]].tolist()
 
     # -- requests in ---------------------------------------------------------
 
@@ -642,14 +1110,24 @@ class FastScheduler:
         add_request(self.table.R, self.table.F, self.S, self.wq, self.priority, i)
 
     def has_requests(self) -> bool:
-        return bool(self.S[S_RUN_N] or self.S[WQ_LEN])
+        """Anything to run or wait for — including loads waiting ahead of the
+        queue and, on a disaggregated prefill worker, finished requests whose
+        blocks wait for their transfer."""
+        return bool(self.S[S_RUN_N] or self.S[WQ_LEN] or self.S[S_WFK_N] or self.S[S_HELD])
+
+    def holds(self, i) -> bool:
+        """Disaggregated prefill worker: whether request i's blocks are held
+        for a decode worker."""
+        R = self.table.R
+        return bool(R[i, STATUS] == FINISHED and R[i, REMOTE_DECODE] and R[i, NUM_BLOCKS])
+
 
     def pending_prefill_tokens(self) -> int:
         return int(pending_prefill_tokens(self.table.R, self.S, self.running, self.wq,
                                           self.priority))
 
     num_running = property(lambda self: int(self.S[S_RUN_N]))
-    num_waiting = property(lambda self: int(self.S[WQ_LEN]))
+    num_waiting = property(lambda self: int(self.S[WQ_LEN] + self.S[S_WFK_N]))
     num_preemptions = property(lambda self: int(self.S[S_PREEMPTIONS]))
 
     # -- passes --------------------------------------------------------------
@@ -663,12 +1141,29 @@ class FastScheduler:
             n = take_out_all(t.R, t.F, t.tables, p.blocks, p.scalars, self.S, self.running,
                              self.wq, self.priority, self.finished_buffer)
             self.unfinishable.extend(self.finished_buffer[:n].tolist())
+            if self.kv_state is not None:
+                KC = self.kv_state[2]
+                fstores = KC[KO_FSTORES]
+                KC[:] = 0
+                KC[KO_FSTORES] = fstores
+                return self._kv_output(out, feats)
             return FastOutput(out, feats)
-        schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
-                 self.S, self.running, self.wq, out, feats)
-        result = FastOutput(out, feats)
+        if self.kv_state is None:
+            schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
+                     self.S, self.running, self.wq, out, feats)
+            result = FastOutput(out, feats)
+        else:
+            schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
+                     self.S, self.running, self.wq, out, feats, self._kv())
+            result = self._kv_output(out, feats)
         self.note_unfinishable(result)
         return result
+
+    def _kv_output(self, out, feats):
+        KO, KC = self.kv_state[1], self.kv_state[2]
+        if self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+            return FastKVOutput(out, feats, KO, KC)
+        return FastRemoteOutput(out, feats, KO, KC)
 
     def note_unfinishable(self, out: FastOutput):
         n = out.feats[N_UNFIN]
@@ -686,7 +1181,13 @@ class FastScheduler:
                                self.cfg, self.spec, self.S, self.running, self.wq, out.out,
                                out.feats[N_SCHED], release_ms, pass_index,
                                tok.detokenize_ms, tok.client_ms, tok.offsets,
-                               tok.last_client, self.finished_buffer)
+                               tok.last_client, self.finished_buffer,
+                               *((self._kv(),) if self.connector is not None else ()))
+        if self.connector is not None:  # only the CPU tier acts on outputs
+            KO, KC = self.kv_state[1], self.kv_state[2]
+            if KC[KO_FSTORES]:
+                self.finished_stores.extend(KO[KO_FSTORES, :KC[KO_FSTORES]].tolist())
+                KC[KO_FSTORES] = 0
         return self.finished_buffer[:n].tolist() if n else []
 
     def log_entries(self, out: FastOutput):

@@ -17,11 +17,28 @@ from servesim.scheduler.request import RequestStatus
 (PROMPT, MAX_TOKENS, NUM_TOKENS, COMPUTED, PLACEHOLDERS, PREEMPTIONS, STATUS,
  PREFILL_TARGET, MAX_COMPUTED, RECOMPUTED, FIRST_CACHED, NUM_BLOCKS, NUM_CACHED,
  PRIORITY, ID_RANK, FIRST_TOKEN_PASS, FINISH_PASS, OFFSET, CAPACITY,
- SPEC, SPEC_PASSES, SPEC_DRAFTED, SPEC_ACCEPTED) = range(23)
-NUM_INT_FIELDS = 23
+ SPEC, SPEC_PASSES, SPEC_DRAFTED, SPEC_ACCEPTED,
+ KV_LOAD, KV_G1_HIT, CPU_CURSOR, IN_FLIGHT, CPU_CACHED, REMOTE_DECODE, KV_HANDOFF) = range(30)
+NUM_INT_FIELDS = 30
 # speculative decoding (servesim/scheduler/speculative.py): SPEC drafts held
 # (vLLM's `len(spec_token_ids)`), SPEC_PASSES passes that verified real drafts,
 # SPEC_DRAFTED / SPEC_ACCEPTED real drafts scheduled / accepted
+# loads that wait ahead of the queue (WAITING_FOR_REMOTE_KVS, docs/engine.md §9):
+# KV_LOAD is KV_NONE, KV_IN_FLIGHT from the admission that queues the load until
+# its source (the CPU tier, or a remote worker) sets KV_LANDED; KV_G1_HIT the G1
+# hit (tokens) when it was queued. CPU tier: CPU_CURSOR the blocks the
+# `offloading` connector has considered for storing since the admission,
+# IN_FLIGHT the passes in flight that schedule it (async scheduling),
+# CPU_CACHED the tokens it got from the tier
+KV_NONE, KV_IN_FLIGHT, KV_LANDED = range(3)
+# disaggregated serving (servesim/engine/disagg.py, docs/engine.md §13): on a
+# prefill worker REMOTE_DECODE marks a request handed off after its first token
+# (its blocks are then held, not freed, when it finishes); on a decode worker
+# KV_HANDOFF is a handed-off request's state until its admission: HANDOFF_HELD
+# (the prefill worker holds its prompt's KV), HANDOFF_PULLING (its pull is
+# queued), HANDOFF_NOTHING (nothing held: computed here), 0 once admitted
+# (vLLM's `do_remote_prefill` done)
+HANDOFF_HELD, HANDOFF_NOTHING, HANDOFF_PULLING = 1, 2, 3
 ARRIVAL, FIRST_SCHEDULED = range(2)
 NUM_FLOAT_FIELDS = 2
 
@@ -78,7 +95,7 @@ class RequestTable:
             "output_tokens": R[:, NUM_TOKENS] - R[:, PROMPT],
             "num_preemptions": R[:, PREEMPTIONS].copy(),
             "first_admission_cached_tokens": np.maximum(R[:, FIRST_CACHED], 0),
-            "cpu_tier_cached_tokens": np.zeros(len(R), dtype=np.int64),
+            "cpu_tier_cached_tokens": R[:, CPU_CACHED].copy(),
             "recomputed_tokens": R[:, RECOMPUTED].copy(),
             "first_scheduled_ms": self.F[:, FIRST_SCHEDULED].copy(),
             "first_token_pass": R[:, FIRST_TOKEN_PASS].copy(),

@@ -34,6 +34,7 @@ finished `remote_decode` request keeps its blocks (`delayed_free`, vLLM's
 called when its transfer completes.
 """
 
+from servesim.kvcache.cpu_tier import CPUOffloadConnector
 from servesim.kvcache.manager import KVCacheManager
 from servesim.scheduler.config import SchedulerConfig
 from servesim.scheduler.output import (KIND_NEW, KIND_RESUMED, KIND_RUNNING,
@@ -89,6 +90,12 @@ class Scheduler:
         self.finished_stores = []  # CPU-tier store jobs of finished requests, for the engine
         self.remote_kv = None  # decode worker: where handed-off requests pull KV from
         self.delayed_free = {}  # prefill worker: index -> finished request holding its blocks
+
+    def new_connector(self, offloading_config):
+        """This rank's CPU tier (docs/engine.md §9), attached."""
+        connector = CPUOffloadConnector(offloading_config, self.block_size)
+        self.attach_connector(connector)
+        return connector
 
     def attach_connector(self, connector):
         """Use `connector` (a `servesim.kvcache.cpu_tier.CPUOffloadConnector`)

@@ -1,0 +1,235 @@
+"""Disaggregated prefill/decode serving on the compiled scheduler: the KV
+handoffs of servesim/engine/disagg.py (after vLLM's NIXL connector,
+vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py) as arrays
+and Numba kernels. The rules are disagg.py's, stated there and in
+docs/engine.md §13; this module holds them over arrays:
+
+- `Transfers`: every handoff's transfer (request i's row: tokens, bytes, link,
+  the instants `submit`, `start`, `finish`, `land`, `freed`, and `done`) and
+  every prefill rank's link (`link_free`: when its wire is free). A link is
+  FIFO: transfers are submitted at the decision instant, never earlier than
+  one already queued, so a new one starts when the last one submitted leaves
+  the wire (`submit_transfer`).
+- `ArraySender`: a prefill rank's side: the requests whose transfer was
+  submitted and whose blocks it still holds; `poll` frees those whose
+  transfer landed (`poll_sender`).
+- `ArrayReceiver`: a decode rank's side: the pulls it waits for; `poll` marks
+  those landed as done (`poll_receiver`); `submit` puts a decided pull (or,
+  for a request admitted with nothing to pull while the prefill rank still
+  holds its blocks, a notice of no bytes) on the source rank's link.
+
+The scheduler side — a prefill rank holding a finished request's blocks
+(`REMOTE_DECODE`, `S_HELD`, `fast.free_delayed`), a decode rank admitting a
+handed-off request (`KV_HANDOFF`) — is in servesim/scheduler/fast.py.
+
+Times are in ms.
+"""
+
+import numpy as np
+
+from servesim.jit import njit
+from servesim.scheduler import fast
+from servesim.scheduler.fast_table import (HANDOFF_PULLING, KV_G1_HIT, KV_HANDOFF, KV_LANDED,
+                                           KV_LOAD, PROMPT)
+
+# Transfers.I fields (integers) and .F fields (instants)
+X_TOKENS, X_NBYTES, X_LINK, X_DONE = range(4)
+X_SUBMIT, X_START, X_FINISH, X_LAND, X_FREED = range(5)
+# a sender's or receiver's state: pending count, freed-log count
+P_COUNT, P_LOGGED = range(2)
+
+
+@njit
+def submit_transfer(XI, XF, link_free, i, link, tokens, bytes_per_token, bytes_per_ms,
+                    latency_ms, now):
+    """`KVLink.submit` (engine/disagg.py): request i's transfer of `tokens`
+    prompt tokens on `link`, decided now. With tokens it goes on the wire
+    when the link is free, FIFO (`TransferLane`: `n` bytes take `n /
+    bytes_per_ms`); a notice (no tokens) only carries the latency. It lands
+    `latency_ms` after it leaves the wire."""
+    nbytes = tokens * bytes_per_token
+    XI[i, X_TOKENS] = tokens
+    XI[i, X_NBYTES] = nbytes
+    XI[i, X_LINK] = link
+    XF[i, X_SUBMIT] = now
+    if tokens:
+        start = max(link_free[link], now)
+        finish = start + nbytes / bytes_per_ms
+        link_free[link] = finish
+    else:
+        start = finish = now
+    XF[i, X_START] = start
+    XF[i, X_FINISH] = finish
+    XF[i, X_LAND] = finish + latency_ms
+
+
+@njit
+def poll_sender(R, tables, blocks, pscal, S, pending, state, log, XF, now):
+    """`PrefillSender.poll`: free the held blocks of every request whose
+    transfer landed by `now`, in submission order (`fast.free_delayed`), and
+    log it; the others stay pending."""
+    kept = 0
+    for k in range(state[P_COUNT]):
+        i = pending[k]
+        if XF[i, X_LAND] <= now:
+            fast.free_delayed(R, tables, blocks, pscal, S, i)
+            XF[i, X_FREED] = now
+            log[state[P_LOGGED]] = i
+            state[P_LOGGED] += 1
+        else:
+            pending[kept] = i
+            kept += 1
+    state[P_COUNT] = kept
+
+
+@njit
+def poll_receiver(R, pending, state, XI, XF, now):
+    """`DecodeReceiver.poll`: pulls landed by `now` are done, their requests
+    KV_LANDED (the compiled scheduler then admits them)."""
+    kept = 0
+    for k in range(state[P_COUNT]):
+        i = pending[k]
+        if XF[i, X_LAND] <= now:
+            XI[i, X_DONE] = 1
+            R[i, KV_LOAD] = KV_LANDED
+        else:
+            pending[kept] = i
+            kept += 1
+    state[P_COUNT] = kept
+
+
+@njit
+def next_land(pending, count, XF):
+    """The earliest landing among the pending transfers (inf: none)."""
+    t = np.inf
+    for k in range(count):
+        t = min(t, XF[pending[k], X_LAND])
+    return t
+
+
+class Transfers:
+    """Every handoff's transfer and every prefill rank's link, as arrays
+    (request i's row; -1 tokens: no transfer)."""
+
+    def __init__(self, n: int, num_links: int, config):
+        self.I = np.zeros((n, 4), dtype=np.int64)
+        self.I[:, X_TOKENS] = -1
+        self.F = np.full((n, 5), np.nan)
+        self.link_free = np.zeros(num_links, dtype=np.float64)
+        self.bytes_per_token = config.bytes_per_token
+        self.bytes_per_ms = config.bandwidth_gbps * 1e6  # GB/s = 1e6 B/ms
+        self.latency_ms = config.latency_ms
+        self.senders = []  # by link: the prefill ranks' ArraySender
+        self.link_of = np.full(n, -1, dtype=np.int64)  # handed-off request -> its link
+
+    def submit(self, i: int, tokens: int, now: float):
+        submit_transfer(self.I, self.F, self.link_free, i, int(self.link_of[i]), tokens,
+                        self.bytes_per_token, self.bytes_per_ms, self.latency_ms, now)
+        self.senders[self.link_of[i]].scheduled(i)
+
+    def has(self, i) -> bool:
+        return self.I[i, X_TOKENS] >= 0
+
+    def tokens(self, i) -> int:
+        return int(self.I[i, X_TOKENS])
+
+    def wait_ms(self, i) -> float:
+        """How long the decode worker waited for the KV (0 when nothing moved)."""
+        return float(self.F[i, X_LAND] - self.F[i, X_SUBMIT]) if self.I[i, X_TOKENS] else 0.0
+
+
+class ArraySender:
+    """A prefill rank's side of the handoffs (`PrefillSender` over arrays):
+    the requests whose transfer was submitted and whose blocks it holds.
+    `poll`, `next_completion_ms` and `submit` are what the engine core asks
+    of a rank's transfers; `freed` is `(request index, instant)` of every
+    free, in order, for tests."""
+
+    def __init__(self, scheduler, transfers: Transfers, link: int, wake):
+        self.scheduler = scheduler
+        self.transfers = transfers
+        self.link = link
+        self._wake = wake  # the engine core's: a transfer is pending
+        n = len(transfers.I)
+        self._pending = np.zeros(n + 1, dtype=np.int64)
+        self._log = np.zeros(n + 1, dtype=np.int64)
+        self._state = np.zeros(2, dtype=np.int64)
+
+    def holds(self, i) -> bool:
+        return self.scheduler.holds(i)
+
+    def scheduled(self, i: int):
+        """A decode worker submitted request i's transfer on this rank's link."""
+        self._pending[self._state[P_COUNT]] = i
+        self._state[P_COUNT] += 1
+        self._wake()
+
+    def poll(self, now: float):
+        if self._state[P_COUNT]:
+            s = self.scheduler
+            t = s.table
+            poll_sender(t.R, t.tables, s.pool.blocks, s.pool.scalars, s.S, self._pending,
+                        self._state, self._log, self.transfers.F, now)
+
+    def next_completion_ms(self):
+        n = self._state[P_COUNT]
+        return float(next_land(self._pending, n, self.transfers.F)) if n else None
+
+    def submit(self, job, now):  # a prefill worker queues no loads
+        raise AssertionError("a prefill worker submits no transfers")
+
+    @property
+    def freed(self) -> list:
+        F = self.transfers.F
+        return [(int(i), float(F[i, X_FREED])) for i in self._log[:self._state[P_LOGGED]]]
+
+
+class ArrayReceiver:
+    """A decode rank's side of the handoffs (`DecodeReceiver` over arrays):
+    the pulls it waits for. What to pull at admission is decided in the
+    compiled waiting loop (`KV_HANDOFF`); the engine core submits each
+    decided pull or notice here (`submit`) and polls landed pulls (`poll`)."""
+
+    def __init__(self, scheduler, transfers: Transfers):
+        self.scheduler = scheduler
+        self.transfers = transfers
+        n = len(transfers.I)
+        self._pending = np.zeros(n + 1, dtype=np.int64)
+        self._state = np.zeros(2, dtype=np.int64)
+
+    def submit(self, i: int, now: float):
+        """Put request i's transfer, decided now, on its prefill rank's link:
+        a pull of its prompt past its G1 hit while it waits for remote KV, or
+        a notice (no bytes) when it was admitted with nothing to pull."""
+        R = self.scheduler.table.R
+        tokens = 0
+        if R[i, KV_HANDOFF] == HANDOFF_PULLING:  # waiting for the pull
+            tokens = int(R[i, PROMPT] - R[i, KV_G1_HIT])
+        self.transfers.submit(i, tokens, now)
+        if tokens:
+            self._pending[self._state[P_COUNT]] = i
+            self._state[P_COUNT] += 1
+
+    def poll(self, now: float):
+        if self._state[P_COUNT]:
+            poll_receiver(self.scheduler.table.R, self._pending, self._state, self.transfers.I,
+                          self.transfers.F, now)
+
+    def next_completion_ms(self):
+        n = self._state[P_COUNT]
+        return float(next_land(self._pending, n, self.transfers.F)) if n else None
+
+
+def connect(prefill_cores, decode_cores, transfers: Transfers):
+    """Give every prefill rank a sender (its link: the rank's index over the
+    prefill pool) and every decode rank a receiver."""
+    for core in prefill_cores:
+        for rank in core.ranks:
+            sender = ArraySender(rank.scheduler, transfers, len(transfers.senders),
+                                 core.transfer_pending)
+            transfers.senders.append(sender)
+            core.attach_transfers(rank, sender)
+    for core in decode_cores:
+        for rank in core.ranks:
+            rank.scheduler.attach_kv_source(fast.KV_SOURCE_REMOTE)
+            core.attach_transfers(rank, ArrayReceiver(rank.scheduler, transfers))
