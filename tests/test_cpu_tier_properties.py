@@ -225,11 +225,12 @@ TestCompiledCPUTier = PairedTierMachine.TestCase
 
 
 @st.composite
-def scenarios(draw, unique_prompts=False, ample=False, burst=False):
+def scenarios(draw, unique_prompts=False, ample=False, burst=False, reuse=False):
     """(engine keys, workload): 1-8 requests of up to 96 prompt tokens in two
     prefix families (or unique prompts), a small G1 pool (or an ample one),
-    either connector, a small CPU tier and slow or fast lanes."""
-    n = draw(st.integers(1, 8), label="num_requests")
+    either connector, a small CPU tier and slow or fast lanes. `reuse`: 4-12
+    requests arriving over 600 ms, so that prefixes leave G1 and come back."""
+    n = draw(st.integers(4, 12) if reuse else st.integers(1, 8), label="num_requests")
     input_length, output_length, hash_ids = [], [], []
     unique = 1000
     for _ in range(n):
@@ -244,8 +245,8 @@ def scenarios(draw, unique_prompts=False, ample=False, burst=False):
     if burst:
         arrivals = [0] * n
     else:
-        arrivals = sorted(draw(st.lists(st.integers(0, 80), min_size=n, max_size=n),
-                               label="arrivals"))
+        arrivals = sorted(draw(st.lists(st.integers(0, 600 if reuse else 80), min_size=n,
+                                        max_size=n), label="arrivals"))
     workload = workload_of(arrivals, input_length, output_length, hash_ids,
                            trace_block_size=TRACE_BLOCK_SIZE)
     total_blocks = sum(-(-(p + o) // 16) for p, o in zip(input_length, output_length))
@@ -487,3 +488,21 @@ def test_a_tier_that_is_never_hit_changes_no_decision_only_delays(scenario, path
     for field in ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
                   "recomputed_tokens", "first_token_pass", "finish_pass"):
         assert (getattr(with_tier.records, field) == getattr(plain.records, field)).all()
+
+
+@settings(SETTINGS, max_examples=150)
+@given(scenarios() | scenarios(reuse=True), st.sampled_from([1, 1, 2]))
+def test_compiled_and_reference_schedulers_give_byte_identical_runs(scenario, dp):
+    # While the reference scheduler exists: the CPU tier's rules on the
+    # compiled scheduler decide every pass, transfer and result alike.
+    engine, workload = scenario
+    runs = []
+    for path in PATHS:
+        replay = Replay(make_config(engine, dp), workload, path=path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = replay.run()
+            runs.append(_strip(result))
+    event("cpu loads" if result.stats.cpu_tier_loads else "no cpu load")
+    event("preemptions" if result.stats.preemptions else "no preemption")
+    assert runs[0] == runs[1]
