@@ -432,17 +432,22 @@ class TierArrays:
                                        d2h_gbps=1.0, h2d_gbps=1.0)
         return cls(config, 1, 1, 1)
 
-    def ensure_room(self, num_jobs: int, num_blocks: int):
+    def ensure_room(self, num_jobs: int, num_blocks: int) -> bool:
+        """True if an array was replaced (callers holding them must re-read)."""
         KS = self.KS
+        grown = False
         need = KS[K_JOBS] + num_jobs
         if need > len(self.jobs):
             size = max(need, 2 * len(self.jobs))
             self.jobs = _grown(self.jobs, size, 0)
             self.job_times = _grown(self.job_times, size, 0)
             self.lanes = _grown(self.lanes, size + 1, 1)
+            grown = True
         need = KS[K_JB] + num_blocks
         if need > self.job_blocks.shape[1]:
             self.job_blocks = _grown(self.job_blocks, max(need, 2 * self.job_blocks.shape[1]), 1)
+            grown = True
+        return grown
 
     def arrays(self):
         """The tuple the compiled scheduler takes (`servesim.scheduler.fast`)."""

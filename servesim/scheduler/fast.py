@@ -885,12 +885,17 @@ class FastKVOutput(FastOutput):
     __slots__ = ("loads", "preemption_stores", "stores", "new_blocks", "load_requests")
 
     def __init__(self, out, feats, KO, KC):
-        super().__init__(out, feats)
-        self.loads = KO[KO_LOADS, :KC[KO_LOADS]].tolist()
-        self.load_requests = KO[KO_LOAD_REQS, :KC[KO_LOAD_REQS]].tolist()
-        self.preemption_stores = KO[KO_PSTORES, :KC[KO_PSTORES]].tolist()
-        self.stores = KO[KO_STORES, :KC[KO_STORES]].tolist()
-        self.new_blocks = KO[KO_NEW_BLOCKS, :KC[KO_NEW_BLOCKS]].tolist()
+        self.out = out
+        self.feats = feats
+        n = KC.tolist()
+        self.loads = KO[KO_LOADS, :n[KO_LOADS]].tolist() if n[KO_LOADS] else ()
+        self.load_requests = (KO[KO_LOAD_REQS, :n[KO_LOAD_REQS]].tolist()
+                              if n[KO_LOAD_REQS] else ())
+        self.preemption_stores = (KO[KO_PSTORES, :n[KO_PSTORES]].tolist()
+                                  if n[KO_PSTORES] else ())
+        self.stores = KO[KO_STORES, :n[KO_STORES]].tolist() if n[KO_STORES] else ()
+        self.new_blocks = (KO[KO_NEW_BLOCKS, :n[KO_NEW_BLOCKS]].tolist()
+                           if n[KO_NEW_BLOCKS] else ())
 
 
 class _PrefixCacheStats:
@@ -981,13 +986,18 @@ class FastScheduler:
         self.kv_state = (np.zeros(n, dtype=np.int64),
                          np.zeros((NUM_KO_ROWS, width), dtype=np.int64),
                          np.zeros(NUM_KO_ROWS, dtype=np.int64))
+        self._kv_tuple = None
+        # a call makes at most 3 jobs per G1 block (loads, preemption stores, stores)
+        self._job_room = 3 * self.num_gpu_blocks + 4
 
     def _kv(self):
         """The `kv` tuple of the kernels (room made for a call's jobs)."""
         t = self._tier
-        if self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
-            t.ensure_room(3 * self.num_gpu_blocks + 4, 3 * self.num_gpu_blocks + 4)
-        return self.kv_state + t.arrays() + (t.lanes, t.storing, t.KF)
+        grown = (self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU
+                 and t.ensure_room(self._job_room, self._job_room))
+        if grown or self._kv_tuple is None:
+            self._kv_tuple = self.kv_state + t.arrays() + (t.lanes, t.storing, t.KF)
+        return self._kv_tuple
 
     @property
     def waiting_for_kv(self) -> list:
