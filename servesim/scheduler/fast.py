@@ -8,6 +8,15 @@ Speculative decoding (docs/engine.md §12) exists only here:
 drafts in the running loop's ask, padding in the waiting loop, lookahead slots
 in `_allocate`, verification and trimming in `update_from_output`.
 
+The CPU tier (docs/engine.md §9) and loads that wait ahead of the queue
+(WAITING_FOR_REMOTE_KVS, whatever the KV's source) take the optional `kv`
+argument of `schedule` and `update_from_output`; without it their code is
+compiled away. The tier's own rules are kernels in
+servesim/kvcache/cpu_tier_kernels.py; the hooks here sit where the reference
+scheduler's are (`_schedule_waiting`, `_queue_load`, `_schedule_loaded`,
+`_finish_load`, `_connector_after_schedule`, `_store_on_free`,
+`_connector_request_finished`, the stop rule of the preemption loop).
+
 It is the engine's fast path; the reference scheduler stays the readable
 statement of the rules, and tests hold the two to identical pass logs and
 request records (tests/test_fast_path.py). Each kernel below mirrors the
@@ -165,7 +174,7 @@ def _victim_index(R, F, running, n, priority):
 
 
 @njit
-def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i, cfg=None, idents=None, kv=None):
+def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i, cfg, idents, kv=None):
     """`_preempt_request`: free every block, back to the front of `waiting`
     (priority: back into the heap). With the `simple_cpu` connector its full
     computed blocks are stored first (docs/engine.md §9; KO_PSTORES)."""
