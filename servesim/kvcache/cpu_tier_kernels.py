@@ -195,8 +195,10 @@ def complete_load(tier, slot_of, job_blocks, off, n):
 
 
 @njit
-def _new_job(jobs, job_times, KS, kind, request, nblocks):
+def _new_job(jobs, job_times, KS, kind, request, nblocks, job_blocks):
     j = KS[K_JOBS]
+    if j >= len(jobs) or KS[K_JB] + nblocks > job_blocks.shape[1]:
+        raise RuntimeError("CPU tier: no room for a job (TierArrays.ensure_room)")
     KS[K_JOBS] = j + 1
     jobs[j, J_KIND] = kind
     jobs[j, J_REQ] = request
@@ -246,7 +248,7 @@ def update_state_after_alloc(tier, slot_of, jobs, job_times, job_blocks, KS, req
     first_block + num_blocks)` (found by `get_num_new_matched_tokens`) into
     the G1 blocks it now holds there; the tier blocks are referenced (cannot
     be evicted) until the load completes. Returns the job id."""
-    j = _new_job(jobs, job_times, KS, LOAD, request, num_blocks)
+    j = _new_job(jobs, job_times, KS, LOAD, request, num_blocks, job_blocks)
     off = jobs[j, J_OFF]
     for k in range(num_blocks):
         ident = idents[first_block + k]
@@ -274,7 +276,7 @@ def prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS, id
         return EMPTY_JOB
     if not prepare_store_blocks(tier, slot_of, free_slots, KS, new, n):
         return NO_JOB
-    j = _new_job(jobs, job_times, KS, STORE, -1, n)
+    j = _new_job(jobs, job_times, KS, STORE, -1, n, job_blocks)
     off = jobs[j, J_OFF]
     m = 0
     for k in range(first_block, stop_block):

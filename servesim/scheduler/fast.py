@@ -119,6 +119,8 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
             return True
         KO, KC = kv[1], kv[2]
         n = KC[KO_NEW_BLOCKS]
+        if n + R[i, NUM_BLOCKS] - held_before - num_hit > KO.shape[1]:
+            raise RuntimeError("KO_NEW_BLOCKS overflows")
         for k in range(off + held_before + num_hit, off + R[i, NUM_BLOCKS]):
             KO[KO_NEW_BLOCKS, n] = tables[k]
             n += 1
@@ -996,14 +998,18 @@ class FastScheduler:
                          np.zeros((NUM_KO_ROWS, width), dtype=np.int64),
                          np.zeros(NUM_KO_ROWS, dtype=np.int64))
         self._kv_tuple = None
-        # a call makes at most 3 jobs per G1 block (loads, preemption stores, stores)
-        self._job_room = 3 * self.num_gpu_blocks + 4
 
     def _kv(self):
-        """The `kv` tuple of the kernels (room made for a call's jobs)."""
+        """The `kv` tuple of the kernels, with room for the jobs of one call:
+        a store per scheduled request and a preemption store per victim (each
+        at most max_num_seqs + 1), a load per waiting request that can hold
+        a G1 block; their blocks are G1 blocks read or written, at most the
+        pool each for loads, preemption stores and stores."""
         t = self._tier
-        grown = (self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU
-                 and t.ensure_room(self._job_room, self._job_room))
+        grown = False
+        if self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+            jobs = 2 * self._out_width + min(int(self.S[WQ_LEN]), self.num_gpu_blocks)
+            grown = t.ensure_room(jobs, 3 * self.num_gpu_blocks)
         if grown or self._kv_tuple is None:
             self._kv_tuple = self.kv_state + t.arrays() + (t.lanes, t.storing, t.KF)
         return self._kv_tuple
