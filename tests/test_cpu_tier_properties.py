@@ -18,6 +18,7 @@ with the tier on, checked at every decision and at the end:
 """
 
 import json
+import types
 import warnings
 from collections import Counter
 
@@ -27,12 +28,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.kvcache.block_pool import REF
 from servesim.kvcache.cpu_tier import CPUTier
 from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
 from servesim.results.metrics import summarize
 from servesim.results.records import STATUS_FINISHED
+from servesim.scheduler import fast
+from servesim.scheduler import fast_table as ft
 from helpers import family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
@@ -122,15 +126,111 @@ CPUTierMachine.TestCase.settings = settings(max_examples=150, stateful_step_coun
 TestCPUTier = CPUTierMachine.TestCase
 
 
+class KernelTier:
+    """The compiled tier (servesim/kvcache/cpu_tier_kernels.py) behind the
+    `CPUTier` interface, each operation through the kernel the compiled
+    scheduler calls."""
+
+    def __init__(self, capacity, universe):
+        config = types.SimpleNamespace(num_cpu_blocks=capacity, bytes_per_token=1,
+                                       connector="simple_cpu", d2h_gbps=1.0, h2d_gbps=1.0)
+        self.t = ct.TierArrays(config, 16, universe, 4)
+
+    def __len__(self):
+        return len(self.t)
+
+    def __contains__(self, identity):
+        return identity in self.t
+
+    def identities(self):
+        return self.t.identities()
+
+    def is_ready(self, identity):
+        return self.t.is_ready(identity)
+
+    max_blocks = property(lambda self: self.t.max_blocks)
+
+    def add_pending(self, new):
+        t = self.t
+        return bool(ct.prepare_store_blocks(t.tier, t.slot_of, t.free_slots, t.KS,
+                                            np.array(new, dtype=np.int64), len(new)))
+
+    def _blocks(self, ids):
+        return np.array([ids, [0] * len(ids)], dtype=np.int64).reshape(2, len(ids))
+
+    def complete_store(self, ids):
+        ct.complete_store(self.t.tier, self.t.slot_of, self._blocks(ids), 0, len(ids))
+
+    def lookup(self, ids):
+        n = ct.lookup(self.t.tier, self.t.slot_of, np.array(ids, dtype=np.int64), 0, len(ids))
+        return (n, False) if n >= 0 else (-n - 1, True)
+
+    def ref(self, ids):  # a load's references, as the connector's load takes them
+        t = self.t
+        t.ensure_room(1, len(ids))
+        ct.update_state_after_alloc(t.tier, t.slot_of, t.jobs, t.job_times, t.job_blocks,
+                                    t.KS, 0, np.array(ids, dtype=np.int64),
+                                    np.zeros(len(ids), dtype=np.int32), 0, len(ids))
+
+    def unref(self, ids):
+        ct.complete_load(self.t.tier, self.t.slot_of, self._blocks(ids), 0, len(ids))
+
+    def touch(self, ids):
+        ct.touch(self.t.tier, self.t.slot_of, np.array(ids, dtype=np.int64), len(ids))
+
+
+class PairedTier:
+    """The reference `CPUTier` and the compiled one in lockstep: every
+    operation must give the same answer and leave the same LRU order."""
+
+    def __init__(self, capacity, universe):
+        self.a = CPUTier(capacity)
+        self.b = KernelTier(capacity, universe)
+
+    def _both(self, name, *args):
+        x = getattr(self.a, name)(*args)
+        y = getattr(self.b, name)(*args)
+        assert x == y, (name, args, x, y)
+        assert self.a.identities() == self.b.identities()
+        assert self.a.max_blocks == self.b.max_blocks
+        return x
+
+    def __len__(self):
+        return self._both("__len__")
+
+    def __contains__(self, identity):
+        return self._both("__contains__", identity)
+
+    def __getattr__(self, name):
+        return lambda *args: self._both(name, *args)
+
+    @property
+    def max_blocks(self):
+        return self._both("__getattribute__", "max_blocks")
+
+
+class PairedTierMachine(CPUTierMachine):
+    """The same machine over the compiled tier checked against the reference."""
+
+    def __init__(self):
+        super().__init__()
+        self.tier = PairedTier(self.CAPACITY, self.UNIVERSE)
+
+
+PairedTierMachine.TestCase.settings = CPUTierMachine.TestCase.settings
+TestCompiledCPUTier = PairedTierMachine.TestCase
+
+
 # --------------------------------------------------------------------------- simulations
 
 
 @st.composite
-def scenarios(draw, unique_prompts=False, ample=False, burst=False):
+def scenarios(draw, unique_prompts=False, ample=False, burst=False, reuse=False):
     """(engine keys, workload): 1-8 requests of up to 96 prompt tokens in two
     prefix families (or unique prompts), a small G1 pool (or an ample one),
-    either connector, a small CPU tier and slow or fast lanes."""
-    n = draw(st.integers(1, 8), label="num_requests")
+    either connector, a small CPU tier and slow or fast lanes. `reuse`: 4-12
+    requests arriving over 600 ms, so that prefixes leave G1 and come back."""
+    n = draw(st.integers(4, 12) if reuse else st.integers(1, 8), label="num_requests")
     input_length, output_length, hash_ids = [], [], []
     unique = 1000
     for _ in range(n):
@@ -145,8 +245,8 @@ def scenarios(draw, unique_prompts=False, ample=False, burst=False):
     if burst:
         arrivals = [0] * n
     else:
-        arrivals = sorted(draw(st.lists(st.integers(0, 80), min_size=n, max_size=n),
-                               label="arrivals"))
+        arrivals = sorted(draw(st.lists(st.integers(0, 600 if reuse else 80), min_size=n,
+                                        max_size=n), label="arrivals"))
     workload = workload_of(arrivals, input_length, output_length, hash_ids,
                            trace_block_size=TRACE_BLOCK_SIZE)
     total_blocks = sum(-(-(p + o) // 16) for p, o in zip(input_length, output_length))
@@ -177,20 +277,53 @@ def make_config(engine, data_parallel_size=1):
                              "output": {"pass_log": True}})
 
 
+PATHS = ["reference", "fast"]
+
+
+class View:
+    """One request's scheduler state on either path (a `Request` object, or
+    row i of the compiled scheduler's table)."""
+
+    def __init__(self, replay, i):
+        if replay.path == "reference":
+            r = replay.store.objects[i]
+            self.exists = r is not None
+            if self.exists:
+                self.blocks = r.block_table[:r.num_blocks].tolist()
+                self.computed = r.num_computed_tokens
+                self.loading = r.kv_load is not None
+                self.in_flight = r.num_in_flight
+            return
+        t = replay.store.table
+        R = t.R
+        self.exists = not np.isnan(t.F[i, ft.ARRIVAL])
+        off = R[i, ft.OFFSET]
+        self.blocks = t.tables[off:off + R[i, ft.NUM_BLOCKS]].tolist()
+        self.computed = int(R[i, ft.COMPUTED])
+        self.loading = R[i, ft.KV_LOAD] != ft.KV_NONE
+        self.in_flight = int(R[i, ft.IN_FLIGHT])
+
+
+def request_index(replay, request) -> int:
+    return request if isinstance(request, int) else request.index
+
+
 def check_g1(replay, rank):
     """Every G1 block's ref count equals its holders; free = blocks nobody holds."""
     pool = rank.pool
     holders = Counter()
-    for i, request in enumerate(replay.store.objects):
-        if request is not None and replay.rank_of[i] == rank.index:
-            holders.update(request.block_table[:request.num_blocks].tolist())
+    for i in range(len(replay.workload)):
+        view = View(replay, i)
+        if view.exists and replay.rank_of[i] == rank.index:
+            holders.update(view.blocks)
     refs = pool.blocks[REF, 1:pool.num_gpu_blocks]
     assert refs.tolist() == [holders[b] for b in range(1, pool.num_gpu_blocks)]
     assert pool.num_free_blocks == int((refs == 0).sum()) == len(pool.free_queue())
     for request in rank.scheduler.waiting_for_kv:  # they hold their blocks while waiting
-        assert request.num_blocks > 0
-        if request.kv_load is not None:  # nothing counts as computed before the load is done
-            assert request.num_computed_tokens == 0
+        view = View(replay, request_index(replay, request))
+        assert len(view.blocks) > 0
+        if view.loading:  # nothing counts as computed before the load is done
+            assert view.computed == 0
 
 
 def check_tier(connector):
@@ -200,19 +333,19 @@ def check_tier(connector):
     tier = connector.tier
     ids = tier.identities()
     assert len(ids) <= tier.capacity and len(set(ids)) == len(ids)
-    storing = {i for job in connector.d2h._jobs for i in job.identities}
-    loading = Counter(i for job in connector.h2d._jobs for i in job.identities)
+    storing = {i for job in connector.jobs_in_flight("store") for i in job.identities}
+    loading = Counter(i for job in connector.jobs_in_flight("load") for i in job.identities)
     for i in ids:
-        ready, refs = tier._entries[i]
+        ready, refs = tier.entry(i)
         assert ready == (i not in storing)
         assert refs == loading[i]
     assert storing <= set(ids) and set(loading) <= set(ids)
 
 
-def run_checked(engine, workload, data_parallel_size=1):
+def run_checked(engine, workload, data_parallel_size=1, path="reference"):
     """Run with invariant checks on every rank before each decision and after
     each pass's outputs; returns (replay, result, jobs of every rank)."""
-    replay = Replay(make_config(engine, data_parallel_size), workload, path="reference")
+    replay = Replay(make_config(engine, data_parallel_size), workload, path=path)
     passes = [0]
     logs = []
 
@@ -224,10 +357,14 @@ def run_checked(engine, workload, data_parallel_size=1):
             check_g1(replay, rank)
             passes[0] += 1
             assert passes[0] <= MAX_PASSES, "the simulation does not terminate"
-            in_flight = {id(r) for r in rank.scheduler.running if r.num_in_flight}
+            in_flight = {i for i in range(len(workload))
+                         if View(replay, i).exists and replay.rank_of[i] == rank.index
+                         and View(replay, i).in_flight}
             out = schedule()
             # §7: a request the pass in flight runs is never preempted
-            assert not any(id(r) in in_flight for r in out.preempted)
+            preempted = (out.preempted if path == "reference"
+                         else out.out[fast.O_PRE, :out.num_preempted].tolist())
+            assert not any(request_index(replay, r) in in_flight for r in preempted)
             return out
 
         def checked_update(*args):
@@ -252,10 +389,10 @@ def run_checked(engine, workload, data_parallel_size=1):
 
 
 @settings(SETTINGS, max_examples=200)
-@given(scenarios(), st.sampled_from([1, 1, 2]))
-def test_bookkeeping_conserves_blocks_and_loads_only_what_was_stored(scenario, dp):
+@given(scenarios(), st.sampled_from([1, 1, 2]), st.sampled_from(PATHS))
+def test_bookkeeping_conserves_blocks_and_loads_only_what_was_stored(scenario, dp, path):
     engine, workload = scenario
-    replay, result, logs = run_checked(engine, workload, dp)
+    replay, result, logs = run_checked(engine, workload, dp, path)
     tier_cfg = engine["kv_offloading"]
     for rank, jobs in zip(replay.workers[0].ranks, logs):
         assert rank.connector.tier.max_blocks <= tier_cfg["num_cpu_blocks"]
@@ -271,9 +408,10 @@ def test_bookkeeping_conserves_blocks_and_loads_only_what_was_stored(scenario, d
     loaded = sum(16 * j.num_blocks for j in jobs if j.kind == "load")
     assert stats.cpu_tier_hit_tokens <= loaded
     # a request that finished left no block behind
-    for request, status in zip(replay.store.objects, result.records.status):
-        if request is not None and status == STATUS_FINISHED:
-            assert request.num_blocks == 0 and request.kv_load is None
+    for i, status in enumerate(result.records.status):
+        view = View(replay, i)
+        if view.exists and status == STATUS_FINISHED:
+            assert view.blocks == [] and not view.loading
 
 
 def check_jobs(tier_cfg, jobs):
@@ -310,13 +448,13 @@ def _strip(result):
 
 
 @settings(SETTINGS, max_examples=40)
-@given(scenarios())
-def test_no_key_and_a_null_key_give_byte_identical_runs(scenario):
+@given(scenarios(), st.sampled_from(PATHS))
+def test_no_key_and_a_null_key_give_byte_identical_runs(scenario, path):
     engine, workload = scenario
     engine = dict(engine)
     del engine["kv_offloading"]
-    without = Replay(make_config(engine), workload, path="reference")
-    null = Replay(make_config({**engine, "kv_offloading": None}), workload, path="reference")
+    without = Replay(make_config(engine), workload, path=path)
+    null = Replay(make_config({**engine, "kv_offloading": None}), workload, path=path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a, b = without.run(), null.run()
@@ -326,16 +464,16 @@ def test_no_key_and_a_null_key_give_byte_identical_runs(scenario):
 
 
 @settings(SETTINGS, max_examples=60)
-@given(scenarios(unique_prompts=True, ample=True, burst=True))
-def test_a_tier_that_is_never_hit_changes_no_decision_only_delays(scenario):
+@given(scenarios(unique_prompts=True, ample=True, burst=True), st.sampled_from(PATHS))
+def test_a_tier_that_is_never_hit_changes_no_decision_only_delays(scenario, path):
     # Unique prompts, every request at 0, a pool holding every request at once:
     # no preemption, so nobody ever looks up a block of its own, and nobody else
     # has it. Same passes (scheduled, finished, free blocks) and results; a
     # pass may only start later (a block it reuses is still being stored).
     engine, workload = scenario
-    with_tier = run_checked(engine, workload)[1]
+    with_tier = run_checked(engine, workload, path=path)[1]
     engine = {k: v for k, v in engine.items() if k != "kv_offloading"}
-    plain = Replay(make_config(engine), workload, path="reference").run()
+    plain = Replay(make_config(engine), workload, path=path).run()
     assert with_tier.stats.cpu_tier_loads == 0 and with_tier.stats.cpu_tier_hit_tokens == 0
     assert plain.stats.preemptions == with_tier.stats.preemptions == 0
 
@@ -350,3 +488,21 @@ def test_a_tier_that_is_never_hit_changes_no_decision_only_delays(scenario):
     for field in ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
                   "recomputed_tokens", "first_token_pass", "finish_pass"):
         assert (getattr(with_tier.records, field) == getattr(plain.records, field)).all()
+
+
+@settings(SETTINGS, max_examples=150)
+@given(scenarios() | scenarios(reuse=True), st.sampled_from([1, 1, 2]))
+def test_compiled_and_reference_schedulers_give_byte_identical_runs(scenario, dp):
+    # While the reference scheduler exists: the CPU tier's rules on the
+    # compiled scheduler decide every pass, transfer and result alike.
+    engine, workload = scenario
+    runs = []
+    for path in PATHS:
+        replay = Replay(make_config(engine, dp), workload, path=path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = replay.run()
+            runs.append(_strip(result))
+    event("cpu loads" if result.stats.cpu_tier_loads else "no cpu load")
+    event("preemptions" if result.stats.preemptions else "no preemption")
+    assert runs[0] == runs[1]

@@ -465,7 +465,8 @@ def _engine(ctx: Ctx, data, path_of=None, data_parallel_size=1) -> EngineConfig:
         ctx.fail(s.sub("launch"), f"requires {s.sub('async_scheduling')}: true")
     if speculative is not None and s.given("kv_offloading"):
         ctx.fail(s.sub("speculative"), f"does not combine with {s.sub('kv_offloading')} "
-                 "(speculative decoding runs on the compiled scheduler, the CPU tier does not)")
+                 "(the CPU tier's rules are not written for speculative decoding's drafts "
+                 "and lookahead slots)")
     deployment, kv_cache = read_deployment(ctx, s, kv_cache, scheduler, data_parallel_size)
     timing = _timing(ctx, s.data.get("timing"), s.sub("timing"))
     if timing.type == "aic" and deployment is None:

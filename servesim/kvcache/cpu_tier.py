@@ -68,6 +68,11 @@ class CPUTier:
         """Identities held, least recently used first (for tests)."""
         return list(self._entries)
 
+    def entry(self, identity):
+        """`(ready, refs)` of a held block (for tests)."""
+        ready, refs = self._entries[identity]
+        return ready, refs
+
     def is_ready(self, identity) -> bool:
         entry = self._entries.get(identity)
         return entry is not None and entry[_READY]
@@ -308,6 +313,11 @@ class CPUOffloadConnector:
             self.bytes_loaded += job.nbytes
         if self.log is not None:
             self.log.append(job)
+
+    def jobs_in_flight(self, kind: str) -> list:
+        """The jobs not yet retired on the lane of `kind` (STORE, LOAD), in
+        service order (for tests)."""
+        return list((self.d2h if kind == STORE else self.h2d)._jobs)
 
     def poll(self, now: float):
         """Let every transfer finished by `now` take effect: stored blocks

@@ -14,7 +14,8 @@ over the CPU backend (vllm/v1/kv_offload/cpu.py, worker/cpu_gpu.py:
 State of one rank's tier (a :class:`TierArrays`):
 
 - `tier[ROW, s]` for slots s in 0..C-1 plus the LRU list's sentinels
-  (HEAD = C, TAIL = C + 1): a held block's identity, READY (0 while its
+  (HEAD = C, TAIL = C + 1), C = min(num_cpu_blocks, the workload's block
+  identities) (the tier can never hold more): a held block's identity, READY (0 while its
   store is pending: vLLM's `ref_cnt == -1`), REFS (loads in flight reading
   it) and its neighbours in LRU order, least recently used first (HEAD's
   next). `slot_of[identity]` is its slot or -1; `free_slots[:KS[K_FREE]]`
@@ -53,7 +54,8 @@ STORE_NAME, LOAD_NAME = "store", "load"  # as `servesim.kvcache.cpu_tier` names 
  K_BYTES_STORED, K_HIT_TOKENS, K_BLOCK_BYTES, K_FILL, K_BLOCK_SIZE) = range(14)
 K_HEAD = 14  # + lane
 K_LEN = 16  # + lane
-NUM_KS = 18
+K_CAPACITY = 18  # num_cpu_blocks (the slots are fewer when the workload has fewer identities)
+NUM_KS = 19
 # KF: float scalars
 KF_RATE = 0  # + lane: bytes per ms
 KF_FREE = 2  # + lane: finish of the lane's last retired job
@@ -135,10 +137,9 @@ def prepare_store_blocks(tier, slot_of, free_slots, KS, new, n):
     recently used end, in order, evicting least-recently-used blocks that
     are ready and that no load reads. If that cannot make room, change
     nothing and return False (the job is dropped). Invariant: the tier never
-    holds more than its capacity, each identity once."""
-    cap = tier.shape[1] - 2
-    head = cap
-    to_evict = KS[K_COUNT] + n - cap
+    holds more than its capacity (`num_cpu_blocks`), each identity once."""
+    head = tier.shape[1] - 2
+    to_evict = KS[K_COUNT] + n - KS[K_CAPACITY]
     if to_evict > 0:
         found = 0
         s = tier[T_NEXT, head]
@@ -194,8 +195,10 @@ def complete_load(tier, slot_of, job_blocks, off, n):
 
 
 @njit
-def _new_job(jobs, job_times, KS, kind, request, nblocks):
+def _new_job(jobs, job_times, KS, kind, request, nblocks, job_blocks):
     j = KS[K_JOBS]
+    if j >= len(jobs) or KS[K_JB] + nblocks > job_blocks.shape[1]:
+        raise RuntimeError("CPU tier: no room for a job (TierArrays.ensure_room)")
     KS[K_JOBS] = j + 1
     jobs[j, J_KIND] = kind
     jobs[j, J_REQ] = request
@@ -245,7 +248,7 @@ def update_state_after_alloc(tier, slot_of, jobs, job_times, job_blocks, KS, req
     first_block + num_blocks)` (found by `get_num_new_matched_tokens`) into
     the G1 blocks it now holds there; the tier blocks are referenced (cannot
     be evicted) until the load completes. Returns the job id."""
-    j = _new_job(jobs, job_times, KS, LOAD, request, num_blocks)
+    j = _new_job(jobs, job_times, KS, LOAD, request, num_blocks, job_blocks)
     off = jobs[j, J_OFF]
     for k in range(num_blocks):
         ident = idents[first_block + k]
@@ -273,7 +276,7 @@ def prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS, id
         return EMPTY_JOB
     if not prepare_store_blocks(tier, slot_of, free_slots, KS, new, n):
         return NO_JOB
-    j = _new_job(jobs, job_times, KS, STORE, -1, n)
+    j = _new_job(jobs, job_times, KS, STORE, -1, n, job_blocks)
     off = jobs[j, J_OFF]
     m = 0
     for k in range(first_block, stop_block):
@@ -399,14 +402,16 @@ class TierArrays:
     jobs and job blocks fit (kernels never grow them)."""
 
     def __init__(self, config, block_size: int, num_identities: int, num_gpu_blocks: int):
-        cap = config.num_cpu_blocks
-        self.capacity = cap
-        self.tier = np.empty((NUM_TIER_ROWS, cap + 2), dtype=np.int64)
+        self.capacity = config.num_cpu_blocks
+        slots = min(self.capacity, num_identities)  # it never holds more
+        self._head = slots
+        self.tier = np.empty((NUM_TIER_ROWS, slots + 2), dtype=np.int64)
         self.slot_of = np.empty(max(num_identities, 1), dtype=np.int32)
-        self.free_slots = np.empty(max(cap, 1), dtype=np.int64)
+        self.free_slots = np.empty(max(slots, 1), dtype=np.int64)
         self.KS = np.zeros(NUM_KS, dtype=np.int64)
         self.KF = np.zeros(NUM_KF, dtype=np.float64)
         init_tier(self.tier, self.slot_of, self.free_slots, self.KS)
+        self.KS[K_CAPACITY] = self.capacity
         self.KS[K_BLOCK_BYTES] = config.bytes_per_token * block_size
         self.KS[K_FILL] = config.connector == "offloading"
         self.KS[K_BLOCK_SIZE] = block_size
@@ -429,17 +434,22 @@ class TierArrays:
                                        d2h_gbps=1.0, h2d_gbps=1.0)
         return cls(config, 1, 1, 1)
 
-    def ensure_room(self, num_jobs: int, num_blocks: int):
+    def ensure_room(self, num_jobs: int, num_blocks: int) -> bool:
+        """True if an array was replaced (callers holding them must re-read)."""
         KS = self.KS
+        grown = False
         need = KS[K_JOBS] + num_jobs
         if need > len(self.jobs):
             size = max(need, 2 * len(self.jobs))
             self.jobs = _grown(self.jobs, size, 0)
             self.job_times = _grown(self.job_times, size, 0)
             self.lanes = _grown(self.lanes, size + 1, 1)
+            grown = True
         need = KS[K_JB] + num_blocks
         if need > self.job_blocks.shape[1]:
             self.job_blocks = _grown(self.job_blocks, max(need, 2 * self.job_blocks.shape[1]), 1)
+            grown = True
+        return grown
 
     def arrays(self):
         """The tuple the compiled scheduler takes (`servesim.scheduler.fast`)."""
@@ -460,8 +470,8 @@ class TierArrays:
         """Identities held, least recently used first."""
         out = []
         tier = self.tier
-        s = int(tier[T_NEXT, self.capacity])
-        while s != self.capacity + 1:
+        s = int(tier[T_NEXT, self._head])
+        while s != self._head + 1:
             out.append(int(tier[T_IDENT, s]))
             s = int(tier[T_NEXT, s])
         return out

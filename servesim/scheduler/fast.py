@@ -8,6 +8,15 @@ Speculative decoding (docs/engine.md §12) exists only here:
 drafts in the running loop's ask, padding in the waiting loop, lookahead slots
 in `_allocate`, verification and trimming in `update_from_output`.
 
+The CPU tier (docs/engine.md §9) and loads that wait ahead of the queue
+(WAITING_FOR_REMOTE_KVS, whatever the KV's source) take the optional `kv`
+argument of `schedule` and `update_from_output`; without it their code is
+compiled away. The tier's own rules are kernels in
+servesim/kvcache/cpu_tier_kernels.py; the hooks here sit where the reference
+scheduler's are (`_schedule_waiting`, `_queue_load`, `_schedule_loaded`,
+`_finish_load`, `_connector_after_schedule`, `_store_on_free`,
+`_connector_request_finished`, the stop rule of the preemption loop).
+
 Disaggregated serving (docs/engine.md §13, servesim/engine/disagg.py): a
 prefill worker holds a finished `REMOTE_DECODE` request's blocks (`S_HELD`)
 until `free_delayed`; a decode worker's handed-off requests (`KV_HANDOFF`)
@@ -121,6 +130,8 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
             return True
         KO, KC = kv[1], kv[2]
         n = KC[KO_NEW_BLOCKS]
+        if n + R[i, NUM_BLOCKS] - held_before - num_hit > KO.shape[1]:
+            raise RuntimeError("KO_NEW_BLOCKS overflows")
         for k in range(off + held_before + num_hit, off + R[i, NUM_BLOCKS]):
             KO[KO_NEW_BLOCKS, n] = tables[k]
             n += 1
@@ -176,7 +187,7 @@ def _victim_index(R, F, running, n, priority):
 
 
 @njit
-def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i, cfg=None, idents=None, kv=None):
+def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i, cfg, idents, kv=None):
     """`_preempt_request`: free every block, back to the front of `waiting`
     (priority: back into the heap). With the `simple_cpu` connector its full
     computed blocks are stored first (docs/engine.md §9; KO_PSTORES)."""
@@ -968,12 +979,17 @@ class FastKVOutput(FastOutput):
     __slots__ = ("loads", "preemption_stores", "stores", "new_blocks", "load_requests")
 
     def __init__(self, out, feats, KO, KC):
-        super().__init__(out, feats)
-        self.loads = KO[KO_LOADS, :KC[KO_LOADS]].tolist()
-        self.load_requests = KO[KO_LOAD_REQS, :KC[KO_LOAD_REQS]].tolist()
-        self.preemption_stores = KO[KO_PSTORES, :KC[KO_PSTORES]].tolist()
-        self.stores = KO[KO_STORES, :KC[KO_STORES]].tolist()
-        self.new_blocks = KO[KO_NEW_BLOCKS, :KC[KO_NEW_BLOCKS]].tolist()
+        self.out = out
+        self.feats = feats
+        n = KC.tolist()
+        self.loads = KO[KO_LOADS, :n[KO_LOADS]].tolist() if n[KO_LOADS] else ()
+        self.load_requests = (KO[KO_LOAD_REQS, :n[KO_LOAD_REQS]].tolist()
+                              if n[KO_LOAD_REQS] else ())
+        self.preemption_stores = (KO[KO_PSTORES, :n[KO_PSTORES]].tolist()
+                                  if n[KO_PSTORES] else ())
+        self.stores = KO[KO_STORES, :n[KO_STORES]].tolist() if n[KO_STORES] else ()
+        self.new_blocks = (KO[KO_NEW_BLOCKS, :n[KO_NEW_BLOCKS]].tolist()
+                           if n[KO_NEW_BLOCKS] else ())
 
 
 class FastRemoteOutput(FastOutput):
@@ -1077,13 +1093,22 @@ class FastScheduler:
         self.kv_state = (np.zeros(n, dtype=np.int64),
                          np.zeros((NUM_KO_ROWS, width), dtype=np.int64),
                          np.zeros(NUM_KO_ROWS, dtype=np.int64))
+        self._kv_tuple = None
 
     def _kv(self):
-        """The `kv` tuple of the kernels (room made for a call's jobs)."""
+        """The `kv` tuple of the kernels, with room for the jobs of one call:
+        a store per scheduled request and a preemption store per victim (each
+        at most max_num_seqs + 1), a load per waiting request that can hold
+        a G1 block; their blocks are G1 blocks read or written, at most the
+        pool each for loads, preemption stores and stores."""
         t = self._tier
+        grown = False
         if self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
-            t.ensure_room(3 * self.num_gpu_blocks + 4, 3 * self.num_gpu_blocks + 4)
-        return self.kv_state + t.arrays() + (t.lanes, t.storing, t.KF)
+            jobs = 2 * self._out_width + min(int(self.S[WQ_LEN]), self.num_gpu_blocks)
+            grown = t.ensure_room(jobs, 3 * self.num_gpu_blocks)
+        if grown or self._kv_tuple is None:
+            self._kv_tuple = self.kv_state + t.arrays() + (t.lanes, t.storing, t.KF)
+        return self._kv_tuple
 
     @property
     def waiting_for_kv(self) -> list:
