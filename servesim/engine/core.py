@@ -176,6 +176,13 @@ class EngineCore:
         c = self.compiled
         return self._num_passes + (int(c.ws[fast_run.W_PASSES]) if c is not None else 0)
 
+    @property
+    def clock_ms(self) -> float:
+        """The instant of the compiled loop's last event (-inf: none, or pass
+        by pass): the event loop's clock follows only the events put on it."""
+        c = self.compiled
+        return float(c.wt[fast_run.T_NOW]) if c is not None else -float("inf")
+
     def attach_transfers(self, rank, transfers):
         """Disaggregated mode: `transfers` (engine/disagg.py) is `rank`'s side
         of the KV handoffs, polled and fed like a CPU tier's connector (pass
@@ -392,8 +399,9 @@ class EngineCore:
         while True:
             state = c.run(observer.horizon_key(), loop.seq, self.pass_log)
             loop.seq = int(c.ws[fast_run.W_SEQ])
-            # the clock is at the last event run (what finishes release starts then)
-            loop.now = max(loop.now, float(c.wt[fast_run.T_NOW]))
+            if state == fast_run.FINISHED or state == fast_run.TAKEN_OUT:
+                # what the requests leaving release starts at the event run last
+                loop.now = float(c.wt[fast_run.T_NOW])
             n = c.ws[fast_run.W_NFIN]
             if n:
                 for i in c.finished[:n].tolist():

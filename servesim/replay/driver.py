@@ -331,6 +331,8 @@ class Replay:
     def run(self) -> SimulationResult:
         self._schedule_arrivals()
         self.loop.run(self._on_advance if self.telemetry else None)
+        # the run ends at its last event, on the event loop or in a compiled run
+        self.loop.now = max([self.loop.now] + [core.clock_ms for core in self.workers])
         result_warnings = self._close_unfinished()
         launch_warning = launch_double_count_warning(self.config.engine)
         if launch_warning is not None:
