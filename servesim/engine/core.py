@@ -35,10 +35,16 @@ side of the KV handoffs instead — a prefill rank's sender, a decode rank's
 receiver — polled at each decision like the CPU tier, the decode worker's
 pulls submitted at the decision that queues them.
 
-With the compiled scheduler and one rank, the stretches between outside events
-(arrivals, telemetry ticks, closed-loop releases) run inside one compiled loop
-(`servesim.engine.fast_run`) that follows exactly these rules; the pass-by-pass
-path below stays the statement of them.
+With the compiled scheduler and no KV transfers (a rank with a CPU tier or a
+disaggregated pool's handoffs goes pass by pass here), every pass of the
+worker — any number of ranks, sync or async, with `launch` timing and the pass
+log — runs inside one compiled loop (`servesim.engine.fast_run`), which holds
+the worker's pending events with the keys the event loop would give them. The
+core is then only the handler of outside events: an arrival wakes an idle
+engine, the loop's next event past the horizon goes on the event loop
+(`_resume` carries on from it), and the finishes and take-outs it returns are
+reported to the observer. The pass-by-pass path below serves the reference
+scheduler and the ranks with transfers.
 """
 
 from collections import deque
@@ -48,7 +54,7 @@ import numpy as np
 from servesim.engine.config import EngineConfig
 from servesim.engine import fast_run
 from servesim.engine.events import DECIDE, PASS_END, EventLoop
-from servesim.engine.launch import launch_end
+from servesim.engine.launch import launch_end, launch_params
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
 from servesim.scheduler.fast import FastScheduler
@@ -62,7 +68,7 @@ class Rank:
     disaggregated mode the rank's side of the KV handoffs."""
 
     def __init__(self, worker: int, index: int, config: EngineConfig, num_identities: int,
-                 make_scheduler, data_parallel_size: int = 1):
+                 make_scheduler, data_parallel_size: int = 1, usage=None, counters=None):
         self.worker = worker
         self.index = index
         self.pool = BlockPool(config.kv_cache, num_identities)
@@ -75,9 +81,11 @@ class Rank:
         self.pricer = PassPricer(config.timing, config.kv_cache.num_gpu_blocks,
                                  config.kv_cache.block_size, config, data_parallel_size)
         self.num_requests = 0
-        # arrays, so that compiled runs of passes (engine/fast_run.py) keep them too
-        self.counters = np.zeros(2, dtype=np.int64)  # passes, tokens scheduled
-        self.usage = np.zeros(4, dtype=np.float64)  # KV usage: area, max, value, since
+        # arrays (rows of the worker's), so that the compiled pass loop
+        # (engine/fast_run.py) keeps them too
+        self.counters = np.zeros(2, dtype=np.int64) if counters is None else counters
+        self.usage = np.zeros(4, dtype=np.float64) if usage is None else usage
+        # passes, tokens scheduled; KV usage: area, max, value, since
 
     num_passes = property(lambda self: int(self.counters[fast_run.C_PASSES]))
     tokens_scheduled = property(lambda self: int(self.counters[fast_run.C_TOKENS]))
@@ -102,7 +110,7 @@ class Pass:
     decided, launch end (§8), GPU start and end."""
 
     __slots__ = ("outputs", "indices", "finished", "decided_ms", "launch_end_ms",
-                 "start_ms", "end_ms", "stale")
+                 "start_ms", "end_ms")
 
     def __init__(self, outputs, decided_ms):
         self.outputs = outputs
@@ -110,22 +118,23 @@ class Pass:
         self.finished = [()] * len(outputs)  # per rank, once outputs are processed
         self.decided_ms = self.launch_end_ms = decided_ms
         self.start_ms = self.end_ms = decided_ms
-        self.stale = False  # taken over by a compiled run: its end event is void
 
 
 class EngineCore:
     """One worker. `observer` receives `on_pass(core, p)` when a pass's outputs
-    are processed, `on_done(request_index, finished)` when a request finishes
-    or is taken out as unfinishable, and — with `fast_runs` — is asked for
-    `horizon()`, the next instant at which something outside may touch the
-    worker. `make_scheduler(config, pool)` builds each rank's scheduler (the
-    reference or the compiled implementation).
+    are processed pass by pass, `on_done(request_index, finished)` when a
+    request finishes or is taken out as unfinishable, and — with `fast_runs` —
+    is asked for `horizon_key()`, the event-loop key `(time, order, seq)` of the
+    next outside event that may touch the worker, and told `on_progress()`
+    after each compiled run. `make_scheduler(config, pool)` builds each rank's
+    scheduler (the reference or the compiled implementation). `pass_log` is the
+    `PassLogBuffer` compiled runs write their passes into (None: no pass log).
     `pool` names the worker's pool in disaggregated mode ("prefill" or
     "decode"; None for an aggregated worker)."""
 
     def __init__(self, index: int, config: EngineConfig, data_parallel_size: int,
                  loop: EventLoop, num_identities: int, observer, make_scheduler,
-                 fast_runs: bool = False, pool: str | None = None):
+                 fast_runs: bool = False, pool: str | None = None, pass_log=None):
         self.index = index
         self.pool = pool
         self.config = config
@@ -133,27 +142,49 @@ class EngineCore:
         self.observer = observer
         self.async_scheduling = config.scheduler.async_scheduling
         self.launch = config.launch
-        self.ranks = [Rank(index, r, config, num_identities, make_scheduler, data_parallel_size)
+        usage = np.zeros((data_parallel_size, 4), dtype=np.float64)
+        counters = np.zeros((data_parallel_size, 2), dtype=np.int64)
+        self.ranks = [Rank(index, r, config, num_identities, make_scheduler, data_parallel_size,
+                           usage[r], counters[r])
                       for r in range(data_parallel_size)]
         self.in_flight = deque()  # decided passes whose outputs are not processed
-        # compiled runs of passes between outside events (engine/fast_run.py):
-        # one rank on the compiled scheduler; async ones without launch timing
-        compiled = (fast_runs and data_parallel_size == 1
-                    and isinstance(self.ranks[0].scheduler, FastScheduler))
-        self.fast_runs = compiled and not self.async_scheduling
-        self.async_fast_runs = compiled and self.async_scheduling and self.launch is None
-        self._decision_token = 0  # a busy async decision event runs only if still current
-        self._decide_scheduled = False
         self.connectors = [rank.transfers for rank in self.ranks if rank.transfers is not None]
+        # the compiled pass loop (engine/fast_run.py): the compiled scheduler on
+        # every rank, no KV transfers
+        self.compiled = None
+        self.pass_log = pass_log
+        if (fast_runs and not self.connectors
+                and all(isinstance(rank.scheduler, FastScheduler) for rank in self.ranks)):
+            self.compiled = fast_run.CompiledWorker(
+                self.ranks, index, {None: -1, "prefill": 0, "decode": 1}[pool],
+                self.async_scheduling, launch_params(self.launch), usage, counters)
+        self._decide_scheduled = False
         self._transfer_wake_ms = None  # an idle engine's wake at a transfer's end
-        self._busy = np.zeros(1)  # GPU time, an array for compiled runs
-        self.num_passes = 0
+        self._busy_ms = 0.0  # GPU time of the passes decided pass by pass
+        self._num_passes = 0
 
-    busy_ms = property(lambda self: float(self._busy[0]))
+    @property
+    def busy_ms(self) -> float:
+        c = self.compiled
+        return self._busy_ms + (float(c.wt[fast_run.T_BUSY]) if c is not None else 0.0)
+
+    @property
+    def num_passes(self) -> int:
+        c = self.compiled
+        return self._num_passes + (int(c.ws[fast_run.W_PASSES]) if c is not None else 0)
+
+    @property
+    def clock_ms(self) -> float:
+        """The instant of the compiled loop's last event (-inf: none, or pass
+        by pass): the event loop's clock follows only the events put on it."""
+        c = self.compiled
+        return float(c.wt[fast_run.T_NOW]) if c is not None else -float("inf")
 
     def attach_transfers(self, rank, transfers):
         """Disaggregated mode: `transfers` (engine/disagg.py) is `rank`'s side
-        of the KV handoffs, polled and fed like a CPU tier's connector."""
+        of the KV handoffs, polled and fed like a CPU tier's connector (pass
+        by pass: it must come before the run starts)."""
+        self.compiled = None
         rank.transfers = transfers
         self.connectors.append(transfers)
 
@@ -179,13 +210,17 @@ class EngineCore:
 
     def _wake(self):
         """An idle engine decides at this instant, after every arrival at it."""
+        c = self.compiled
+        if c is not None:
+            if c.idle:
+                loop = self.loop
+                loop.seq += 1
+                c.wake(loop.now, loop.seq)
+                loop.push(loop.now, DECIDE, loop.seq, self._resume)
+            return
         if not self.in_flight and not self._decide_scheduled:
             self._decide_scheduled = True
             self.loop.schedule(self.loop.now, DECIDE, self._on_decide)
-
-    def _decide_if_current(self, token):
-        if token == self._decision_token:
-            self._decide()
 
     def _on_decide(self, _):
         self._decide_scheduled = False
@@ -286,15 +321,14 @@ class EngineCore:
         p.end_ms = start + duration
         p.launch_end_ms = launch_end(self.launch, total_tokens, prefill_tokens,
                                      p.decided_ms, start, p.end_ms)
-        self._busy[0] += duration
-        self.num_passes += 1
+        self._busy_ms += duration
+        self._num_passes += 1
         if self.connectors:
             self._submit_pass_stores(p)
         self.in_flight.append(p)
         if self.async_scheduling:
             next_decision = max(p.launch_end_ms, previous.end_ms) if previous else p.launch_end_ms
-            self.loop.schedule(next_decision, PASS_END, self._decide_if_current,
-                               self._decision_token)
+            self.loop.schedule(next_decision, PASS_END, self._decide)
         self.loop.schedule(p.end_ms, PASS_END, self._on_pass_end, p)
 
     # -- outputs -------------------------------------------------------------
@@ -304,12 +338,6 @@ class EngineCore:
         next pass is launched (§8): at `max(end(k), launch_end(k+1))`, or at
         `end(k)` when no pass k+1 was decided."""
         now = self.loop.now
-        if p.stale:
-            return
-        if self.fast_runs:
-            return self._run_fast(p, now)
-        if self.async_fast_runs and len(self.in_flight) == 2:
-            return self._run_async_fast(p)
         self.in_flight.popleft()
         release = max(now, self.in_flight[0].launch_end_ms) if self.in_flight else now
         observer = self.observer
@@ -355,93 +383,35 @@ class EngineCore:
             rank.connector.submit(job, at)
         rank.scheduler.finished_stores.clear()
 
-    # -- compiled runs of passes ---------------------------------------------
+    # -- the compiled pass loop ---------------------------------------------
 
-    def _run_fast(self, p: Pass, now: float):
-        """Process pass p's outputs and run the passes after it in one compiled
-        loop (engine/fast_run.py) up to the observer's horizon; then carry on
-        at the instant it reached, as the pass-by-pass path would."""
-        self.in_flight.popleft()
-        rank = self.ranks[0]
-        before = rank.num_passes
-        state, finished, times, out = fast_run.run_from(
-            rank.scheduler, p.outputs[0], p.end_ms, p.indices[0], self.observer.horizon(),
-            rank.usage, rank.counters, self._busy, rank.pricer)
-        self.num_passes += rank.num_passes - before
-        self.loop.schedule(times[0], PASS_END, self._after_fast_run,
-                           (p, state, finished, times, out))
-
-    def _after_fast_run(self, arg):
-        p, state, finished, times, out = arg
-        for request_index in finished:
-            self.observer.on_done(request_index, finished=True)
-        self.observer.on_pass(self, p)
-        if state == fast_run.IN_FLIGHT:
-            q = Pass([out], times[2])
-            q.indices[0] = self.ranks[0].num_passes - 1
-            q.start_ms = q.launch_end_ms = times[2]
-            q.end_ms = times[3]
-            self.in_flight.append(q)
-            self.loop.schedule(q.end_ms, PASS_END, self._on_pass_end, q)
-        elif state == fast_run.NEEDS_CORE:
-            self.ranks[0].scheduler.note_unfinishable(out)
-            self._settle([out], self.loop.now)
-        elif state == fast_run.STALLED:
-            self._decide()
-        elif self.ranks[0].scheduler.has_requests():
-            self._wake()
-
-    def _run_async_fast(self, p: Pass):
-        """Under async scheduling (no launch), with pass p ending now and the
-        next one in flight: run the alternation "outputs of pass k, decision of
-        pass k+2" in one compiled loop up to the horizon. The pending events it
-        takes over (the next pass's end, the decision due now) are voided."""
-        q = self.in_flight[1]
-        q.stale = True
-        self._decision_token += 1
-        self.in_flight.clear()
-        rank = self.ranks[0]
-        before = rank.num_passes
-        state, finished, cur, other = fast_run.run_async_from(
-            rank.scheduler, _pass_info(p), _pass_info(q), self.observer.horizon(),
-            rank.usage, rank.counters, self._busy, rank.pricer)
-        self.num_passes += rank.num_passes - before
-        at = other[2] if state == fast_run.A_IN_FLIGHT else cur[4]
-        self.loop.schedule(at, PASS_END, self._after_async_fast_run,
-                           (p, state, finished, cur, other))
-
-    def _after_async_fast_run(self, arg):
-        p, state, finished, cur, other = arg
-        for request_index in finished:
-            self.observer.on_done(request_index, finished=True)
-        self.observer.on_pass(self, p)
-        if state == fast_run.A_IN_FLIGHT:
-            first, second = _pass_from(cur), _pass_from(other)
-            self.in_flight.extend((first, second))
-            self.loop.schedule(first.end_ms, PASS_END, self._on_pass_end, first)
-            self.loop.schedule(max(second.decided_ms, first.end_ms), PASS_END,
-                               self._decide_if_current, self._decision_token)
-            self.loop.schedule(second.end_ms, PASS_END, self._on_pass_end, second)
-            return
-        running = _pass_from(other)
-        self.in_flight.append(running)
-        self.loop.schedule(running.end_ms, PASS_END, self._on_pass_end, running)
-        if state == fast_run.A_DECIDE_NEXT:
-            self._decide()
-        else:
-            out = cur[0]
-            self.ranks[0].scheduler.note_unfinishable(out)
-            self._settle([out], self.loop.now)
-
-
-def _pass_info(p: Pass):
-    return (p.outputs[0], p.indices[0], p.decided_ms, p.start_ms, p.end_ms)
-
-
-def _pass_from(info) -> Pass:
-    out, index, decided, start, end = info
-    p = Pass([out], decided)
-    p.indices[0] = index
-    p.start_ms = start
-    p.end_ms = end
-    return p
+    def _resume(self, _):
+        """The compiled loop's next event, popped off the event loop: run the
+        worker's events from it up to the observer's horizon
+        (engine/fast_run.py), reporting what it returns for."""
+        c = self.compiled
+        loop = self.loop
+        observer = self.observer
+        c.ws[fast_run.W_FORCE] = 1
+        while True:
+            state = c.run(observer.horizon_key(), loop.seq, self.pass_log)
+            loop.seq = int(c.ws[fast_run.W_SEQ])
+            if state == fast_run.FINISHED or state == fast_run.TAKEN_OUT:
+                # what the requests leaving release starts at the event run last
+                loop.now = float(c.wt[fast_run.T_NOW])
+            n = c.ws[fast_run.W_NFIN]
+            if n:
+                for i in c.finished[:n].tolist():
+                    observer.on_done(i, finished=True)
+            if state == fast_run.HORIZON:
+                loop.push(float(c.wt[fast_run.T_NEXT]), int(c.ws[fast_run.W_NEXT_ORDER]),
+                          int(c.ws[fast_run.W_NEXT_SEQ]), self._resume)
+                break
+            if state == fast_run.IDLE:
+                break
+            if state == fast_run.TAKEN_OUT:
+                for i in c.taken[:c.ws[fast_run.W_NOUT]].tolist():
+                    observer.on_done(i, finished=False)
+            elif state == fast_run.LOG_FULL:
+                self.pass_log.grow(len(self.ranks), c.width)
+        observer.on_progress()

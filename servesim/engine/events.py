@@ -20,12 +20,19 @@ DECIDE = 2
 class EventLoop:
     def __init__(self):
         self._heap = []
-        self._seq = 0
+        self.seq = 0  # the last sequence number given
         self.now = 0.0
 
     def schedule(self, time, order, handler, arg=None):
-        self._seq += 1
-        heapq.heappush(self._heap, (time, order, self._seq, handler, arg))
+        self.seq += 1
+        heapq.heappush(self._heap, (time, order, self.seq, handler, arg))
+
+    def push(self, time, order, seq, handler, arg=None):
+        """An event whose sequence number was drawn already (`seq`, from
+        `self.seq`): the compiled pass loop (engine/fast_run.py) draws its
+        events' numbers as it goes and puts the next one on the loop when it
+        stops."""
+        heapq.heappush(self._heap, (time, order, seq, handler, arg))
 
     def run(self, on_advance=None):
         """Run until no event is left. `on_advance(t)` is called whenever the
@@ -43,6 +50,10 @@ class EventLoop:
     def next_time(self) -> float:
         """The time of the next event (infinity if none)."""
         return self._heap[0][0] if self._heap else float("inf")
+
+    def next_key(self):
+        """The `(time, order, seq)` key of the next event (infinity if none)."""
+        return self._heap[0][:3] if self._heap else (float("inf"), 0, 0)
 
     def __len__(self):
         return len(self._heap)

@@ -1,39 +1,88 @@
-"""Runs of passes inside one compiled loop, synchronous and asynchronous.
+"""The pass lifecycle of a worker as one compiled loop (docs/engine.md §6-8, §11).
 
-Between two outside events — an arrival, a telemetry tick, a closed-loop
-release — a synchronous one-rank worker only alternates "process pass k's
-outputs at end(k)" and "decide pass k+1 at end(k)" (docs/engine.md §6). When
-the compiled scheduler runs it, `run_sync_passes` does that alternation pass
-after pass without returning to Python, with the same kernels, pricing and
-bookkeeping the engine core uses one pass at a time, so results are identical.
+With the compiled scheduler and no KV transfers, a worker's passes — decision,
+launch, GPU start and end, output processing and release — run here, for any
+number of attention-DP ranks in lockstep (every rank schedules at the worker's
+decision; the pass ends when its slowest rank's does), synchronous or
+asynchronous (a batch queue of two), with `launch` timing. The engine core
+(engine/core.py) only hands it the outside events — arrivals, and what the loop
+returns for: finishes that release requests, requests taken out, the horizon.
 
-It stops and hands back to the engine core:
-- DONE_IDLE: outputs of the last pass processed, nothing decided (an outside
-  event is due at exactly that instant, a request finished under closed
-  loop, or nothing is left to run);
-- IN_FLIGHT: a pass was decided and launched, ending after the horizon;
-- NEEDS_CORE: a decision that scheduled nothing or took a request out as
-  unfinishable, for the core's general handling;
-- STALLED: before deciding, the rank looks livelocked (requests preempting
-  each other without a token sampled): the core's decision takes them out.
+The loop is the worker's events, kept as the event loop would hold them, each
+with its `(time, order, seq)` key (engine/events.py), `seq` drawn from the event
+loop's counter exactly as the pass-by-pass engine would draw it:
 
-Under async scheduling `run_async_passes` does the same with two passes in
-flight (docs/engine.md §7) and hands back A_DECIDE_NEXT, A_NEEDS_CORE or
-A_IN_FLIGHT (its docstring says when).
+- the end of each pass in flight (order PASS_END), scheduled at its launch;
+- under async scheduling, the decision due at `max(launch_end(k), end(k-1))`
+  (order PASS_END), scheduled at pass k's launch just before its end;
+- the wake of an idle engine with requests (order DECIDE: after arrivals at
+  that instant).
+
+It runs them in key order while their key is below the `horizon` key (the next
+outside event); the first event of a call may be one the event loop just
+popped (`ws[W_FORCE]`). Rules at each event:
+
+- a pass end: every rank's `update_from_output`, tokens released at
+  `max(end(k), launch_end(k+1))` (or `end(k)` with no pass k+1 decided, §8),
+  KV usage tracked; with nothing left in flight and requests left, the engine
+  wakes;
+- a decision: every rank's `schedule()` (a rank that looks livelocked takes all
+  its requests out instead, as `Scheduler.schedule` does); requests taken out
+  return to the core first; then a decision that scheduled nothing waits (a
+  pass in flight wakes the engine at its end; an idle engine waits for an
+  arrival), or decides again at once if it only preempted; otherwise the pass
+  is launched: it starts when the pass in flight ends, lasts as long as its
+  slowest rank, and its launch ends by its kind (engine/launch.py).
+
+With a pass log, every pass's line goes into a `PassLogBuffer` as its outputs
+are processed (the loop returns LOG_FULL when the buffer may not hold the next
+pass: the core grows it and calls again).
+
+States handed back:
+- IDLE: no event pending (nothing in flight, no decision due);
+- HORIZON: the next event's key is not below the horizon (`wt[T_NEXT]`,
+  `ws[W_NEXT_ORDER]`, `ws[W_NEXT_SEQ]`): the core schedules it on the event loop;
+- FINISHED: requests finished in a pass under `stop_on_finish` (closed loop,
+  sessions): the core reports them, then calls again;
+- TAKEN_OUT: a decision took requests out (unfinishable or livelocked): the
+  core reports them, then calls again to settle the decision (SETTLE phase);
+- LOG_FULL: the pass log buffer may not hold the next pass.
+Every state reports the requests finished so far in the call (`finished`).
 """
 
 import numpy as np
 
+from servesim.engine.events import DECIDE, PASS_END
+from servesim.engine.launch import launch_end_ms
 from servesim.engine.pricing import price_features
 from servesim.jit import njit
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import fast
 from servesim.scheduler.fast_queue import WQ_LEN
+from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
 
-DONE_IDLE, IN_FLIGHT, NEEDS_CORE, STALLED = 0, 1, 2, 3
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
 U_AREA, U_MAX, U_VALUE, U_SINCE = range(4)
 C_PASSES, C_TOKENS = range(2)
+
+IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL = range(5)
+# ws (int64 worker state)
+(W_HEAD, W_COUNT, W_DECIDE, W_DSEQ, W_SEQ, W_PHASE, W_PASSES, W_ASYNC, W_STOP,
+ W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE) = range(16)
+NUM_WS = 16
+# wt (float64 worker times)
+T_DECIDE, T_BUSY, T_NOW, T_NEXT = range(4)
+# ws[W_DECIDE]: the decision pending
+DEC_NONE, DEC_PASS, DEC_WAKE, DEC_NOW = 0, 1, 2, 3
+PH_NORMAL, PH_SETTLE = 0, 1
+# ptime (per slot of the batch queue)
+P_DECIDED, P_LAUNCH_END, P_START, P_END = range(4)
+# pass log buffer: head columns, time columns, scheduled-entry columns
+(L_PASS, L_POOL, L_WORKER, L_RANK, L_FREE, L_SCHED_END, L_PRE_END, L_FIN_END) = range(8)
+NUM_LHEAD = 8
+E_REQ, E_TOK, E_CACHED, E_KIND, E_SPEC = range(5)
+NUM_LENTRY = 5
+N_ROWS, N_SCHED_E, N_PRE_E, N_FIN_E = range(4)
 
 
 @njit
@@ -49,166 +98,319 @@ def track_usage(usage, pscal, num_gpu_blocks, now):
 
 
 @njit
-def run_sync_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
-                    client_ms, token_offsets, last_client, detokenize_ms,
-                    model, params, kv_capacity, num_gpu_blocks,
-                    out, feats, end_ms, pass_index, horizon, stop_on_finish,
-                    usage, counters, busy, finished, times):
-    """Start from a launched pass (`out`, `feats`, index `pass_index`) ending
-    at `end_ms` <= `horizon`. Returns `(state, num_finished)`; `times` gets
-    [time reached, -, the in-flight pass's start, its end]; `finished` the
-    requests that finished, in order; `busy[0]` accumulates GPU time."""
-    num_finished = 0
-    t = end_ms
-    while True:
-        # outputs of the pass ending at t
-        n = fast.update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
-                                    running, wq, out, feats[fast.N_SCHED], t, pass_index,
-                                    detokenize_ms, client_ms, token_offsets, last_client,
-                                    finished[num_finished:])
-        num_finished += n
-        track_usage(usage, pscal, num_gpu_blocks, t)
-        if t >= horizon or (n > 0 and stop_on_finish) or S[fast.S_RUN_N] + S[WQ_LEN] == 0:
-            times[0] = t
-            return DONE_IDLE, num_finished
-        # the next decision, at t
-        if S[fast.S_STALL] > fast.LIVELOCK_PREEMPTIONS:
-            times[0] = t
-            return STALLED, num_finished
-        feats[:] = 0
-        fast.schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                      out, feats)
-        track_usage(usage, pscal, num_gpu_blocks, t)
-        if feats[fast.N_SCHED] == 0 or feats[fast.N_UNFIN] > 0:
-            times[0] = t
-            return NEEDS_CORE, num_finished
-        duration = price_features(model, params, feats, kv_capacity)
-        fast.mark_started(F, out, feats[fast.N_SCHED], t)
-        pass_index = counters[C_PASSES]
-        counters[C_PASSES] += 1
-        counters[C_TOKENS] += feats[fast.TOTAL_TOKENS]
-        busy[0] += duration
-        end = t + duration
-        if end > horizon:
-            times[0] = t
-            times[2] = t
-            times[3] = end
-            return IN_FLIGHT, num_finished
-        t = end
-
-
-def run_from(scheduler: fast.FastScheduler, out: fast.FastOutput, end_ms, pass_index,
-             horizon, usage, counters, busy, pricer):
-    """Run `run_sync_passes` on a compiled scheduler's arrays, from its
-    launched pass `out`. Returns `(state, finished indices, times, output of
-    the last decision)`."""
-    t = scheduler.table
-    p = scheduler.pool
-    tok = scheduler.tokens
-    times = np.zeros(4, dtype=np.float64)
-    # the last decision gets its own arrays: `out` stays the first pass's
-    last = fast.FastOutput(out.out.copy(), out.feats.copy())
-    finished = scheduler.finished_buffer
-    state, n = run_sync_passes(
-        t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, scheduler.cfg,
-        scheduler.spec, scheduler.S, scheduler.running, scheduler.wq, tok.client_ms, tok.offsets,
-        tok.last_client, tok.detokenize_ms, pricer.model, pricer.params,
-        pricer.kv_capacity_tokens, p.num_gpu_blocks, last.out, last.feats, end_ms,
-        pass_index, horizon, scheduler.stop_on_finish, usage, counters, busy, finished,
-        times)
-    return state, finished[:n].tolist(), times, last
-
-
-# Async runs: states handed back to the engine core
-A_DECIDE_NEXT, A_NEEDS_CORE, A_IN_FLIGHT = 10, 11, 12
+def _before(t, order, seq, h_time, h_order, h_seq):
+    """Key `(t, order, seq)` strictly before the horizon key."""
+    if t != h_time:
+        return t < h_time
+    if order != h_order:
+        return order < h_order
+    return seq < h_seq
 
 
 @njit
-def run_async_passes(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
-                     client_ms, token_offsets, last_client, detokenize_ms,
-                     model, params, kv_capacity, num_gpu_blocks,
-                     outs, feats, cur, times, index, horizon, stop_on_finish,
-                     usage, counters, busy, finished):
-    """The asynchronous alternation (docs/engine.md §7, no `launch`) between
-    outside events, for a one-rank worker with two passes in flight: slot
-    `cur` of `outs`/`feats` ends at `times[0]` and its outputs are processed
-    there; slot `1 - cur` is decided, on the GPU from `times[1]` to
-    `times[2]` (decided at `times[3]`); `times[4:6]` hold the decision and start
-    of the slot `cur` pass. At each pass end: process its outputs,
-    then decide the next pass at once (before arrivals at that instant); it
-    starts when the pass in flight ends. Returns `(state, cur slot,
-    num_finished)`, with `times` and `index` (pass indices of the two slots)
-    describing the passes in flight:
-    - DONE: never returned here (the core handles an empty queue);
-    - A_DECIDE_NEXT: outputs processed at `times[0]`, the next decision is the
-      core's (a finish under closed loop, or a livelock to take out);
-    - A_NEEDS_CORE: the decision at `times[0]` scheduled nothing or took a
-      request out: it is in slot `cur`, for the core's general handling;
-    - A_IN_FLIGHT: slot `cur` ends after the horizon; both passes in flight."""
-    num_finished = 0
+def _log_room(lcount, lhead, lsched, lpre, lfin, ranks, width):
+    return (lcount[N_ROWS] + ranks <= lhead.shape[0]
+            and lcount[N_SCHED_E] + ranks * width <= lsched.shape[0]
+            and lcount[N_PRE_E] + ranks * width <= lpre.shape[0]
+            and lcount[N_FIN_E] + ranks * width <= lfin.shape[0])
+
+
+@njit
+def _log_pass(lhead, ltime, lsched, lpre, lfin, lcount, ws, ptime, slot, r, index, out, feats,
+              finished, n_fin):
+    """One line of `passes.jsonl`: rank r's part of the pass in `slot`."""
+    row = lcount[N_ROWS]
+    lhead[row, L_PASS] = index
+    lhead[row, L_POOL] = ws[W_POOL]
+    lhead[row, L_WORKER] = ws[W_WORKER]
+    lhead[row, L_RANK] = r
+    lhead[row, L_FREE] = feats[fast.FREE_BLOCKS]
+    ltime[row, 0] = ptime[slot, P_START]
+    ltime[row, 1] = ptime[slot, P_END]
+    ltime[row, 2] = ptime[slot, P_DECIDED]
+    ltime[row, 3] = ptime[slot, P_LAUNCH_END]
+    k = lcount[N_SCHED_E]
+    for e in range(feats[fast.N_SCHED]):
+        lsched[k, E_REQ] = out[fast.O_REQ, e]
+        lsched[k, E_TOK] = out[fast.O_TOK, e]
+        lsched[k, E_CACHED] = out[fast.O_CACHED, e]
+        lsched[k, E_KIND] = out[fast.O_KIND, e]
+        lsched[k, E_SPEC] = out[fast.O_SPEC, e]
+        k += 1
+    lcount[N_SCHED_E] = k
+    k = lcount[N_PRE_E]
+    for e in range(feats[fast.N_PRE]):
+        lpre[k] = out[fast.O_PRE, e]
+        k += 1
+    lcount[N_PRE_E] = k
+    k = lcount[N_FIN_E]
+    for e in range(n_fin):
+        lfin[k] = finished[e]
+        k += 1
+    lcount[N_FIN_E] = k
+    lhead[row, L_SCHED_END] = lcount[N_SCHED_E]
+    lhead[row, L_PRE_END] = lcount[N_PRE_E]
+    lhead[row, L_FIN_END] = lcount[N_FIN_E]
+    lcount[N_ROWS] = row + 1
+
+
+@njit
+def _next_seq(ws):
+    ws[W_SEQ] += 1
+    return ws[W_SEQ]
+
+
+@njit
+def run_passes(R, F, idents, tables, cfg, client_ms, token_offsets, last_client, detokenize_ms,
+               blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, usage, counters,
+               model, params, kv_capacity, num_gpu_blocks, launch,
+               outs, feats, pidx, ptime, pseq, ws, wt, finished, taken,
+               h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
+    """Run the worker's events up to the horizon (module docstring); returns
+    the state handed back. `outs[slot, rank]`, `feats[slot, rank]`,
+    `pidx[slot, rank]` (the pass's index on that rank, -1 for an empty batch),
+    `ptime[slot]`, `pseq[slot]` describe the batch queue's passes in flight
+    (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`)."""
+    ranks = feats.shape[1]
+    width = outs.shape[3]
+    priority = cfg[fast.C_PRIORITY]
+    n_fin = 0
+    ws[W_NOUT] = 0
     while True:
-        t = times[0]
-        n = fast.update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
-                                    running, wq, outs[cur], feats[cur, fast.N_SCHED], t,
-                                    index[cur], detokenize_ms, client_ms, token_offsets,
-                                    last_client, finished[num_finished:])
-        num_finished += n
-        track_usage(usage, pscal, num_gpu_blocks, t)
-        if (n > 0 and stop_on_finish) or S[fast.S_STALL] > fast.LIVELOCK_PREEMPTIONS:
-            return A_DECIDE_NEXT, cur, num_finished
-        # the next decision, at t, with the other slot's pass in flight
-        feats[cur, :] = 0
-        fast.schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                      outs[cur], feats[cur])
-        track_usage(usage, pscal, num_gpu_blocks, t)
-        if feats[cur, fast.N_SCHED] == 0 or feats[cur, fast.N_UNFIN] > 0:
-            return A_NEEDS_CORE, cur, num_finished
-        duration = price_features(model, params, feats[cur], kv_capacity)
-        start = max(t, times[2])
-        fast.mark_started(F, outs[cur], feats[cur, fast.N_SCHED], start)
-        index[cur] = counters[C_PASSES]
-        counters[C_PASSES] += 1
-        counters[C_TOKENS] += feats[cur, fast.TOTAL_TOKENS]
-        busy[0] += duration
-        # the pass in flight becomes the one to finish next; the new one follows it
-        times[4] = times[3]
-        times[5] = times[1]
-        times[0] = times[2]
-        times[3] = t
-        times[1] = start
-        times[2] = start + duration
-        cur = 1 - cur
-        if times[0] > horizon:
-            return A_IN_FLIGHT, cur, num_finished
+        head = ws[W_HEAD]
+        count = ws[W_COUNT]
+        tail = (head + count) % 2
+        decide = ws[W_DECIDE]
+        if ws[W_PHASE] == PH_SETTLE:
+            ws[W_PHASE] = PH_NORMAL
+            t = wt[T_NOW]
+        else:
+            # the next of the worker's events, in key order
+            if count == 2 or (count == 1 and decide != DEC_PASS):
+                t, order, seq, is_end = ptime[head, P_END], PASS_END, pseq[head], True
+            elif decide == DEC_NONE:
+                ws[W_NFIN] = n_fin
+                return IDLE
+            else:
+                order = PASS_END if decide == DEC_PASS else DECIDE
+                t, seq, is_end = wt[T_DECIDE], ws[W_DSEQ], False
+            if is_end and log_on and not _log_room(lcount, lhead, lsched, lpre, lfin, ranks,
+                                                   width):
+                ws[W_NFIN] = n_fin
+                return LOG_FULL
+            if not (ws[W_FORCE] or decide == DEC_NOW
+                    or _before(t, order, seq, h_time, h_order, h_seq)):
+                wt[T_NEXT] = t
+                ws[W_NEXT_ORDER] = order
+                ws[W_NEXT_SEQ] = seq
+                ws[W_NFIN] = n_fin
+                return HORIZON
+            ws[W_FORCE] = 0
+            if is_end:
+                # the outputs of the pass at the head of the queue
+                wt[T_NOW] = t
+                following = 1 - head
+                release = max(t, ptime[following, P_LAUNCH_END]) if count == 2 else t
+                finished_here = 0
+                for r in range(ranks):
+                    index = pidx[head, r]
+                    if index < 0:
+                        continue
+                    pscal = pscal_t[r]
+                    n = fast.update_from_output(
+                        R, F, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
+                        S_t[r], running_t[r], wq_t[r], outs[head, r],
+                        feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
+                        client_ms, token_offsets, last_client, finished[n_fin:])
+                    if log_on:
+                        _log_pass(lhead, ltime, lsched, lpre, lfin, lcount, ws, ptime, head, r,
+                                  index, outs[head, r], feats[head, r], finished[n_fin:], n)
+                    n_fin += n
+                    finished_here += n
+                    track_usage(usage[r], pscal, num_gpu_blocks, t)
+                ws[W_HEAD] = following
+                ws[W_COUNT] = count - 1
+                if count == 1:
+                    has_requests = False
+                    for r in range(ranks):
+                        if S_t[r][fast.S_RUN_N] + S_t[r][WQ_LEN] > 0:
+                            has_requests = True
+                    if has_requests:  # an idle engine wakes (after arrivals at t)
+                        ws[W_DECIDE] = DEC_WAKE
+                        wt[T_DECIDE] = t
+                        ws[W_DSEQ] = _next_seq(ws)
+                if finished_here and ws[W_STOP]:
+                    ws[W_NFIN] = n_fin
+                    return FINISHED
+                continue
+            # a decision at t: every rank's schedule()
+            wt[T_NOW] = t
+            ws[W_DECIDE] = DEC_NONE
+            n_taken = 0
+            for r in range(ranks):
+                S = S_t[r]
+                feats[tail, r, :] = 0
+                if S[fast.S_STALL] > LIVELOCK_PREEMPTIONS:
+                    n_taken += fast.take_out_all(R, F, tables, blocks_t[r], pscal_t[r], S,
+                                                 running_t[r], wq_t[r], priority,
+                                                 taken[n_taken:])
+                    continue
+                fast.schedule(R, F, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg, S,
+                              running_t[r], wq_t[r], outs[tail, r], feats[tail, r])
+                for e in range(feats[tail, r, fast.N_UNFIN]):
+                    taken[n_taken] = outs[tail, r, fast.O_UNFIN, e]
+                    n_taken += 1
+            for r in range(ranks):
+                track_usage(usage[r], pscal_t[r], num_gpu_blocks, t)
+            if n_taken:
+                ws[W_PHASE] = PH_SETTLE
+                ws[W_NOUT] = n_taken
+                ws[W_NFIN] = n_fin
+                return TAKEN_OUT
+        # settle the decision in slot `tail`, made at t
+        scheduled = preempted = False
+        for r in range(ranks):
+            if feats[tail, r, fast.N_SCHED]:
+                scheduled = True
+            if feats[tail, r, fast.N_PRE]:
+                preempted = True
+        if not scheduled:
+            if count == 0 and preempted:  # only preempted, idle: decide again at once
+                ws[W_DECIDE] = DEC_NOW
+                wt[T_DECIDE] = t
+            continue  # else wait: for the pass in flight's end, or an arrival
+        # launch it: it starts when the pass in flight ends
+        start = max(t, ptime[head, P_END]) if count == 1 else t
+        duration = 0.0
+        prefill_tokens = total_tokens = 0
+        for r in range(ranks):
+            f = feats[tail, r]
+            n_sched = f[fast.N_SCHED]
+            if n_sched == 0:
+                pidx[tail, r] = -1
+                continue
+            pidx[tail, r] = counters[r, C_PASSES]
+            counters[r, C_PASSES] += 1
+            counters[r, C_TOKENS] += f[fast.TOTAL_TOKENS]
+            prefill_tokens += f[fast.PREFILL_TOKENS]
+            total_tokens += f[fast.TOTAL_TOKENS]
+            duration = max(duration, price_features(model, params, f, kv_capacity))
+            fast.mark_started(F, outs[tail, r], n_sched, start)
+        end = start + duration
+        launch_end = launch_end_ms(launch, total_tokens, prefill_tokens, t, start, end)
+        ptime[tail, P_DECIDED] = t
+        ptime[tail, P_START] = start
+        ptime[tail, P_END] = end
+        ptime[tail, P_LAUNCH_END] = launch_end
+        wt[T_BUSY] += duration
+        ws[W_PASSES] += 1
+        if ws[W_ASYNC]:
+            ws[W_DECIDE] = DEC_PASS
+            wt[T_DECIDE] = max(launch_end, ptime[head, P_END]) if count == 1 else launch_end
+            ws[W_DSEQ] = _next_seq(ws)
+        pseq[tail] = _next_seq(ws)
+        ws[W_COUNT] = count + 1
 
 
-def run_async_from(scheduler: fast.FastScheduler, first, second, horizon, usage, counters,
-                   busy, pricer):
-    """Run `run_async_passes` from two passes in flight (`first` ends next),
-    each given as `(FastOutput, index, decided, start, end)`. Returns
-    `(state, finished indices, (cur output, index, decided, start, end),
-    (other output, index, decided, start, end))`."""
-    t = scheduler.table
-    p = scheduler.pool
-    tok = scheduler.tokens
-    width = first[0].out.shape[1]
-    outs = np.empty((2, first[0].out.shape[0], width), dtype=np.int64)
-    feats = np.empty((2, len(first[0].feats)), dtype=np.int64)
-    outs[0], feats[0] = first[0].out, first[0].feats
-    outs[1], feats[1] = second[0].out, second[0].feats
-    times = np.array([first[4], second[3], second[4], second[2], first[2], first[3]],
-                     dtype=np.float64)
-    index = np.array([first[1], second[1]], dtype=np.int64)
-    finished = scheduler.finished_buffer
-    state, cur, n = run_async_passes(
-        t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, scheduler.cfg,
-        scheduler.spec, scheduler.S, scheduler.running, scheduler.wq, tok.client_ms, tok.offsets,
-        tok.last_client, tok.detokenize_ms, pricer.model, pricer.params,
-        pricer.kv_capacity_tokens, p.num_gpu_blocks, outs, feats, 0, times, index,
-        horizon, scheduler.stop_on_finish, usage, counters, busy, finished)
-    other = 1 - cur
-    return (state, finished[:n].tolist(),
-            (fast.FastOutput(outs[cur], feats[cur]), int(index[cur]), float(times[4]),
-             float(times[5]), float(times[0])),
-            (fast.FastOutput(outs[other], feats[other]), int(index[other]), float(times[3]),
-             float(times[1]), float(times[2])))
+class PassLogBuffer:
+    """The pass log of compiled workers, one line per rank and pass in the
+    order their outputs were processed: head and time columns per line, and
+    flat arrays of scheduled entries (request, tokens, cached, kind, drafts),
+    preempted and finished requests, each line holding the end of its slice.
+    `grow()` doubles what is full."""
+
+    def __init__(self, rows=4096):
+        self.head = np.zeros((rows, NUM_LHEAD), dtype=np.int64)
+        self.time = np.zeros((rows, 4), dtype=np.float64)
+        self.sched = np.zeros((rows * 8, NUM_LENTRY), dtype=np.int32)
+        self.pre = np.zeros(rows, dtype=np.int32)
+        self.fin = np.zeros(rows, dtype=np.int32)
+        self.count = np.zeros(4, dtype=np.int64)
+
+    def grow(self, ranks, width):
+        def bigger(a, used, need):
+            if used + need <= a.shape[0]:
+                return a
+            size = max(2 * a.shape[0], used + need)
+            b = np.zeros((size,) + a.shape[1:], dtype=a.dtype)
+            b[:used] = a[:used]
+            return b
+
+        c = self.count
+        self.head = bigger(self.head, c[N_ROWS], ranks)
+        self.time = bigger(self.time, c[N_ROWS], ranks)
+        self.sched = bigger(self.sched, c[N_SCHED_E], ranks * width)
+        self.pre = bigger(self.pre, c[N_PRE_E], ranks * width)
+        self.fin = bigger(self.fin, c[N_FIN_E], ranks * width)
+
+    def __len__(self):
+        return int(self.count[N_ROWS])
+
+
+_NO_LOG = PassLogBuffer(1)
+
+
+class CompiledWorker:
+    """A worker's state for `run_passes`: the batch queue (two slots of every
+    rank's output), the pending decision, the event-loop sequence counter, and
+    the ranks' arrays as tuples (one entry per attention-DP rank)."""
+
+    def __init__(self, ranks, worker_index, pool_code, async_scheduling, launch_params,
+                 usage, counters):
+        schedulers = [rank.scheduler for rank in ranks]
+        s0 = schedulers[0]
+        self.ranks = ranks
+        self.schedulers = schedulers
+        width = s0._out_width
+        d = len(ranks)
+        self.outs = np.zeros((2, d, fast.NUM_OUT_ROWS, width), dtype=np.int64)
+        self.feats = np.zeros((2, d, fast.NUM_FEATS), dtype=np.int64)
+        self.pidx = np.full((2, d), -1, dtype=np.int64)
+        self.ptime = np.zeros((2, 4), dtype=np.float64)
+        self.pseq = np.zeros(2, dtype=np.int64)
+        self.ws = np.zeros(NUM_WS, dtype=np.int64)
+        self.ws[W_ASYNC] = async_scheduling
+        self.ws[W_STOP] = s0.stop_on_finish
+        self.ws[W_WORKER] = worker_index
+        self.ws[W_POOL] = pool_code
+        self.wt = np.zeros(4, dtype=np.float64)
+        n = len(s0.table.request_ids) + 1
+        self.finished = np.zeros(n, dtype=np.int64)
+        self.taken = np.zeros(n, dtype=np.int64)
+        self.launch = launch_params
+        self.usage = usage
+        self.counters = counters
+        self.width = width
+        table = s0.table
+        tok = s0.tokens
+        pricer = ranks[0].pricer
+        self._shared = (table.R, table.F, table.idents, table.tables, s0.cfg, tok.client_ms,
+                        tok.offsets, tok.last_client, tok.detokenize_ms)
+        self._ranks = (tuple(s.pool.blocks for s in schedulers),
+                       tuple(s.pool.idmap for s in schedulers),
+                       tuple(s.pool.scalars for s in schedulers),
+                       tuple(s.S for s in schedulers), tuple(s.running for s in schedulers),
+                       tuple(s.wq for s in schedulers), tuple(s.spec for s in schedulers),
+                       usage, counters, pricer.model, pricer.params, pricer.kv_capacity_tokens,
+                       s0.pool.num_gpu_blocks, launch_params)
+
+    idle = property(lambda self: self.ws[W_COUNT] == 0 and self.ws[W_DECIDE] == DEC_NONE)
+
+    def wake(self, now, seq):
+        """An idle engine with a new request decides at `now`, after the
+        arrivals at that instant (order DECIDE, sequence `seq`)."""
+        self.ws[W_DECIDE] = DEC_WAKE
+        self.wt[T_DECIDE] = now
+        self.ws[W_DSEQ] = seq
+
+    def run(self, horizon, seq, log):
+        """`run_passes` up to the `horizon` key, the event loop's sequence
+        counter at `seq` (`ws[W_FORCE]` set: the first event was popped off the
+        event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
+        self.ws[W_SEQ] = seq
+        buf = log if log is not None else _NO_LOG
+        return run_passes(*self._shared, *self._ranks, self.outs, self.feats, self.pidx,
+                          self.ptime, self.pseq, self.ws, self.wt, self.finished, self.taken,
+                          float(horizon[0]), int(horizon[1]), int(horizon[2]),
+                          log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin,
+                          buf.count)

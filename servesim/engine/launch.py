@@ -12,11 +12,20 @@ Launching a pass costs CPU time by its kind, from the pass's scheduled tokens
 
 and a launch never ends after its pass. Without `launch` a launch costs nothing
 (`launch_end = decided`).
+
+The rule is one kernel, `launch_end_ms`, over the parameter array of
+`launch_params`, used by the compiled pass loop (engine/fast_run.py) and the
+pass-by-pass path (engine/core.py) alike.
 """
 
+import numpy as np
+
 from servesim.engine.config import LaunchConfig
+from servesim.jit import njit
 
 DECODE, PIECEWISE, EAGER = "decode", "piecewise", "eager"
+# launch parameters: [on, capture size, decode_ms, piecewise_ms, eager_ms, eager_queue_fraction]
+L_ON, L_CAPTURE, L_DECODE, L_PIECEWISE, L_EAGER, L_FRACTION = range(6)
 
 
 def pass_kind(total_tokens: int, prefill_tokens: int, capture_size: int) -> str:
@@ -25,16 +34,33 @@ def pass_kind(total_tokens: int, prefill_tokens: int, capture_size: int) -> str:
     return PIECEWISE if prefill_tokens > 0 else DECODE
 
 
+def launch_params(launch: LaunchConfig | None) -> np.ndarray:
+    """`engine.launch` as the kernel's parameter array (all zeros: no launch)."""
+    params = np.zeros(6, dtype=np.float64)
+    if launch is not None:
+        params[:] = (1.0, launch.max_cudagraph_capture_size, launch.decode_ms,
+                     launch.piecewise_ms, launch.eager_ms, launch.eager_queue_fraction)
+    return params
+
+
+@njit
+def launch_end_ms(params, total_tokens, prefill_tokens, decided, gpu_start, end):
+    """The instant a pass's launch ends, by its kind (module docstring)."""
+    if params[L_ON] == 0.0:
+        return decided
+    if total_tokens > params[L_CAPTURE]:  # eager
+        t = max(decided + params[L_EAGER],
+                gpu_start + params[L_FRACTION] * (end - gpu_start))
+    elif prefill_tokens > 0:  # piecewise
+        t = decided + params[L_PIECEWISE]
+    else:  # decode
+        t = decided + params[L_DECODE]
+    return min(t, end)
+
+
 def launch_end(launch: LaunchConfig | None, total_tokens: int, prefill_tokens: int,
                decided: float, gpu_start: float, end: float) -> float:
     if launch is None:
         return decided
-    kind = pass_kind(total_tokens, prefill_tokens, launch.max_cudagraph_capture_size)
-    if kind == DECODE:
-        t = decided + launch.decode_ms
-    elif kind == PIECEWISE:
-        t = decided + launch.piecewise_ms
-    else:
-        t = max(decided + launch.eager_ms,
-                gpu_start + launch.eager_queue_fraction * (end - gpu_start))
-    return min(t, end)
+    return float(launch_end_ms(launch_params(launch), total_tokens, prefill_tokens,
+                               decided, gpu_start, end))

@@ -11,6 +11,7 @@ import numpy as np
 
 from servesim.engine.core import EngineCore
 from servesim.engine.events import ARRIVAL, EventLoop
+from servesim.engine.fast_run import PassLogBuffer
 from servesim.engine.release import TokenLog
 from servesim.scheduler.speculative import spec_table_slack
 from servesim.errors import InputError
@@ -31,6 +32,7 @@ from servesim.scheduler.request import Request
 from servesim.scheduler.scheduler import Scheduler
 
 _PROGRESS_EVERY_S = 0.1  # wall seconds between progress callbacks
+_AFTER_EVERY_ORDER = 99  # a key after every event at its instant (engine/events.py orders)
 
 
 class ObjectRequests:
@@ -163,13 +165,13 @@ class Replay:
         self.path = path
         self.loop = EventLoop()
         n = len(workload)
+        self.pass_log = [] if config.output.pass_log else None
         self._build_workers(num_identities)
 
         self.status = np.full(n, STATUS_UNFINISHED, dtype=np.int8)
         self.arrived = np.zeros(n, dtype=bool)
         self.worker_of = np.full(n, -1, dtype=np.int64)
         self.rank_of = np.full(n, -1, dtype=np.int64)
-        self.pass_log = [] if config.output.pass_log else None
         interval = config.output.telemetry_interval_ms
         self.telemetry = Telemetry(interval, self.workers) if interval else None
         self.num_done = 0
@@ -188,15 +190,33 @@ class Replay:
         config = self.config
         self.store = ArrayRequests(self) if self.path == "fast" else ObjectRequests(self)
         cluster = config.cluster
-        # compiled runs of passes need no per-pass Python: not with a pass log,
-        # nor (yet) with a CPU tier, whose transfers the engine core times
-        fast_runs = (self.path == "fast" and not config.output.pass_log
-                     and config.engine.kv_offloading is None)
+        fast_runs = self.path == "fast"
+        buffer = PassLogBuffer() if fast_runs and self.pass_log is not None else None
         self.workers = [EngineCore(w, config.engine, cluster.data_parallel_size, self.loop,
                                    num_identities, self, self.store.make_scheduler,
-                                   fast_runs)
+                                   fast_runs, pass_log=buffer)
                         for w in range(cluster.workers)]
+        self._use_compiled_log(buffer)
         self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
+
+    def _use_compiled_log(self, buffer):
+        """With a pass log and every worker in the compiled pass loop, the log
+        is the loop's buffer; passes of several workers go into it in event
+        order, so a worker's run then stops at the next event of any kind.
+        Otherwise the log is built pass by pass (`on_pass`)."""
+        self._log_in_order = False
+        if buffer is None:
+            return
+        if all(core.compiled is not None for core in self.workers):
+            from servesim.replay.pass_log import CompiledPassLog
+
+            self.pass_log = CompiledPassLog(buffer, self.store.table.request_ids,
+                                            self.config.engine.speculative is not None)
+            self._log_in_order = len(self.workers) > 1
+            return
+        for core in self.workers:
+            core.compiled = None  # one log, pass by pass
+            core.pass_log = None
 
     # -- arrivals ------------------------------------------------------------
 
@@ -265,7 +285,7 @@ class Replay:
             self.loop.schedule(self.loop.now, ARRIVAL, self._on_arrival, j)
 
     def on_pass(self, core, p):
-        if self.pass_log is not None:
+        if self.pass_log is not None:  # a list: built pass by pass
             ids = self.workload.request_ids
             for rank, out, index, finished in zip(core.ranks, p.outputs, p.indices, p.finished):
                 if out.num_scheduled:
@@ -273,27 +293,35 @@ class Replay:
                     self.pass_log.append(_pass_record(
                         core, rank.index, index, p, out, scheduled, preempted,
                         sorted(ids[i] for i in finished)))
+        self.on_progress()
+
+    def on_progress(self):
         if self.progress is not None:
             now = time.perf_counter()
             if now - self._last_progress >= _PROGRESS_EVERY_S:
                 self._last_progress = now
                 self.progress(self.loop.now, self.num_done)
 
-    def horizon(self) -> float:
-        """The next instant at which something outside a worker may touch it:
-        the next arrival (closed loop: the next event of any kind, since a
-        finish elsewhere releases one; sessions: workload/sessions.py) or
-        telemetry tick."""
+    def horizon_key(self):
+        """The event-loop key `(time, order, seq)` below which nothing outside
+        a worker touches it: the next arrival (closed loop: the next event of
+        any kind, since a finish elsewhere releases one; sessions:
+        workload/sessions.py; several workers sharing the pass log: the next
+        event of any kind too), or the telemetry tick (a sample shows every
+        event at or before it)."""
         if self.sessions is not None:
-            t = self.sessions.horizon()
+            key = (self.sessions.horizon(), ARRIVAL, 0)
         elif self.workload.concurrency is not None:
-            t = self.loop.next_time()
+            key = self.loop.next_key()
+        elif self._arrivals < len(self.workload):
+            key = (float(self.arrival_ms[self._arrivals]), ARRIVAL, 0)
         else:
-            t = (float(self.arrival_ms[self._arrivals])
-                 if self._arrivals < len(self.workload) else math.inf)
+            key = (math.inf, 0, 0)
+        if self._log_in_order:
+            key = min(key, self.loop.next_key())
         if self.telemetry is not None:
-            t = min(t, self.telemetry.next_tick())
-        return t
+            key = min(key, (self.telemetry.next_tick(), _AFTER_EVERY_ORDER, 0))
+        return key
 
     def _on_advance(self, t):
         self.telemetry.advance(t)
@@ -303,6 +331,8 @@ class Replay:
     def run(self) -> SimulationResult:
         self._schedule_arrivals()
         self.loop.run(self._on_advance if self.telemetry else None)
+        # the run ends at its last event, on the event loop or in a compiled run
+        self.loop.now = max([self.loop.now] + [core.clock_ms for core in self.workers])
         result_warnings = self._close_unfinished()
         launch_warning = launch_double_count_warning(self.config.engine)
         if launch_warning is not None:

@@ -198,7 +198,9 @@ def write_outputs(
         contents[REQUESTS] = lambda: request_lines(result)
         contents[ITL_QUANTILES] = lambda: [[json.dumps(itl_quantiles(result.records))]]
     if pass_log and result.pass_log is not None:
-        contents[PASSES] = lambda: [dict_lines(result.pass_log)]
+        log = result.pass_log  # a list of dicts, or a compiled run's log (replay/pass_log.py)
+        contents[PASSES] = (log.lines if hasattr(log, "lines")
+                            else lambda: [dict_lines(log)])
     if telemetry and result.telemetry is not None:
         contents[TELEMETRY] = lambda: [dict_lines(result.telemetry)]
     contents[SUMMARY] = lambda: [[json.dumps(summary, indent=2, allow_nan=False)]]

@@ -4,6 +4,8 @@ Structure of arrays, one entry per workload request in workload order; the
 driver fills it once at the end of a run (never per token in Python objects).
 """
 
+from collections.abc import Sequence
+
 import attrs
 import numpy as np
 
@@ -130,12 +132,14 @@ class RunStats:
 
 @attrs.define(eq=False)
 class SimulationResult:
-    """The driver's output. `pass_log` is a list of dicts in the format of
-    `passes.jsonl` (spec README §6) when the pass log was asked for, else None;
-    `telemetry` likewise for `telemetry.jsonl`."""
+    """The driver's output. `pass_log` is a sequence of dicts in the format of
+    `passes.jsonl` (spec README §6) when the pass log was asked for, else None
+    (a list, or for compiled runs a `replay.pass_log.CompiledPassLog` over the
+    compiled loop's buffer, which also writes its lines); `telemetry` a list
+    likewise for `telemetry.jsonl`."""
 
     records: RequestRecords
     stats: RunStats
-    pass_log: list | None = None
+    pass_log: Sequence | None = None
     telemetry: list | None = None
     warnings: list = attrs.Factory(list)

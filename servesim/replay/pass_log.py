@@ -1,0 +1,208 @@
+"""The pass log of compiled runs (`passes.jsonl`, spec README §6), read from the
+`PassLogBuffer` the compiled pass loop fills (servesim/engine/fast_run.py).
+
+`CompiledPassLog` is a sequence of the same dicts the pass-by-pass driver
+builds (`replay/driver.py`, `_pass_record`), made only when asked for, and
+writes its JSON lines straight from the buffer's columns: the same text
+`json.JSONEncoder` gives those dicts (floats in `repr`, keys in the record's
+order), without holding a dict per pass.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from servesim.engine import fast_run as fr
+from servesim.jit import njit
+from servesim.results.output import _ids
+from servesim.scheduler.fast import K_NEW, K_RESUMED, K_RUNNING, KIND_NAMES
+
+assert (K_NEW, K_RESUMED, K_RUNNING) == (0, 1, 2) and KIND_NAMES == ("new", "resumed", "running")
+
+_POOLS = {0: "prefill", 1: "decode"}
+
+
+class CompiledPassLog(Sequence):
+    def __init__(self, buffer: fr.PassLogBuffer, request_ids, speculative: bool):
+        self.buffer = buffer
+        self.ids = request_ids
+        self.speculative = speculative
+
+    def __len__(self):
+        return len(self.buffer)
+
+    def _slices(self, row):
+        b = self.buffer
+        h = b.head
+        start = h[row - 1] if row > 0 else (0,) * fr.NUM_LHEAD
+        return (slice(int(start[fr.L_SCHED_END]), int(h[row, fr.L_SCHED_END])),
+                slice(int(start[fr.L_PRE_END]), int(h[row, fr.L_PRE_END])),
+                slice(int(start[fr.L_FIN_END]), int(h[row, fr.L_FIN_END])))
+
+    def __getitem__(self, row):
+        if isinstance(row, slice):
+            return [self[k] for k in range(*row.indices(len(self)))]
+        if row < 0:
+            row += len(self)
+        if not 0 <= row < len(self):
+            raise IndexError(row)
+        b = self.buffer
+        h = b.head[row]
+        ids = self.ids
+        sched, pre, fin = self._slices(row)
+        scheduled = []
+        for req, tokens, cached, kind, spec in b.sched[sched].tolist():
+            entry = {"id": ids[req], "tokens": tokens, "cached": cached,
+                     "kind": KIND_NAMES[kind]}
+            if self.speculative:
+                entry["spec"] = spec
+            scheduled.append(entry)
+        record = {"pass": int(h[fr.L_PASS])}
+        if h[fr.L_POOL] >= 0:
+            record["pool"] = _POOLS[int(h[fr.L_POOL])]
+        start, end, decided, launch_end = b.time[row].tolist()
+        record.update({
+            "worker": int(h[fr.L_WORKER]),
+            "dp_rank": int(h[fr.L_RANK]),
+            "start_ms": start,
+            "end_ms": end,
+            "decided_ms": decided,
+            "launch_end_ms": launch_end,
+            "scheduled": scheduled,
+            "preempted": sorted(ids[i] for i in b.pre[pre].tolist()),
+            "finished": sorted(ids[i] for i in b.fin[fin].tolist()),
+            "free_blocks_after_schedule": int(h[fr.L_FREE]),
+        })
+        return record
+
+    def __eq__(self, other):
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def lines(self, chunk: int = 1024):
+        """The JSON text of every line, as lists of at most `chunk` lines: each
+        line's lists and counts are written by `_line_tails` (compiled), its
+        head with the four times (`repr`) here."""
+        b = self.buffer
+        ids = self.ids
+        texts = [t.encode("ascii") for t in _ids(ids)]
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        rank = np.zeros(len(ids), dtype=np.int64)  # place in id order: the lists are sorted by id
+        rank[np.array(order, dtype=np.int64)] = np.arange(len(ids), dtype=np.int64)
+        id_offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum([len(t) for t in texts], out=id_offsets[1:])
+        id_bytes = np.frombuffer(b"".join(texts), dtype=np.uint8) if texts else np.zeros(0, np.uint8)
+        longest = int(np.diff(id_offsets).max()) if texts else 0
+        n = len(self)
+        for first in range(0, n, chunk):
+            last = min(n, first + chunk)
+            ends = b.head[first - 1] if first else np.zeros(fr.NUM_LHEAD, dtype=np.int64)
+            s0, p0, f0 = int(ends[fr.L_SCHED_END]), int(ends[fr.L_PRE_END]), int(ends[fr.L_FIN_END])
+            h = b.head[last - 1]
+            size = ((int(h[fr.L_SCHED_END]) - s0) * (longest + 96)
+                    + (int(h[fr.L_PRE_END]) - p0 + int(h[fr.L_FIN_END]) - f0) * (longest + 2)
+                    + (last - first) * 128)
+            out = np.empty(size, dtype=np.uint8)
+            offsets = np.zeros(last - first + 1, dtype=np.int64)
+            _line_tails(b.head, b.sched, b.pre, b.fin, first, last, s0, p0, f0, id_bytes,
+                        id_offsets, rank, self.speculative, out, offsets)
+            text = out[:offsets[-1]].tobytes().decode("ascii")
+            cuts = offsets.tolist()
+            lines = []
+            for k, (row, times) in enumerate(zip(b.head[first:last].tolist(),
+                                                 b.time[first:last].tolist())):
+                pool = ('"pool": "%s", ' % _POOLS[row[fr.L_POOL]]) if row[fr.L_POOL] >= 0 else ""
+                lines.append('{"pass": %d, %s"worker": %d, "dp_rank": %d, "start_ms": %r, '
+                             '"end_ms": %r, "decided_ms": %r, "launch_end_ms": %r, %s' % (
+                                 row[fr.L_PASS], pool, row[fr.L_WORKER], row[fr.L_RANK],
+                                 *times, text[cuts[k]:cuts[k + 1]]))
+            yield lines
+
+
+@njit
+def _put(out, at, text):
+    for c in text:
+        out[at] = c
+        at += 1
+    return at
+
+
+@njit
+def _put_int(out, at, v):
+    if v < 0:
+        out[at] = 45  # "-"
+        at += 1
+        v = -v
+    digits = 1
+    x = v
+    while x >= 10:
+        x //= 10
+        digits += 1
+    for k in range(digits - 1, -1, -1):
+        out[at + k] = 48 + v % 10
+        v //= 10
+    return at + digits
+
+
+@njit
+def _put_id(out, at, id_bytes, id_offsets, i):
+    for k in range(id_offsets[i], id_offsets[i + 1]):
+        out[at] = id_bytes[k]
+        at += 1
+    return at
+
+
+@njit
+def _put_sorted_ids(out, at, requests, rank, id_bytes, id_offsets):
+    """`requests` as JSON texts sorted by id (their `rank` in id order)."""
+    n = len(requests)
+    order = requests.copy()
+    for a in range(1, n):  # insertion sort: a pass's lists are short
+        x = order[a]
+        k = a - 1
+        while k >= 0 and rank[order[k]] > rank[x]:
+            order[k + 1] = order[k]
+            k -= 1
+        order[k + 1] = x
+    for k in range(n):
+        if k:
+            at = _put(out, at, b", ")
+        at = _put_id(out, at, id_bytes, id_offsets, order[k])
+    return at
+
+
+@njit
+def _line_tails(head, sched, pre, fin, first, last, s0, p0, f0, id_bytes, id_offsets, rank,
+                speculative, out, offsets):
+    """The text of lines `first:last` from `"scheduled"` to their end, one after
+    another in `out`; line k's is `out[offsets[k]:offsets[k + 1]]`."""
+    kinds = (b'"new"', b'"resumed"', b'"running"')  # KIND_NAMES, in kind order
+    at = 0
+    s, p, f = s0, p0, f0
+    for row in range(first, last):
+        at = _put(out, at, b'"scheduled": [')
+        for e in range(s, head[row, fr.L_SCHED_END]):
+            if e > s:
+                at = _put(out, at, b", ")
+            at = _put(out, at, b'{"id": ')
+            at = _put_id(out, at, id_bytes, id_offsets, sched[e, fr.E_REQ])
+            at = _put(out, at, b', "tokens": ')
+            at = _put_int(out, at, sched[e, fr.E_TOK])
+            at = _put(out, at, b', "cached": ')
+            at = _put_int(out, at, sched[e, fr.E_CACHED])
+            at = _put(out, at, b', "kind": ')
+            at = _put(out, at, kinds[sched[e, fr.E_KIND]])
+            if speculative:
+                at = _put(out, at, b', "spec": ')
+                at = _put_int(out, at, sched[e, fr.E_SPEC])
+            at = _put(out, at, b"}")
+        s = head[row, fr.L_SCHED_END]
+        at = _put(out, at, b'], "preempted": [')
+        at = _put_sorted_ids(out, at, pre[p:head[row, fr.L_PRE_END]], rank, id_bytes, id_offsets)
+        p = head[row, fr.L_PRE_END]
+        at = _put(out, at, b'], "finished": [')
+        at = _put_sorted_ids(out, at, fin[f:head[row, fr.L_FIN_END]], rank, id_bytes, id_offsets)
+        f = head[row, fr.L_FIN_END]
+        at = _put(out, at, b'], "free_blocks_after_schedule": ')
+        at = _put_int(out, at, head[row, fr.L_FREE])
+        at = _put(out, at, b"}")
+        offsets[row - first + 1] = at
