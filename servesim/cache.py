@@ -10,6 +10,14 @@ at a per-user folder before Numba is imported:
 2. else `$NUMBA_CACHE_DIR` when the user set it;
 3. else `$XDG_CACHE_HOME/servesim/numba`, or `~/.cache/servesim/numba`.
 
+Inside that folder the kernels live in a sub-folder named after the content of
+every kernel source (`sources_key`): Numba checks only the timestamp of a
+kernel's own file, so a kernel that inlines one from another module (the pass
+loop calls the scheduler's, the scheduler the block pool's) would otherwise
+keep running the old code after that module changed — after an upgrade, or
+an edit. Sub-folders of other source states unused for `STALE_DAYS` are
+removed.
+
 This module imports nothing heavy: the CLI asks it whether the kernels are
 compiled yet (`kernels_cached`) to announce a cold start.
 """
@@ -26,8 +34,26 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 COLD_START_S = 20
 
 
-def numba_cache_dir() -> str:
-    """The folder Numba's cache goes to (see the module docstring)."""
+STALE_DAYS = 14
+_key = None
+
+
+def sources_key() -> str:
+    """A digest of every module that holds kernels (imports servesim.jit),
+    path and content: the cache sub-folder of this source state."""
+    global _key
+    if _key is None:
+        h = hashlib.sha1()
+        for path in sorted(PACKAGE_DIR.rglob("*.py")):
+            data = path.read_bytes()
+            if b"servesim.jit" in data:
+                h.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0" + data + b"\0")
+        _key = h.hexdigest()[:16]
+    return _key
+
+
+def cache_root() -> str:
+    """The folder holding every source state's kernels (see the module docstring)."""
     root = os.environ.get("SERVESIM_CACHE_DIR")
     if root:
         return os.path.join(os.path.expanduser(root), "numba")
@@ -38,17 +64,47 @@ def numba_cache_dir() -> str:
     return os.path.join(base, "servesim", "numba")
 
 
+def numba_cache_dir() -> str:
+    """The folder Numba's cache goes to: this source state's sub-folder of
+    `cache_root()`."""
+    return os.path.join(cache_root(), sources_key())
+
+
+def _remove_stale(root: str, keep: str) -> None:
+    """Remove the sub-folders of other source states unused for STALE_DAYS
+    (a folder's mtime changes when Numba writes an index into it)."""
+    import shutil
+    import time
+
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    limit = time.time() - STALE_DAYS * 86400
+    for entry in entries:
+        if entry.name == keep or len(entry.name) != 16 or not entry.is_dir():
+            continue
+        try:
+            if entry.stat().st_mtime < limit:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def configure_numba() -> str:
-    """Point Numba's cache at `numba_cache_dir()`: through the environment
-    before Numba is imported, and on its config if it already is. Returns
+    """Point Numba's cache at `numba_cache_dir()`. The environment gets the
+    root (before Numba is imported; a child process then keys its own
+    sources under it), Numba's config this source state's folder (once
+    imported: `servesim.jit` calls this again after importing it). Returns
     the folder."""
     import sys
 
     folder = numba_cache_dir()
-    os.environ["NUMBA_CACHE_DIR"] = folder
+    os.environ["NUMBA_CACHE_DIR"] = cache_root()
     config = sys.modules.get("numba.core.config")
     if config is not None:
         config.CACHE_DIR = folder
+        _remove_stale(cache_root(), sources_key())
     return folder
 
 

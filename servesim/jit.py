@@ -13,6 +13,8 @@ configure_numba()
 
 import numba  # noqa: E402  (after the cache folder is set)
 
+configure_numba()  # now on Numba's config: this source state's sub-folder
+
 
 def njit(func=None, **options):
     options.setdefault("cache", True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import servesim
-from servesim.cache import numba_cache_dir
+from servesim.cache import cache_root, numba_cache_dir, sources_key
 from servesim.results import output
 from servesim.results.outdir import LOCK
 
@@ -41,13 +41,53 @@ def test_numba_cache_folder_precedence(monkeypatch, tmp_path):
     for name in ("SERVESIM_CACHE_DIR", "NUMBA_CACHE_DIR", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert numba_cache_dir() == str(tmp_path / "home" / ".cache" / "servesim" / "numba")
+    assert cache_root() == str(tmp_path / "home" / ".cache" / "servesim" / "numba")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert numba_cache_dir() == str(tmp_path / "xdg" / "servesim" / "numba")
+    assert cache_root() == str(tmp_path / "xdg" / "servesim" / "numba")
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "nb"))
-    assert numba_cache_dir() == str(tmp_path / "nb")
+    assert cache_root() == str(tmp_path / "nb")
     monkeypatch.setenv("SERVESIM_CACHE_DIR", str(tmp_path / "ss"))
-    assert numba_cache_dir() == str(tmp_path / "ss" / "numba")
+    assert cache_root() == str(tmp_path / "ss" / "numba")
+    # the kernels of this source state go to their own sub-folder
+    assert numba_cache_dir() == os.path.join(cache_root(), sources_key())
+
+
+def test_the_cache_sub_folder_follows_every_kernel_source(monkeypatch, tmp_path):
+    """Numba checks only a kernel's own file: an edit to a kernel it inlines
+    from another module must still reach the cache, so the sub-folder is keyed
+    on every kernel module's content; other modules do not matter."""
+    import shutil
+
+    from servesim import cache
+
+    copy = tmp_path / "servesim"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    monkeypatch.setattr(cache, "PACKAGE_DIR", copy)
+    monkeypatch.setattr(cache, "_key", None)
+    before = cache.sources_key()
+    monkeypatch.setattr(cache, "_key", None)
+    (copy / "cli" / "main.py").write_text((copy / "cli" / "main.py").read_text() + "# edit\n")
+    assert cache.sources_key() == before  # no kernels there
+    monkeypatch.setattr(cache, "_key", None)
+    pool = copy / "kvcache" / "block_pool.py"
+    pool.write_text(pool.read_text() + "# edit\n")
+    assert cache.sources_key() != before
+
+
+def test_sub_folders_of_other_source_states_unused_for_weeks_are_removed(tmp_path):
+    import time
+
+    from servesim import cache
+
+    old, recent, keep = (tmp_path / n for n in ("a" * 16, "b" * 16, "c" * 16))
+    other = tmp_path / "not-ours"
+    for folder in (old, recent, keep, other):
+        folder.mkdir()
+    weeks = time.time() - (cache.STALE_DAYS + 1) * 86400
+    for folder in (old, keep, other):
+        os.utime(folder, (weeks, weeks))
+    cache._remove_stale(str(tmp_path), keep.name)
+    assert not old.exists() and recent.exists() and keep.exists() and other.exists()
 
 
 def test_a_cold_compile_writes_its_cache_outside_the_package_and_says_so(tmp_path, tiny_config):
