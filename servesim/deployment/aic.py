@@ -69,7 +69,8 @@ def backend_version(system: str) -> str:
 def engine_config(dep: DeploymentConfig, data_parallel_size: int = 1) -> dict:
     """The package's engine config for a deployment: vLLM's parallelism mapped
     to the database's (`moe_tp_size` = TP without expert parallelism; with it,
-    experts over TP x DP ranks, `moe_ep_size`), weights and KV precision."""
+    experts over TP x DP ranks, `moe_ep_size`), weights and KV precision
+    (which select the database's GEMM, MoE and attention tables)."""
     ac = require()
     tp = dep.tensor_parallel_size
     ep = tp * data_parallel_size if dep.enable_expert_parallel else 1
@@ -85,11 +86,15 @@ def engine_config(dep: DeploymentConfig, data_parallel_size: int = 1) -> dict:
         "moe_tp_size": 1 if dep.enable_expert_parallel else tp,
         "moe_ep_size": ep,
     }
+    # The native config flattens the package's QuantizationConfig under its
+    # Rust names (`weight_dtype`, `moe_dtype`, `kv_cache_dtype`); the Python
+    # names (`gemm_quant_mode`, ...) are silently ignored there, leaving the
+    # model's own precision (its config.json) in charge.
     if dep.quantization == "fp8":
-        config["gemm_quant_mode"] = "fp8"
-        config["moe_quant_mode"] = "fp8"
+        config["weight_dtype"] = "fp8"
+        config["moe_dtype"] = "fp8"
     if dep.kv_cache_dtype == "fp8":
-        config["kvcache_quant_mode"] = "fp8"
+        config["kv_cache_dtype"] = "fp8"
     return config
 
 
