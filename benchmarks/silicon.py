@@ -79,6 +79,16 @@ PROMPTS_PER_CLIENT = 10
 MAX_NUM_BATCHED_TOKENS = 8192
 
 
+# The Qwen3-32B, Qwen3-235B-A22B-FP8 and Llama-3.1-8B rows come from NVIDIA's
+# own gap analysis (`source_file=.../aic-auto-gap-analysis/...`), whose client
+# the package does not name; they are simulated like the others. `--protocol
+# genai_perf` replays them (or any row) the way the package's own
+# `aiconfigurator eval` harness measures (aiconfigurator/eval/benchmarks/
+# genai_perf_runner.py): genai-perf with fixed lengths (stddev 0),
+# --concurrency CONC --request-count CONC*10.
+PROTOCOLS = ("benchmark_serving", "genai_perf")
+
+
 def model_of(row):
     return MODEL_ALIASES.get(row["model_path"], row["model_path"])
 
@@ -87,8 +97,9 @@ def _lengths(n):
     return {"distribution": "uniform", "min": max(int(n * RANGE_RATIO), 1), "max": n}
 
 
-def row_config(row):
+def row_config(row, protocol=None):
     """servesim's config for the benchmark behind one silicon row."""
+    protocol = protocol or "benchmark_serving"
     tp = int(_num(row["tp_size"], 1))
     ep = int(_num(row["moe_ep_size"], 1))
     conc = int(_num(row["batch_size"]))
@@ -108,21 +119,23 @@ def row_config(row):
         engine["quantization"] = "fp8"
     return {
         "workload": {"synthetic": {
-            "requests": PROMPTS_PER_CLIENT * conc, "input_tokens": _lengths(isl),
-            "output_tokens": _lengths(osl), "arrival": "burst", "concurrency": conc, "seed": 1}},
+            "requests": PROMPTS_PER_CLIENT * conc,
+            "input_tokens": _lengths(isl) if protocol == "benchmark_serving" else isl,
+            "output_tokens": _lengths(osl) if protocol == "benchmark_serving" else osl,
+            "arrival": "burst", "concurrency": conc, "seed": 1}},
         "engine": engine,
         "output": {"per_request": True},
     }
 
 
-def simulate_row(row):
+def simulate_row(row, protocol=None):
     """Mean TTFT and TPOT (ms) over all requests of the simulated benchmark:
     a closed loop of CONC clients that all start at 0, each sending its next
     prompt when its last one finishes; TPOT per request is
     (latency - TTFT) / (output tokens - 1), as benchmark_serving.py computes it."""
     from servesim.replay.api import run
 
-    report = run(row_config(row))
+    report = run(row_config(row, protocol))
     rec = report.records
     ttft = rec.first_token_ms - rec.arrival_ms
     many = rec.output_tokens > 1
@@ -196,6 +209,8 @@ def main(argv=None):
     ap.add_argument("--max-osl", type=int, default=None)
     ap.add_argument("--no-static", action="store_true", help="skip AIConfigurator's own estimate")
     ap.add_argument("--out", default=None, help="write per-row results (JSON lines)")
+    ap.add_argument("--protocol", default=None, choices=PROTOCOLS,
+                    help="client protocol (default benchmark_serving: InferenceX's)")
     ap.add_argument("--conc", default=None, help="concurrency range LO-HI (e.g. 4-64)")
     ap.add_argument("--gpus", default=None, help="comma-separated GPU names")
     args = ap.parse_args(argv)
@@ -241,12 +256,13 @@ def main(argv=None):
     for i, row in enumerate(chosen):
         ttft_true, tpot_true = float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])
         try:
-            ttft, tpot, passes = simulate_row(row)
+            ttft, tpot, passes = simulate_row(row, args.protocol)
         except Exception as exc:
             print(f"row {row['id']}: simulation failed: {exc}", file=sys.stderr)
             continue
         r = {"id": row["id"], "model": row["model_path"], "gpu": row["system"],
              "tp": row["tp_size"], "ep": row["moe_ep_size"], "precision": row["precision"],
+             "protocol": args.protocol or "benchmark_serving",
              "isl": int(row["isl"]), "osl": int(row["osl"]), "concurrency": int(_num(row["batch_size"])),
              "silicon_ttft_ms": ttft_true, "silicon_tpot_ms": tpot_true,
              "servesim_ttft_ms": ttft, "servesim_tpot_ms": tpot, "passes": passes,

@@ -21,6 +21,8 @@ It stops and hands back to the engine core:
 import numpy as np
 
 from servesim.engine.pricing import price_features
+# (compiled in: Numba's cache of this file does not see pricing.py's kernels
+# change; edit this line with them. Table layout 3.)
 from servesim.jit import njit
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import fast
