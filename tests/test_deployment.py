@@ -361,3 +361,25 @@ def test_calibrate_command_round_trip(tmp_path, monkeypatch):
     assert decode == pytest.approx(1.2, rel=0.01) and prefill == 1.0 and mixed == 1.0
     table = pricing_table(cfg.engine)
     assert table_pass_ms(table, 0, 0, 0, 8, 8000) == pytest.approx(1.2 * direct(0, 0, 0, 8, 8000), rel=0.03)
+
+
+@needs_aic
+def test_quantization_selects_the_database_tables():
+    """`quantization: fp8` and `kv_cache_dtype: fp8` reach the package's
+    native model under its names: they change pass times, not only capacity;
+    a checkpoint that names its own quantization keeps it (as in vLLM)."""
+    from servesim.deployment import aic
+    from servesim.deployment.config import DeploymentConfig
+
+    base = dict(model="meta-llama/Meta-Llama-3.1-70B", gpu="h200_sxm", tensor_parallel_size=2)
+    bf16 = aic.DirectModel(DeploymentConfig(**base))
+    fp8 = aic.DirectModel(DeploymentConfig(**base, quantization="fp8"))
+    fp8_kv = aic.DirectModel(DeploymentConfig(**base, quantization="fp8", kv_cache_dtype="fp8"))
+    decode = (0, 0, 0, 32, 32 * 8000)
+    assert fp8(*decode) < 0.9 * bf16(*decode)
+    assert fp8(4096, 1, 0, 0, 0) < 0.8 * bf16(4096, 1, 0, 0, 0)
+    assert fp8_kv(*decode) < fp8(*decode)
+    cfg = aic.engine_config(DeploymentConfig(**base, quantization="fp8", kv_cache_dtype="fp8"))
+    assert (cfg["weight_dtype"], cfg["moe_dtype"], cfg["kv_cache_dtype"]) == ("fp8", "fp8", "fp8")
+    block = aic.engine_config(DeploymentConfig(model="Qwen/Qwen3-32B-FP8", gpu="h200_sxm", quantization="fp8"))
+    assert "weight_dtype" not in block

@@ -90,8 +90,13 @@ def engine_config(dep: DeploymentConfig, data_parallel_size: int = 1) -> dict:
     # The native config flattens the package's QuantizationConfig under its
     # Rust names (`weight_dtype`, `moe_dtype`, `kv_cache_dtype`); the Python
     # names (`gemm_quant_mode`, ...) are silently ignored there, leaving the
-    # model's own precision (its config.json) in charge.
-    if dep.quantization == "fp8":
+    # model's own precision (its config.json) in charge. As in vLLM,
+    # `quantization: fp8` quantizes a 16-bit checkpoint online (per-tensor
+    # fp8); a checkpoint whose config names its own quantization (e.g. fp8
+    # with 128x128 blocks) keeps it, and the database reads it from there.
+    from servesim.deployment.specs import load_model_spec
+
+    if dep.quantization == "fp8" and load_model_spec(dep.model).config_quantization is None:
         config["weight_dtype"] = "fp8"
         config["moe_dtype"] = "fp8"
     if dep.kv_cache_dtype == "fp8":
