@@ -2,18 +2,18 @@
 
 For each vLLM aggregated row of aiconfigurator-core's `systems/silicon_sample.csv`
 that servesim can express (a database model and GPU, bf16 or fp8 weights,
-no attention DP), simulate that benchmark — the steady state of a closed
-loop at the row's concurrency (requests evenly spaced at the loop's own
-throughput, found by iterating Little's law from the lockstep loop), every
-prompt `isl` tokens sharing nothing, `osl` output tokens, vLLM's defaults
-otherwise — and compare its steady-state mean TTFT and TPOT
-(requests after the first and before the last `concurrency` ones) with the
-measured ones. Next to it, AIConfigurator's own static estimate
+no attention DP), simulate the benchmark that measured it (InferenceX's
+vLLM benchmark_serving.py run, see MODEL_ALIASES and RANGE_RATIO below: a
+closed loop of CONC clients all starting at once, CONC*10 random prompts
+sharing nothing, prompt and output lengths uniform in [0.8 L, L], vLLM's
+defaults otherwise) and compare its mean TTFT and TPOT over all requests
+with the measured means. Next to it, AIConfigurator's own static estimate
 (`aiconfigurator.cli.api.cli_estimate`, aggregated mode) for the same row,
 when the `aiconfigurator` package is installed. No constant is fitted to the
 measurements.
 
-    PYTHONPATH=$PWD python benchmarks/silicon.py [--max-rows N] [--models a,b] [--out rows.jsonl]
+    PYTHONPATH=$PWD python benchmarks/silicon.py [--max-rows N] [--models a,b] [--gpus g] [--conc 4-64]
+        [--max-isl N] [--max-osl N] [--out rows.jsonl]
 
 Needs aiconfigurator-core (`pip install 'servesim[aic]'`).
 """
@@ -26,9 +26,6 @@ import time
 
 import numpy as np
 
-WAVES = 6  # requests = WAVES x concurrency (at least MIN_REQUESTS)
-MIN_REQUESTS = 48
-FIXED_POINT_ITERATIONS = 3
 
 
 def silicon_rows():
@@ -52,7 +49,7 @@ def expressible(row, models, systems):
     """None when servesim can simulate the row, else why not."""
     from servesim.deployment.gpus import GPUS
 
-    if row["model_path"] not in models:
+    if model_of(row) not in models:
         return "model not in the database's configs"
     if row["system"] not in systems or row["system"] not in GPUS:
         return "GPU not supported"
@@ -65,49 +62,84 @@ def expressible(row, models, systems):
     return None
 
 
-def row_config(row, requests, rate=None, arrival="constant"):
+# The silicon rows name a model by its served checkpoint family; the database
+# holds it under another name (the package's InferenceX adapter maps
+# `llama70b` to this config, aiconfigurator/sdk/config_adapter/inferencex.py).
+MODEL_ALIASES = {"meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B"}
+
+# The measuring benchmark (InferenceX, ex-InferenceMAX; AISimulate replays its
+# rows with the same workload): vLLM's benchmark_serving.py, `--dataset-name
+# random --random-range-ratio 0.8 --num-prompts CONC*10 --max-concurrency CONC
+# --request-rate inf --ignore-eos`, the server with `--max-num-batched-tokens
+# 8192 --no-enable-prefix-caching`. Its random dataset draws each prompt and
+# output length uniformly from [int(L * 0.8), L]; the reported TTFT and TPOT
+# are means over all CONC*10 requests, the first wave included.
+RANGE_RATIO = 0.8
+PROMPTS_PER_CLIENT = 10
+MAX_NUM_BATCHED_TOKENS = 8192
+
+
+# The Qwen3-32B, Qwen3-235B-A22B-FP8 and Llama-3.1-8B rows come from NVIDIA's
+# own gap analysis (`source_file=.../aic-auto-gap-analysis/...`), whose client
+# the package does not name; they are simulated like the others. `--protocol
+# genai_perf` replays them (or any row) the way the package's own
+# `aiconfigurator eval` harness measures (aiconfigurator/eval/benchmarks/
+# genai_perf_runner.py): genai-perf with fixed lengths (stddev 0),
+# --concurrency CONC --request-count CONC*10.
+PROTOCOLS = ("benchmark_serving", "genai_perf")
+
+
+def model_of(row):
+    return MODEL_ALIASES.get(row["model_path"], row["model_path"])
+
+
+def _lengths(n):
+    return {"distribution": "uniform", "min": max(int(n * RANGE_RATIO), 1), "max": n}
+
+
+def row_config(row, protocol=None):
+    """servesim's config for the benchmark behind one silicon row."""
+    protocol = protocol or "benchmark_serving"
     tp = int(_num(row["tp_size"], 1))
     ep = int(_num(row["moe_ep_size"], 1))
     conc = int(_num(row["batch_size"]))
+    isl, osl = int(row["isl"]), int(row["osl"])
     engine = {
-        "model": row["model_path"],
+        "model": model_of(row),
         "gpu": row["system"],
         "tensor_parallel_size": tp,
         "enable_expert_parallel": ep > 1,
         "max_num_seqs": max(256, conc),
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+        "max_model_len": isl + osl,
+        "enable_prefix_caching": False,
         "timing": {"type": "aic"},
     }
     if row["precision"] == "fp8":
         engine["quantization"] = "fp8"
     return {
         "workload": {"synthetic": {
-            "requests": requests, "input_tokens": int(row["isl"]), "output_tokens": int(row["osl"]),
-            **({"arrival": "burst", "concurrency": conc} if rate is None
-               else {"arrival": arrival, "rate": rate}), "seed": 1}},
+            "requests": PROMPTS_PER_CLIENT * conc,
+            "input_tokens": _lengths(isl) if protocol == "benchmark_serving" else isl,
+            "output_tokens": _lengths(osl) if protocol == "benchmark_serving" else osl,
+            "arrival": "burst", "concurrency": conc, "seed": 1}},
         "engine": engine,
         "output": {"per_request": True},
     }
 
 
-def simulate_row(row, arrival="constant"):
+def simulate_row(row, protocol=None):
+    """Mean TTFT and TPOT (ms) over all requests of the simulated benchmark:
+    a closed loop of CONC clients that all start at 0, each sending its next
+    prompt when its last one finishes; TPOT per request is
+    (latency - TTFT) / (output tokens - 1), as benchmark_serving.py computes it."""
     from servesim.replay.api import run
 
-    conc = int(_num(row["batch_size"]))
-    requests = max(WAVES * conc, MIN_REQUESTS)
-    # A deterministic closed loop stays in lockstep (every wave's prompts in
-    # one pass); real clients drift apart. Their steady state has requests
-    # starting evenly at the loop's throughput, concurrency / latency (Little's
-    # law): start from the lockstep loop's latency and iterate that rate.
-    report = run(row_config(row, requests))
-    for _ in range(FIXED_POINT_ITERATIONS if arrival != "lockstep" else 0):
-        rec = report.records
-        e2e_s = float(np.mean(rec.finish_ms - rec.arrival_ms)) / 1000.0
-        report = run(row_config(row, requests, rate=conc / e2e_s, arrival=arrival))
+    report = run(row_config(row, protocol))
     rec = report.records
-    order = np.argsort(rec.arrival_ms, kind="stable")
-    steady = order[conc:-conc] if requests > 2 * conc else order
-    ttft = rec.first_token_ms[steady] - rec.arrival_ms[steady]
-    tpot = (rec.finish_ms[steady] - rec.first_token_ms[steady]) / np.maximum(rec.output_tokens[steady] - 1, 1)
+    ttft = rec.first_token_ms - rec.arrival_ms
+    many = rec.output_tokens > 1
+    tpot = (rec.finish_ms[many] - rec.first_token_ms[many]) / (rec.output_tokens[many] - 1)
     return float(np.mean(ttft)), float(np.mean(tpot)), report.summary["passes"]
 
 
@@ -125,12 +157,12 @@ def static_estimate(row):
                   pp_size=int(_num(row["pp_size"], 1)))
     from servesim.deployment.specs import load_model_spec
 
-    if load_model_spec(row["model_path"]).num_experts:
+    if load_model_spec(model_of(row)).num_experts:
         kwargs.update(moe_tp_size=moe_tp, moe_ep_size=ep)
     if row["precision"] == "fp8":
         kwargs.update(gemm_quant_mode="fp8", moe_quant_mode="fp8")
     try:
-        r = cli_estimate(row["model_path"], row["system"], **kwargs)
+        r = cli_estimate(model_of(row), row["system"], **kwargs)
     except Exception as exc:  # the estimator rejects some rows; report and go on
         print(f"  static estimate failed: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
         return None
@@ -174,11 +206,13 @@ def main(argv=None):
     ap.add_argument("--max-rows", type=int, default=None, help="at most N rows per (model, GPU)")
     ap.add_argument("--models", default=None, help="comma-separated model names")
     ap.add_argument("--max-isl", type=int, default=None)
+    ap.add_argument("--max-osl", type=int, default=None)
     ap.add_argument("--no-static", action="store_true", help="skip AIConfigurator's own estimate")
     ap.add_argument("--out", default=None, help="write per-row results (JSON lines)")
-    ap.add_argument("--arrival", default="constant", choices=("constant", "poisson", "lockstep"),
-                    help="steady state: evenly spaced (default) or Poisson starts at the loop's "
-                         "throughput, or the deterministic closed loop itself (lockstep)")
+    ap.add_argument("--protocol", default=None, choices=PROTOCOLS,
+                    help="client protocol (default benchmark_serving: InferenceX's)")
+    ap.add_argument("--conc", default=None, help="concurrency range LO-HI (e.g. 4-64)")
+    ap.add_argument("--gpus", default=None, help="comma-separated GPU names")
     args = ap.parse_args(argv)
 
     import logging
@@ -194,10 +228,19 @@ def main(argv=None):
     chosen, per_group = [], {}
     for row in rows:
         why = expressible(row, models, systems)
-        if why is None and args.models and row["model_path"] not in args.models.split(","):
+        if why is None and args.models and model_of(row) not in args.models.split(",") \
+                and row["model_path"] not in args.models.split(","):
             why = "not selected"
         if why is None and args.max_isl and int(row["isl"]) > args.max_isl:
             why = "not selected"
+        if why is None and args.max_osl and int(row["osl"]) > args.max_osl:
+            why = "not selected"
+        if why is None and args.gpus and row["system"] not in args.gpus.split(","):
+            why = "not selected"
+        if why is None and args.conc:
+            lo, hi = (int(x) for x in args.conc.split("-"))
+            if not lo <= int(_num(row["batch_size"])) <= hi:
+                why = "not selected"
         key = (row["model_path"], row["system"])
         if why is None and args.max_rows is not None and per_group.get(key, 0) >= args.max_rows:
             why = "not selected"
@@ -213,12 +256,13 @@ def main(argv=None):
     for i, row in enumerate(chosen):
         ttft_true, tpot_true = float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])
         try:
-            ttft, tpot, passes = simulate_row(row, args.arrival)
+            ttft, tpot, passes = simulate_row(row, args.protocol)
         except Exception as exc:
             print(f"row {row['id']}: simulation failed: {exc}", file=sys.stderr)
             continue
         r = {"id": row["id"], "model": row["model_path"], "gpu": row["system"],
              "tp": row["tp_size"], "ep": row["moe_ep_size"], "precision": row["precision"],
+             "protocol": args.protocol or "benchmark_serving",
              "isl": int(row["isl"]), "osl": int(row["osl"]), "concurrency": int(_num(row["batch_size"])),
              "silicon_ttft_ms": ttft_true, "silicon_tpot_ms": tpot_true,
              "servesim_ttft_ms": ttft, "servesim_tpot_ms": tpot, "passes": passes,

@@ -178,13 +178,14 @@ def test_table_interpolation_matches_direct_calls_within_target():
     table, samples, _ = fixture()
     errors = np.array([abs(table_pass_ms(table, int(p), int(q), int(k), int(d), int(c)) / ms - 1) * 100
                        for p, q, k, d, c, ms in samples])
-    p, q, k, d = samples[:, 0], samples[:, 1], samples[:, 2], samples[:, 3]
-    # the database composes a mixed pass whose several prompts carry context
-    # differently from its prefill-only pass (docs/deployment.md): looser there
-    odd = (p > 0) & (d > 0) & (q > 1) & (k > 0)
+    p, q, d = samples[:, 0], samples[:, 1], samples[:, 3]
+    # mixed passes whose prompts do not split evenly carry the database's
+    # extra prompt (the remainder table): they meet the target too
+    uneven = (p > 0) & (d > 0) & (q > 1) & (p % np.maximum(q, 1) != 0)
+    assert uneven.sum() >= 10
     assert np.percentile(errors, 50) < 1.0
-    assert np.percentile(errors[~odd], 99) <= 2.0, np.percentile(errors[~odd], 99)
-    assert errors[odd].max() <= 5.0
+    assert np.percentile(errors, 99) <= 2.0, np.percentile(errors, 99)
+    assert np.percentile(errors[uneven], 90) <= 2.0, np.percentile(errors[uneven], 90)
 
 
 def test_table_is_monotone_in_decode_context_and_calibration_scales_kinds():
@@ -311,10 +312,10 @@ def test_run_pass_times_match_direct_calls(tmp_path, monkeypatch):
         want = direct(pre[0], pre[1], pre[2], dec[0], dec[1])
         errors.append(abs((p["end_ms"] - p["start_ms"]) / want - 1) * 100)
     assert report.summary["deployment"]["timing_source"].startswith("aiconfigurator-core")
-    # the issue's target is p99 <= 2%; mixed passes holding a continued chunk
-    # and a new prompt miss it (docs/deployment.md): measured p99 3.4% here
+    # the issue's target: p99 <= 2% (mixed passes of a continued chunk and
+    # new prompts included)
     assert np.percentile(errors, 50) <= 1.0
-    assert np.percentile(errors, 99) <= 4.0, np.percentile(errors, 99)
+    assert np.percentile(errors, 99) <= 2.0, np.percentile(errors, 99)
 
 
 def test_aic_timing_with_calibration_reads_its_factors(tmp_path):
@@ -376,3 +377,25 @@ def test_backend_version_reads_the_databases_query_versions(tmp_path, monkeypatc
     (tmp_path / "query_versions.yaml").write_text("defaults: [unclosed\n")
     with pytest.raises(InputError, match="query_versions.yaml: cannot read the database versions"):
         aic.backend_version("h200_sxm")
+
+
+@needs_aic
+def test_quantization_selects_the_database_tables():
+    """`quantization: fp8` and `kv_cache_dtype: fp8` reach the package's
+    native model under its names: they change pass times, not only capacity;
+    a checkpoint that names its own quantization keeps it (as in vLLM)."""
+    from servesim.deployment import aic
+    from servesim.deployment.config import DeploymentConfig
+
+    base = dict(model="meta-llama/Meta-Llama-3.1-70B", gpu="h200_sxm", tensor_parallel_size=2)
+    bf16 = aic.DirectModel(DeploymentConfig(**base))
+    fp8 = aic.DirectModel(DeploymentConfig(**base, quantization="fp8"))
+    fp8_kv = aic.DirectModel(DeploymentConfig(**base, quantization="fp8", kv_cache_dtype="fp8"))
+    decode = (0, 0, 0, 32, 32 * 8000)
+    assert fp8(*decode) < 0.9 * bf16(*decode)
+    assert fp8(4096, 1, 0, 0, 0) < 0.8 * bf16(4096, 1, 0, 0, 0)
+    assert fp8_kv(*decode) < fp8(*decode)
+    cfg = aic.engine_config(DeploymentConfig(**base, quantization="fp8", kv_cache_dtype="fp8"))
+    assert (cfg["weight_dtype"], cfg["moe_dtype"], cfg["kv_cache_dtype"]) == ("fp8", "fp8", "fp8")
+    block = aic.engine_config(DeploymentConfig(model="Qwen/Qwen3-32B-FP8", gpu="h200_sxm", quantization="fp8"))
+    assert "weight_dtype" not in block

@@ -19,7 +19,7 @@ import numpy as np
 from servesim.deployment import aic
 from servesim.deployment import table_pricing
 
-FORMAT = 1
+FORMAT = 3
 _REQUEST_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 
 
@@ -59,16 +59,23 @@ def _context_nodes(top: int) -> list:
 
 
 def axes(grid: list, limits: dict) -> tuple:
-    """The five axes' nodes for an engine's limits."""
+    """The six axes' nodes for an engine's limits (the sixth: the mixed
+    table's decode requests)."""
     budget = limits["max_num_batched_tokens"]
     seqs = limits["max_num_seqs"]
     top = limits["max_model_len"]
+    grid = set(grid)
     p_nodes = sorted({m for m in grid if m <= budget} | {1, budget})
     q_nodes = sorted({q for q in _REQUEST_NODES if q <= min(seqs, budget)} | {min(seqs, budget)})
     k_nodes = [k for k in _context_nodes(top) if k == 0 or k == top or k >= 64 and (k & (k - 1)) == 0]
-    d_nodes = sorted({m for m in grid if m <= seqs} | {1, seqs})
+    # decode requests: the GEMM grid, and between its sparse points every 4
+    # (to 64), 8 (to 256), 16 beyond: the database's decode attention is
+    # measured at powers of two and is not linear in the batch between them
+    dense = set(range(4, 65, 4)) | set(range(64, 257, 8)) | set(range(256, 1025, 16))
+    d_nodes = sorted({m for m in grid | dense if m <= seqs} | {1, seqs})
+    e_nodes = sorted({m for m in grid if m <= seqs} | {1, seqs})
     c_nodes = [c for c in _context_nodes(top) if c >= 1]
-    return p_nodes, q_nodes, k_nodes, d_nodes, c_nodes
+    return p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, e_nodes
 
 
 def _tokens_for(m: int, q: int, steps: set) -> int:
@@ -83,7 +90,7 @@ def _tokens_for(m: int, q: int, steps: set) -> int:
 def build_table(direct, grid: list, limits: dict) -> np.ndarray:
     """Direct calls at every node (a prefill node with more requests than
     tokens copies its neighbour with as many requests as tokens)."""
-    p_nodes, q_nodes, k_nodes, d_nodes, c_nodes = axes(grid, limits)
+    p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, e_nodes = axes(grid, limits)
     steps = {m for m in grid if m - 1 in set(grid)}
     prefill = np.zeros((len(p_nodes), len(q_nodes), len(k_nodes)))
     for i, p in enumerate(p_nodes):
@@ -97,11 +104,22 @@ def build_table(direct, grid: list, limits: dict) -> np.ndarray:
     for i, d in enumerate(d_nodes):
         for j, c in enumerate(c_nodes):
             decode[i, j] = direct(0, 0, 0, d, c * d)
-    mixed = np.zeros((len(p_nodes), len(d_nodes)))
+    mixed = np.zeros((len(p_nodes), len(e_nodes)))
     for i, p in enumerate(p_nodes):
-        for j, d in enumerate(d_nodes):
+        for j, d in enumerate(e_nodes):
             mixed[i, j] = direct(max(p - d, 1), 1, 0, d, d)
-    return table_pricing.pack(p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, prefill, decode, mixed)
+    # one more prompt of m tokens with context k in a mixed pass: 2m + 1
+    # prompt tokens in two prompts (the database prices three) against 2m
+    # (two), one decode each; the one GEMM token more is left in
+    remainder = np.zeros((len(p_nodes), len(k_nodes)))
+    for i, m in enumerate(p_nodes):
+        if i > 0 and p_nodes[i - 1] >= limits["max_num_batched_tokens"] // 2:
+            remainder[i] = remainder[i - 1]  # a pass of Q >= 2 prompts has m <= budget / 2
+            continue
+        for k, ctx in enumerate(k_nodes):
+            remainder[i, k] = direct(2 * m + 1, 2, 2 * ctx, 1, 1) - direct(2 * m, 2, 2 * ctx, 1, 1)
+    return table_pricing.pack(p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, e_nodes,
+                              prefill, decode, mixed, remainder)
 
 
 def load_or_build(engine, data_parallel_size: int = 1) -> np.ndarray:

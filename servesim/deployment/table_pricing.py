@@ -1,20 +1,29 @@
 """Pass times interpolated in tables (the `aic` timing, docs/deployment.md).
 
 A table is one flat float64 array, the pricing kernel's `params`:
-a header of HEADER slots — the node counts of the five axes and the
-calibration factors of prefill-only, decode-only and mixed passes — then the
-axes' nodes, then the values:
+a header of HEADER slots — the node counts of the five axes, the
+calibration factors of prefill-only, decode-only and mixed passes, the node
+count of the mixed table's decode axis — then the five axes' nodes, then the
+values, then the mixed decode axis:
 - prefill[P, Q, K]: a pass of `P` prefill tokens in `Q` prefill requests
   whose computed context averages `K` tokens each. The database splits the
   tokens evenly, so its GEMMs see `Q * (P // Q)` tokens: that is the `P`
   coordinate, and the grid's steps stay on its nodes;
 - decode[D, C]: a pass of `D` decode requests whose context averages `C`;
-- mixed[M, D]: a pass of `M` tokens, `D` of them decode requests of
-  context 1 and the rest one prompt without context (its GEMMs see `M`).
-A mixed pass costs mixed[P + D, D] plus what its attention adds over that base:
+- mixed[M, E]: a pass of `M` tokens, `E` of them decode requests of
+  context 1 and the rest one prompt without context (its GEMMs see `M`); its
+  decode axis `E` is its own (the GEMM grid; the decode table's is denser),
+  stored after the values.
+- remainder[M, K]: what one more prompt of `M` tokens with context `K`
+  adds to a mixed pass's prefill attention (see below).
+A mixed pass costs mixed[P + D, E = D] plus what its attention adds over that base:
 prefill[P, Q, K] - prefill[P, 1, 0] and decode[D, C] - decode[D, 1] (the
 database prices a mixed step's GEMMs on all its tokens at once and its two
-attentions apart, so the attention terms add). Between nodes the kernel interpolates linearly along
+attentions apart, so the attention terms add). Unlike its prefill-only pass,
+the database's mixed step keeps all `P` prompt tokens: it prices the prefill
+attention as ceil(P / M) prompts of M = P // Q tokens, so when Q does not
+divide P it holds ceil((P mod Q) / M) prompts more than Q, each adding
+remainder[M, K]. Between nodes the kernel interpolates linearly along
 each axis; beyond the last node it extrapolates the last interval's slope.
 """
 
@@ -22,11 +31,11 @@ import numpy as np
 
 from servesim.jit import njit
 
-N_P, N_Q, N_K, N_D, N_C, F_PREFILL, F_DECODE, F_MIXED = range(8)
+N_P, N_Q, N_K, N_D, N_C, F_PREFILL, F_DECODE, F_MIXED, N_E = range(9)
 HEADER = 16
 
 
-def pack(p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, prefill, decode, mixed,
+def pack(p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, e_nodes, prefill, decode, mixed, remainder,
          factors=(1.0, 1.0, 1.0)) -> np.ndarray:
     """The flat table of the axes' nodes and value grids."""
     axes = [np.asarray(a, dtype=np.float64) for a in (p_nodes, q_nodes, k_nodes, d_nodes, c_nodes)]
@@ -35,11 +44,16 @@ def pack(p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, prefill, decode, mixed,
     assert prefill.shape == (len(axes[0]), len(axes[1]), len(axes[2]))
     assert decode.shape == (len(axes[3]), len(axes[4]))
     mixed = np.asarray(mixed, dtype=np.float64)
-    assert mixed.shape == (len(axes[0]), len(axes[3]))
+    e_nodes = np.asarray(e_nodes, dtype=np.float64)
+    assert mixed.shape == (len(axes[0]), len(e_nodes))
+    remainder = np.asarray(remainder, dtype=np.float64)
+    assert remainder.shape == (len(axes[0]), len(axes[2]))
     header = np.zeros(HEADER)
     header[:5] = [len(a) for a in axes]
     header[F_PREFILL:F_MIXED + 1] = factors
-    return np.concatenate([header, *axes, prefill.ravel(), decode.ravel(), mixed.ravel()])
+    header[N_E] = len(e_nodes)
+    return np.concatenate([header, *axes, prefill.ravel(), decode.ravel(), mixed.ravel(),
+                           remainder.ravel(), e_nodes])
 
 
 def with_factors(table: np.ndarray, factors) -> np.ndarray:
@@ -80,7 +94,10 @@ def table_pass_ms(t, prefill_tokens, num_prefill, prefill_context, decode_reques
     o += n_c
     o_pre = o
     o_dec = o_pre + n_p * n_q * n_k
+    n_e = int(t[N_E])
     o_mix = o_dec + n_d * n_c
+    o_rem = o_mix + n_p * n_e
+    e_nodes = t[o_rem + n_p * n_k:o_rem + n_p * n_k + n_e]
     has_pre = prefill_tokens > 0
     has_dec = decode_requests > 0
     if has_pre:
@@ -98,9 +115,15 @@ def table_pass_ms(t, prefill_tokens, num_prefill, prefill_context, decode_reques
         j0, v0 = _bracket(k_nodes, 0.0)
         c1, u1 = _bracket(c_nodes, 1.0)
         im, wm = _bracket(p_nodes, float(prefill_tokens + decode_requests))
-        base = _interp2(t, o_mix, n_d, im, wm, idd, wd)
+        ie, we = _bracket(e_nodes, float(decode_requests))
+        base = _interp2(t, o_mix, n_e, im, wm, ie, we)
         extra_pre = pre - _interp3(t, o_pre, n_q, n_k, ip, wp, i0, w0, j0, v0)
         extra_dec = dec - _interp2(t, o_dec, n_c, idd, wd, c1, u1)
+        m = prefill_tokens // q
+        rest = prefill_tokens - q * m
+        if rest > 0 and m > 0:
+            im1, wm1 = _bracket(p_nodes, float(m))
+            extra_pre += (rest + m - 1) // m * _interp2(t, o_rem, n_k, im1, wm1, ik, wk)
         return max(base + extra_pre + extra_dec, 0.0) * t[F_MIXED]
     if has_pre:
         return max(pre, 0.0) * t[F_PREFILL]

@@ -55,6 +55,8 @@ import numpy as np
 from servesim.engine.events import DECIDE, PASS_END
 from servesim.engine.launch import launch_end_ms
 from servesim.engine.pricing import price_features
+# (compiled in: Numba's cache of this file does not see pricing.py's kernels
+# change; edit this line with them. Table layout 3.)
 from servesim.jit import njit
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import fast

@@ -22,6 +22,9 @@ from servesim.scheduler import fast
 fitted_ms = njit(fitted_formula.fitted_ms)
 
 FIXED, LINEAR, POLYNOMIAL, FITTED, TABLE = 0, 1, 2, 3, 4
+# Numba's disk cache of this module's kernels is keyed by this file alone and
+# holds table_pass_ms compiled in: edit this line with every change of
+# table_pricing.py (its table layout is 3: six axes, the remainder table).
 _TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": FITTED, "aic": TABLE}
 
 
