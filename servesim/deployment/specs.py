@@ -36,6 +36,7 @@ class ModelSpec:
     kv_lora_rank: int = 0  # MLA
     qk_rope_head_dim: int = 0
     sliding_window: int = 0
+    config_quantization: str | None = None  # quantization named in config.json
     max_position_embeddings: int = 131072  # vLLM's default max_model_len
 
     @property
@@ -131,6 +132,7 @@ def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> Mode
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     if cfg.get("layer_types") and "sliding_attention" not in cfg["layer_types"]:
         window = None
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
     return ModelSpec(
         name=name,
         num_layers=layers,
@@ -149,5 +151,6 @@ def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> Mode
         kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
         qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
         sliding_window=int(window or 0),
+        config_quantization=quant,
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 131072),
     )
