@@ -1,12 +1,31 @@
 """Test configuration: tests/ on sys.path, so every test module imports what
 it shares one way (`from helpers import ...`, `from fpm_synth import ...`,
-`from regression.cases import ...`) from any directory pytest starts in, and
-the fixtures shared between test modules."""
+`from regression.cases import ...`) from any directory pytest starts in; the
+fixtures shared between test modules; and the Hypothesis profiles.
 
+Hypothesis profiles (each module's own `settings` keep their example counts
+and deadlines; a profile fills in the rest):
+- `servesim` (the default): `derandomize=True`, so every run, CI's included,
+  tries the same examples (seeded from each test's source) and a green suite
+  stays green; `print_blob=True`, so a failure prints the
+  `@reproduce_failure(...)` line that replays it.
+- `explore` (`HYPOTHESIS_PROFILE=explore`): random examples, for hunting new
+  bugs locally; `--hypothesis-seed=N` then picks the seed (README.md,
+  "Testing and debugging").
+The profile is loaded here before anything builds a `settings` object
+(helpers.SETTINGS below), since a `settings` object copies the profile that
+is loaded when it is made."""
+
+import os
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("servesim", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "servesim"))
 
 TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:

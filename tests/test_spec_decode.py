@@ -259,6 +259,37 @@ def test_async_schedules_again_before_acceptance_is_known_and_trims_the_surplus(
     assert (a["finish_pass"], a["finish_ms"], a["output_tokens"]) == (1, 20, 4)
 
 
+def test_async_drafts_in_flight_count_against_max_model_len_so_a_decision_is_sat_out():
+    # async, k = 1, max_model_len 24; a: P=21, O=3 (max_tokens 3), accepted [0];
+    # b: P=4, O=1 at t=15.
+    # decide pass 0 at 0: a 21; slots min(21 + 1, 24) = 22; c 21, ph 1
+    # decide pass 1 at 0: ask 21 + 1 + 1 - 21 = 2, cap 24 - 1 - 21 = 2: a 2 (spec 1);
+    #                     c 23, ph 3
+    # end 0 (10): token 1 (nt 22, ph 2); decide pass 2: not skipped (23 + 2 - 2 < 24),
+    #             ask 22 + 1 + 2 - 23 = 2 but cap 24 - 1 - 23 = 0 (the draft in flight
+    #             counts in c): nothing to run, so wait for pass 1
+    # end 1 (20): the draft rejected (c 22, ph 0), token 2 (nt 23); decide pass 2 at 20,
+    #             seeing b (t 15 <= 20): a ask 23 + 1 - 22 = 2, cap 24 - 1 - 22 = 1:
+    #             a 1 (spec 0); b 4 (not padded: 4 to compute); [20,30], both done
+    # A plain async run decides pass 2 at 10 (a 1: c 22, cap 1), before b arrives; at
+    # 20 a's last token is in flight (skipped) and b goes alone into [30,40].
+    cfg = spec_config(1, async_scheduling=True, max_model_len=24)
+    rows = [dict(id="a", t=0, P=21, O=3, accepted=[0]), dict(id="b", t=15, P=4, O=1)]
+    records, log = run(cfg, rows)
+    assert [spec_sched(p) for p in log] == [
+        [("a", 21, 0, "new", 0)], [("a", 2, 0, "running", 1)],
+        [("a", 1, 0, "running", 0), ("b", 4, 0, "new", 0)]]
+    assert times(log) == [(0, 10), (10, 20), (20, 30)]
+    a, b = req(records, "a"), req(records, "b")
+    assert (a["output_tokens"], a["finish_ms"], b["finish_ms"]) == (3, 30, 30)
+    assert spec_counts(records, "a") == (1, 0)
+    plain_records, plain_log = run(make_config(async_scheduling=True, max_model_len=24), rows)
+    assert [[(e["id"], e["tokens"]) for e in p["scheduled"]] for p in plain_log] == [
+        [("a", 21)], [("a", 1)], [("a", 1)], [("b", 4)]]
+    assert times(plain_log) == [(0, 10), (10, 20), (20, 30), (30, 40)]
+    assert req(plain_records, "b")["finish_ms"] == 40
+
+
 def test_compiled_runs_of_passes_agree_with_pass_by_pass():
     # the same workload, pass log off (compiled runs) and on, sync and async
     rows = [dict(id=f"r{i}", t=3.0 * i, P=20 + 7 * i, O=5 + i, accepted=[i % 3, 1])

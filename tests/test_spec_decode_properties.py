@@ -3,7 +3,10 @@
 strategies of tests/test_scheduler_properties.py):
 
 - with every acceptance rate 0, the schedule is a plain run's except for the
-  draft tokens and the lookahead blocks (ample budget and KV, no caching);
+  draft tokens and the lookahead blocks (ample budget and KV, no caching),
+  unless under async scheduling a request comes within k tokens of
+  max_model_len: then each request gets the same real tokens, pass for pass
+  of its own;
 - every request that finishes has exactly its output length, and every
   request that fits with its lookahead slots finishes;
 - blocks are conserved: never more than the usable blocks in use, all free
@@ -51,9 +54,48 @@ def spec_engines(draw, **kw):
     return engine
 
 
+def comes_within_k_of_max_model_len(engine, workload, k):
+    """Per request: it runs (not rejected at arrival) and `P + max_tokens + k >
+    max_model_len`, so some pass of it can have drafts in flight reaching
+    max_model_len - 1."""
+    if engine["max_model_len"] is None:
+        return np.zeros(len(workload), dtype=bool)
+    near = workload.input_length + expected_max_tokens(engine, workload) + k > \
+        engine["max_model_len"]
+    return near & ~rejected_at_arrival(engine, workload)
+
+
 @given(st.data())
 @SETTINGS
 def test_zero_acceptance_schedules_like_a_plain_run_but_for_drafts(data):
+    """With every acceptance rate 0 a pass yields one token per sampling
+    request, as a plain run's does, so (ample budget and KV, no prefix
+    caching) the schedule is the plain run's but for the drafts (taken off
+    the tokens) and their lookahead blocks (fewer free blocks).
+
+    Except under async scheduling once a request comes within k tokens of
+    max_model_len (`P + max_tokens + k > max_model_len`): vLLM's running loop
+    caps the ask at `max_model_len - 1 - num_computed_tokens`
+    (vllm/v1/core/sched/scheduler.py), and under async
+    `num_computed_tokens` still counts the drafts of the pass in flight, so
+    the cap can be 0 where a plain run's is 1: the request sits that
+    decision out, the decision may find nothing to run and wait for the
+    pass in flight (docs/engine.md §7), and from there the passes differ.
+    Hypothesis's example: async, k = 2, max_model_len 4, max_num_seqs 2,
+    fixed timing (prefill 3 ms, decode 1 ms); r0..r6 at 0 with P = 1, O = 1
+    but r5's O = 2 (1 + 2 + 2 > 4). Both runs: [0,3] r0 r1, [3,6] r2 r3
+    (the decisions at 0 and 3 find every running request's last token in
+    flight and no free seat, so they wait); decided at 6: r4 1 token, r5 1
+    (the spec run pads it to 1 + 2: 0 + 1 + 2 + 1 <= 4; c 3, ph 3), [6,9].
+    Decided at 6 with that pass in flight, r5 (not skipped: c + 2 - ph
+    < P + max_tokens):
+    - plain: c 1, cap 4 - 1 - 1 = 2, ask 1: [9,10] r5 (done), then r6 [10,13];
+    - spec: c 3, cap 4 - 1 - 3 = 0: nothing to run, so it waits for 9 (r5's
+      drafts rejected: c 1), then r5 2 (spec 1, cap 2) and r6 (padded) [9,13].
+    Four passes against five, and r5 done at 13, not 10. So for such
+    workloads this asserts only what stays true: each request is scheduled
+    for the same real tokens in the same order and ends with the same
+    tokens. tests/test_spec_decode.py has the rule on a smaller timeline."""
     engine = data.draw(engine_configs(chunked=True))
     engine.update(enable_prefix_caching=False, num_gpu_blocks=4096, max_num_batched_tokens=8192,
                   long_prefill_token_threshold=0, watermark=0.0,
@@ -62,6 +104,19 @@ def test_zero_acceptance_schedules_like_a_plain_run_but_for_drafts(data):
     k = data.draw(st.integers(1, 4), label="k")
     _, plain = simulate(engine, workload)
     _, spec = simulate({**engine, "speculative": spec_block(k, [0.0] * k)}, workload)
+    assert int(spec.records.spec_accepted.sum()) == 0
+    assert np.array_equal(plain.records.status, spec.records.status)
+    assert np.array_equal(plain.records.output_tokens, spec.records.output_tokens)
+    if engine["async_scheduling"] and comes_within_k_of_max_model_len(engine, workload, k).any():
+        def per_request(log, real):
+            seen = {}
+            for p in log:
+                for e in p["scheduled"]:
+                    seen.setdefault(e["id"], []).append((real(e), e["cached"], e["kind"]))
+            return seen
+        assert per_request(plain.pass_log, lambda e: e["tokens"]) == \
+            per_request(spec.pass_log, lambda e: e["tokens"] - e["spec"])
+        return
     assert len(spec.pass_log) == len(plain.pass_log)
     for p, s in zip(plain.pass_log, spec.pass_log):
         assert [(e["id"], e["tokens"], e["cached"], e["kind"]) for e in p["scheduled"]] == \
@@ -70,7 +125,6 @@ def test_zero_acceptance_schedules_like_a_plain_run_but_for_drafts(data):
             assert p[key] == s[key], key
         assert s["free_blocks_after_schedule"] <= p["free_blocks_after_schedule"]
     assert np.array_equal(plain.records.finish_ms, spec.records.finish_ms, equal_nan=True)
-    assert int(spec.records.spec_accepted.sum()) == 0
 
 
 @given(st.data())
