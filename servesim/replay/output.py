@@ -196,7 +196,8 @@ def write_outputs(
     contents = {}
     if per_request:
         contents[REQUESTS] = lambda: request_lines(result)
-        contents[ITL_QUANTILES] = lambda: [[json.dumps(itl_quantiles(result.records))]]
+        contents[ITL_QUANTILES] = lambda: [[json.dumps(result.itl_quantiles
+                                                       or itl_quantiles(result.records))]]
     if pass_log and result.pass_log is not None:
         contents[PASSES] = lambda: [dict_lines(result.pass_log)]
     if telemetry and result.telemetry is not None:

@@ -130,10 +130,13 @@ class RunStats:
 class SimulationResult:
     """The driver's output. `pass_log` is a list of dicts in the format of
     `passes.jsonl` (spec README §6) when the pass log was asked for, else None;
-    `telemetry` likewise for `telemetry.jsonl`."""
+    `telemetry` likewise for `telemetry.jsonl`. `itl_quantiles` is
+    itl_quantiles.json's dict once `metrics.summarize` has computed it (None
+    before)."""
 
     records: RequestRecords
     stats: RunStats
     pass_log: list | None = None
     telemetry: list | None = None
     warnings: list = attrs.Factory(list)
+    itl_quantiles: dict | None = None
