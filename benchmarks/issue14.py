@@ -77,12 +77,12 @@ def cpu_tier(connector):
 FEATURES = {
     "async scheduling": ({"async_scheduling": True}, {}, [], None),
     "launch (async)": ({"async_scheduling": True, "launch": LAUNCH}, {}, [], None),
-    "CPU tier, offloading": ({"kv_offloading": cpu_tier("offloading")}, {}, [],
+    "CPU tier (offloading)": ({"kv_offloading": cpu_tier("offloading")}, {}, [],
                              ["--host-offload", str(CPU_BLOCKS)]),
-    "CPU tier, simple_cpu": ({"kv_offloading": cpu_tier("simple_cpu")}, {}, [],
+    "CPU tier (simple_cpu)": ({"kv_offloading": cpu_tier("simple_cpu")}, {}, [],
                              ["--host-offload", str(CPU_BLOCKS)]),
     "attention DP 2": ({}, {"data_parallel_size": 2}, [], ["--dp", "2"]),
-    "4 workers, kv_aware": ({}, {"workers": 4, "router": "kv_aware"}, [],
+    "4 workers kv_aware": ({}, {"workers": 4, "router": "kv_aware"}, [],
                             ["--workers", "4", "--router", "kv_router"]),
     "2 prefill + 2 decode": ({}, {"mode": "disaggregated", "prefill_workers": 2,
                                   "decode_workers": 2,
@@ -203,7 +203,7 @@ def main():
     parser.add_argument("--cold-reps", type=int, default=2)
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--rate", type=float, default=40.0, help="synthetic arrivals per second")
-    parser.add_argument("--features", help="comma-separated subset of part b's features")
+    parser.add_argument("--features", help="comma-separated subset of part b's features (names as in FEATURES)")
     parser.add_argument("--cache-root", help="keep each tree's warm Numba cache here "
                         "(default: a new temporary folder)")
     parser.add_argument("--note", default="")
