@@ -220,6 +220,29 @@ def test_percentiles_of_sorted_equal_numpy_percentile(n):
         assert percentiles_of_sorted(np.sort(x)) == expected.tolist()
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 100, 1001, 20000])
+def test_quantiles_of_sorted_are_bit_identical_to_numpy_quantile(n):
+    from servesim.results.metrics import ITL_QUANTILE_STEPS, quantiles_of_sorted
+    rng = np.random.default_rng(n)
+    q = np.linspace(0.0, 1.0, ITL_QUANTILE_STEPS + 1)
+    for x in (rng.exponential(10.0, size=n), np.round(rng.exponential(10.0, size=n), 1),
+              rng.uniform(1e-3, 1e6, size=n), np.full(n, 2.5)):
+        expected = np.quantile(x, q)
+        got = quantiles_of_sorted(np.sort(x), q)
+        assert got.tobytes() == expected.tobytes()
+
+
+def test_summary_and_itl_quantiles_share_one_distribution():
+    # summarize leaves itl_quantiles.json's dict on the result; it equals the
+    # one computed on its own, and the summary's ITL figures are its points
+    from servesim.results.metrics import itl_quantiles
+    result = make_result()
+    s = summarize(result, {}, 0.5)
+    assert result.itl_quantiles == itl_quantiles(result.records)
+    q = result.itl_quantiles
+    assert s["itl_ms"]["max"] == q["itl_ms"][-1] and s["itl_ms"]["p50"] == q["itl_ms"][100]
+
+
 def test_itl_quantiles_are_numpy_quantiles_of_every_gap_of_finished_requests():
     # finished: a (0, 10, 14, 20 -> gaps 10, 4, 6... with arrival at 0 the
     # tokens are 10, 14, 20: gaps 4 and 6), b one token (no gap); the gaps of

@@ -8,6 +8,7 @@ is an internal error, exit 1, with its traceback. Heavy modules (NumPy,
 Numba, the engine) are imported inside the commands so `--help` is instant.
 """
 
+import gc
 import sys
 import traceback
 import warnings
@@ -37,6 +38,11 @@ class ServesimGroup(click.Group):
             click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
             click.echo(traceback.format_exc(), err=True, nl=False)
             ctx.exit(1)
+        finally:
+            # The process ends here: moving every object to the permanent
+            # generation spares the interpreter's exit a garbage collection
+            # that frees Numba's compiled code object by object (~0.3 s).
+            gc.freeze()
 
 
 @click.group(cls=ServesimGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -72,8 +72,40 @@ def latency_stats(samples: np.ndarray) -> dict:
         return {key: None for key in STAT_KEYS}
     mean = samples.mean()
     samples.sort()  # in place: callers hand over arrays they no longer need
-    values = (mean, *percentiles_of_sorted(samples), samples[-1])
+    return _sorted_stats(mean, samples)
+
+
+def _sorted_stats(mean, ordered: np.ndarray) -> dict:
+    """latency_stats' dict from the samples' mean and the sorted samples."""
+    values = (mean, *percentiles_of_sorted(ordered), ordered[-1])
     return {key: _round(v) for key, v in zip(STAT_KEYS, values)}
+
+
+def quantiles_of_sorted(ordered: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """np.quantile(ordered, q) (method "linear") of an already sorted,
+    non-empty array, with numpy's own arithmetic (numpy/lib/
+    _function_base_impl.py: `_quantile`, `_get_indexes`, `_lerp`), so the
+    values are bit-identical: virtual index (n-1)*q, neighbours floor and
+    floor+1 (both the last sample from index n-1 on), weight = index - floor,
+    interpolated as a + (b-a)*g, or b - (b-a)*(1-g) when g >= 0.5.
+    np.quantile itself would copy the samples and partition them again around
+    every index (seconds on millions of ITL samples)."""
+    n = ordered.size
+    virtual = (n - 1) * q
+    lower = np.floor(virtual)
+    upper = lower + 1
+    last = virtual >= n - 1
+    lower[last] = -1
+    upper[last] = -1
+    lower = lower.astype(np.intp)
+    upper = upper.astype(np.intp)
+    gamma = virtual - lower
+    a = ordered[lower]
+    b = ordered[upper]
+    diff = b - a
+    out = a + diff * gamma
+    np.subtract(b, diff * (1 - gamma), out=out, where=gamma >= 0.5)
+    return out
 
 
 def tpot_samples(records, finished: np.ndarray) -> np.ndarray:
@@ -109,19 +141,29 @@ def _fill_gaps(times, offsets, finished, out):
 ITL_QUANTILE_STEPS = 200
 
 
-def itl_quantiles(records) -> dict:
-    """The ITL distribution of finished requests as exact quantiles (numpy's
-    linear interpolation) at 0, 0.5%, ..., 100%: enough to draw its CDF
-    without writing every token's time."""
+def itl_figures(records) -> tuple:
+    """`(itl_ms, itl_quantiles)`: summary.json's ITL block (latency_stats of
+    every gap of the finished requests) and itl_quantiles.json's dict, from
+    one extraction and one sort of the gaps (a run can have hundreds of
+    millions)."""
     finished = np.asarray(records.status) == STATUS_FINISHED
     samples = itl_samples(records, finished)
     q = np.linspace(0.0, 1.0, ITL_QUANTILE_STEPS + 1)
     if samples.size == 0:
-        return {"samples": 0, "quantiles": q.tolist(), "itl_ms": [None] * q.size}
+        return latency_stats(samples), {"samples": 0, "quantiles": q.tolist(),
+                                        "itl_ms": [None] * q.size}
+    mean = samples.mean()  # in request order, as latency_stats takes it
     samples.sort()
-    values = np.quantile(samples, q)
-    return {"samples": int(samples.size), "quantiles": [round(float(x), 6) for x in q],
-            "itl_ms": [_round(v) for v in values]}
+    quantiles = {"samples": int(samples.size), "quantiles": [round(float(x), 6) for x in q],
+                 "itl_ms": [_round(v) for v in quantiles_of_sorted(samples, q)]}
+    return _sorted_stats(mean, samples), quantiles
+
+
+def itl_quantiles(records) -> dict:
+    """The ITL distribution of finished requests as exact quantiles (numpy's
+    linear interpolation) at 0, 0.5%, ..., 100%: enough to draw its CDF
+    without writing every token's time."""
+    return itl_figures(records)[1]
 
 
 def _worker_dict(w) -> dict:
@@ -144,6 +186,8 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
 
     `config_dict` is the resolved config (stored as is under `config`);
     `wall_time_s` is the simulator's own run time (for `passes_per_s`).
+    Also sets `result.itl_quantiles` (itl_quantiles.json's dict), computed
+    with the summary's ITL figures from the same sorted gaps.
     """
     rec = result.records
     stats = result.stats
@@ -162,6 +206,7 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
     hits = int(stats.prefix_cache_hits)
     passes = int(stats.passes)
     wall_time_s = float(wall_time_s)
+    itl_ms, result.itl_quantiles = itl_figures(rec)
 
     summary = {
         "requests": int(status.size),
@@ -174,7 +219,7 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
         "output_tokens_per_s": _rate(int(rec.output_tokens[finished].sum()), duration_ms),
         "ttft_ms": latency_stats(first - arrival),
         "tpot_ms": latency_stats(tpot_samples(rec, finished)),
-        "itl_ms": latency_stats(itl_samples(rec, finished)),
+        "itl_ms": itl_ms,
         "e2e_ms": latency_stats(finish - arrival),
         "preemptions": int(stats.preemptions),
         "preempted_requests": int((np.asarray(rec.num_preemptions) > 0).sum()),

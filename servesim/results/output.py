@@ -196,7 +196,8 @@ def write_outputs(
     contents = {}
     if per_request:
         contents[REQUESTS] = lambda: request_lines(result)
-        contents[ITL_QUANTILES] = lambda: [[json.dumps(itl_quantiles(result.records))]]
+        contents[ITL_QUANTILES] = lambda: [[json.dumps(result.itl_quantiles
+                                                       or itl_quantiles(result.records))]]
     if pass_log and result.pass_log is not None:
         log = result.pass_log  # a list of dicts, or a compiled run's log (replay/pass_log.py)
         contents[PASSES] = (log.lines if hasattr(log, "lines")

@@ -136,10 +136,12 @@ class SimulationResult:
     `passes.jsonl` (spec README §6) when the pass log was asked for, else None
     (a list, or for compiled runs a `replay.pass_log.CompiledPassLog` over the
     compiled loop's buffer, which also writes its lines); `telemetry` a list
-    likewise for `telemetry.jsonl`."""
+    likewise for `telemetry.jsonl`. `itl_quantiles` is itl_quantiles.json's
+    dict once `metrics.summarize` has computed it (None before)."""
 
     records: RequestRecords
     stats: RunStats
     pass_log: Sequence | None = None
     telemetry: list | None = None
     warnings: list = attrs.Factory(list)
+    itl_quantiles: dict | None = None
