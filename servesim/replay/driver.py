@@ -13,7 +13,7 @@ from servesim.engine.core import EngineCore
 from servesim.engine.events import ARRIVAL, EventLoop
 from servesim.engine.release import TokenLog
 from servesim.engine.speculative import spec_table_slack
-from servesim.errors import InputError
+from servesim.errors import InputError, InvariantError
 from servesim.replay.config_types import Config
 from servesim.replay.fitted_checks import launch_double_count_warning
 from servesim.replay.speculative_config import check_accepted
@@ -300,7 +300,15 @@ class Replay:
 
     def run(self) -> SimulationResult:
         self._schedule_arrivals()
-        self.loop.run(self._on_advance if self.telemetry else None)
+        try:
+            self.loop.run(self._on_advance if self.telemetry else None)
+        except InvariantError as exc:  # the debug mode (SERVESIM_CHECK): name the request
+            if len(exc.args) != 7:
+                raise
+            from servesim.scheduler.check import describe
+
+            raise InvariantError(f"{describe(exc, self.workload.request_ids)} "
+                                 f"(simulated time {self.loop.now:.3f} ms)") from exc
         result_warnings = self._close_unfinished()
         launch_warning = launch_double_count_warning(self.config.engine)
         if launch_warning is not None:

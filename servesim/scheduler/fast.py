@@ -23,6 +23,7 @@ import numpy as np
 from servesim.engine.speculative import accepted_drafts
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
+from servesim.scheduler import check
 from servesim.scheduler.fast_queue import (WQ_LEN, wq_add, wq_peek, wq_pop, wq_prepend,
                                            wq_remove)
 from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINISHED,
@@ -38,15 +39,18 @@ from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
 # cfg
 (C_MAX_SEQS, C_BUDGET, C_MAX_MODEL_LEN, C_CHUNKED, C_THRESHOLD, C_PRIORITY, C_RESERVE,
  C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE,
- C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED) = range(16)
-NUM_CFG = 16
+ C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED, C_CHECK) = range(17)
+NUM_CFG = 17
 # speculative decoding (docs/engine.md §12): C_SPEC_K drafts
 # per decode (0: off), C_LOOKAHEAD KV slots reserved beyond the scheduled
 # tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash, C_SEED
-# keys acceptance draws
+# keys acceptance draws; C_CHECK: the debug mode's invariant check after every
+# pass (servesim/scheduler/check.py; 0 off, 1 this rank, 2 this rank and the
+# whole table: the only scheduler on it)
 # S (after the waiting queue's two slots)
-(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL) = range(2, 9)
-NUM_SCALARS = 9
+(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL,
+ S_CHECKED_PASSES) = range(2, 10)
+NUM_SCALARS = 10  # S_CHECKED_PASSES: passes decided with a batch, counted by the check
 # out rows
 O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_SPEC, O_PRE, O_UNFIN = range(8)
 NUM_OUT_ROWS = 8  # O_SPEC: draft tokens scheduled (included in O_TOK)
@@ -361,6 +365,38 @@ def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, ou
                           out, feats, budget, threshold)
     _update_after_schedule(R, cfg, out, feats)
     feats[FREE_BLOCKS] = pscal[bp.NUM_FREE]
+    if cfg[C_CHECK]:
+        check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats,
+                   check.AFTER_SCHEDULE, -1)
+
+
+@njit
+def check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats,
+               where, pass_index):
+    """The debug mode's invariant check (servesim/scheduler/check.py) of this
+    rank after a pass: after `schedule()` (`feats` given, its entries checked
+    too; the pass index is that of the pass decided, counted here) or after
+    `update_from_output()` of pass `pass_index` (`feats` empty)."""
+    n_sched = -1
+    total = 0
+    capped = out[O_TOK, :0]
+    if len(feats):
+        n_sched = feats[N_SCHED]
+        total = feats[TOTAL_TOKENS]
+        pass_index = S[S_CHECKED_PASSES]
+        if n_sched > 0:
+            S[S_CHECKED_PASSES] += 1
+        # the threshold caps an admission before its padding drafts
+        capped = out[O_TOK, :n_sched].copy()
+        for e in range(n_sched):
+            if out[O_KIND, e] != K_RUNNING:
+                capped[e] -= out[O_SPEC, e]
+    priority = cfg[C_PRIORITY]
+    check.check_rank(R, F, idents, tables, blocks, idmap, pscal, running, S[S_RUN_N], wq,
+                     0 if priority else S[0], S[WQ_LEN], priority, running[:0], 0,
+                     out[O_REQ], out[O_TOK], capped, n_sched, total, cfg[C_MAX_SEQS],
+                     cfg[C_BUDGET], cfg[C_THRESHOLD], cfg[C_BLOCK_SIZE], cfg[C_SPEC_K],
+                     cfg[C_MAX_MODEL_LEN], cfg[C_CHECK] == 2, where, pass_index)
 
 
 @njit(inline="always")
@@ -494,6 +530,9 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                 running[kept] = i
                 kept += 1
         S[S_RUN_N] = kept
+    if cfg[C_CHECK]:
+        check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out,
+                   out[0, :0], check.AFTER_OUTPUT, pass_index)
     return num_finished
 
 
@@ -623,6 +662,13 @@ class FastScheduler:
         self.prefix_cache_stats = _PrefixCacheStats(self.S)
         self.unfinishable = []
         self.stop_on_finish = False  # closed loop: a finish releases the next request
+        if check.enabled():
+            # the debug mode; the whole table is checked while this is the only
+            # scheduler on it (other ranks' requests are in their own queues)
+            table.checked_schedulers.append(self)
+            mode = 2 if len(table.checked_schedulers) == 1 else 1
+            for peer in table.checked_schedulers:
+                peer.cfg[C_CHECK] = mode
 
     # -- requests in ---------------------------------------------------------
 
@@ -663,6 +709,10 @@ class FastScheduler:
             n = take_out_all(t.R, t.F, t.tables, p.blocks, p.scalars, self.S, self.running,
                              self.wq, self.priority, self.finished_buffer)
             self.unfinishable.extend(self.finished_buffer[:n].tolist())
+            if self.cfg[C_CHECK]:
+                check_pass(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
+                           self.S, self.running, self.wq, out, feats[:0], check.AFTER_TAKE_OUT,
+                           int(self.S[S_CHECKED_PASSES]))
             return FastOutput(out, feats)
         schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
                  self.S, self.running, self.wq, out, feats)

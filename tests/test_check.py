@@ -1,0 +1,170 @@
+"""The debug mode's invariant check (servesim/scheduler/check.py,
+`SERVESIM_CHECK=1`): it stays silent on real runs, changes no output, and
+catches state corrupted between passes — on the pass-by-pass path, inside the
+compiled runs of passes (engine/fast_run.py) and on the reference scheduler —
+naming the pass, the request or block and the invariant."""
+
+import traceback
+
+import numpy as np
+import pytest
+
+from servesim.errors import InvariantError
+from servesim.kvcache import block_pool as bp
+from servesim.replay.driver import Replay
+from servesim.scheduler import fast, fast_queue
+from servesim.scheduler.fast_table import NUM_BLOCKS, OFFSET
+from tests.helpers import make_config, make_workload
+
+
+@pytest.fixture
+def checking(monkeypatch):
+    monkeypatch.setenv("SERVESIM_CHECK", "1")
+
+
+def rows(n=6, prompt=40, output=6, gap=3.0):
+    # two prefix families: hits, shared blocks, ref counts above 1
+    return [{"id": f"r{i}", "t": gap * i, "P": prompt, "O": output,
+             "hash_ids": [100 * (i % 2), 100 * (i % 2) + 1, 1000 + i]} for i in range(n)]
+
+
+def config(pass_log=True, **engine):
+    engine.setdefault("block_size", 16)
+    engine.setdefault("num_gpu_blocks", 64)
+    engine.setdefault("max_num_batched_tokens", 64)
+    return make_config(output={"pass_log": pass_log}, **engine)
+
+
+def replay(cfg, workload, path="fast"):
+    return Replay(cfg, workload, path=path)
+
+
+def corrupt_at_pass(monkeypatch, at, corrupt):
+    """Run `corrupt(core)` when the outputs of pass `at` have been processed
+    (pass-by-pass path: the pass log is on)."""
+    original = Replay.on_pass
+
+    def on_pass(self, core, p):
+        original(self, core, p)
+        if p.indices[0] == at:
+            corrupt(core)
+
+    monkeypatch.setattr(Replay, "on_pass", on_pass)
+
+
+def held_block(scheduler):
+    """A block the first running request holds."""
+    t = scheduler.table
+    i = int(scheduler.running[0])
+    assert t.R[i, NUM_BLOCKS] > 0
+    return int(t.tables[t.R[i, OFFSET]])
+
+
+def test_check_is_off_without_the_variable(monkeypatch):
+    monkeypatch.delenv("SERVESIM_CHECK", raising=False)
+    r = replay(config(), make_workload(rows()))
+    assert r.workers[0].ranks[0].scheduler.cfg[fast.C_CHECK] == 0
+
+
+@pytest.mark.parametrize("engine", [
+    {},
+    {"async_scheduling": True},
+    {"num_gpu_blocks": 9, "max_num_batched_tokens": 32},  # preemptions
+    {"scheduling_policy": "priority", "num_gpu_blocks": 9},
+])
+@pytest.mark.parametrize("pass_log", [True, False])
+def test_real_runs_pass_the_check_and_keep_their_outputs(monkeypatch, engine, pass_log):
+    workload = make_workload(rows(8))
+    monkeypatch.delenv("SERVESIM_CHECK", raising=False)
+    plain = replay(config(pass_log, **engine), workload).run()
+    monkeypatch.setenv("SERVESIM_CHECK", "1")
+    checked_replay = replay(config(pass_log, **engine), workload)
+    assert checked_replay.workers[0].ranks[0].scheduler.cfg[fast.C_CHECK] == 2
+    checked = checked_replay.run()
+    assert checked.pass_log == plain.pass_log
+    for name in ("status", "output_tokens", "num_preemptions", "token_client_ms"):
+        assert np.array_equal(getattr(checked.records, name), getattr(plain.records, name))
+
+
+def test_a_wrong_ref_count_is_caught_at_the_next_pass(checking, monkeypatch):
+    found = {}
+
+    def corrupt(core):
+        scheduler = core.ranks[0].scheduler
+        found["block"] = b = held_block(scheduler)
+        scheduler.pool.blocks[bp.REF, b] += 1
+
+    corrupt_at_pass(monkeypatch, 2, corrupt)
+    with pytest.raises(InvariantError) as info:
+        replay(config(), make_workload(rows())).run()
+    message = str(info.value)
+    assert message.startswith("invariant violated after schedule() of pass 3: a block's ref "
+                              "count equals the requests whose block table holds it")
+    assert f"block {found['block']}" in message
+
+
+def test_a_request_in_two_queues_is_named(checking, monkeypatch):
+    found = {}
+
+    def corrupt(core):
+        s = core.ranks[0].scheduler
+        i = int(s.running[0])
+        found["id"] = s.table.request_ids[i]
+        fast_queue.wq_add(s.table.R, s.table.F, s.S, s.wq, s.priority, i)
+
+    corrupt_at_pass(monkeypatch, 1, corrupt)
+    with pytest.raises(InvariantError) as info:  # (one running: admission does not run)
+        replay(config(max_num_seqs=1), make_workload(rows())).run()
+    message = str(info.value)
+    assert "of pass 2: a request is in exactly one of running / waiting" in message
+    assert f"request '{found['id']}'" in message
+
+
+def test_a_free_count_off_by_one_breaks_conservation(checking, monkeypatch):
+    corrupt_at_pass(monkeypatch, 0,
+                    lambda core: core.ranks[0].pool.scalars.__setitem__(bp.NUM_FREE, 0))
+    with pytest.raises(InvariantError, match="the pool's free count equals the free queue's"):
+        replay(config(), make_workload(rows())).run()
+
+
+def test_a_lost_request_is_caught(checking, monkeypatch):
+    """A running request dropped from `running` (its blocks freed, so ref
+    counts still match) is still RUNNING: the whole-table check finds it."""
+    def corrupt(core):
+        s = core.ranks[0].scheduler
+        t = s.table
+        i = int(s.running[0])
+        fast._free(t.R, t.tables, s.pool.blocks, s.pool.scalars, i)
+        n = s.S[fast.S_RUN_N]
+        s.running[:n - 1] = s.running[1:n].copy()
+        s.S[fast.S_RUN_N] = n - 1
+
+    corrupt_at_pass(monkeypatch, 1, corrupt)
+    with pytest.raises(InvariantError, match="a RUNNING request is in running"):
+        replay(config(), make_workload(rows())).run()
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": True}])
+def test_the_compiled_runs_of_passes_check_every_pass(checking, monkeypatch, engine):
+    """No pass log: passes between arrivals run inside one compiled loop
+    (engine/fast_run.py); a block leaked at an arrival while a pass is in
+    flight is caught by the check inside that loop."""
+    original = Replay._on_arrival
+    found = {}
+
+    def on_arrival(self, i):
+        s = self.workers[0].ranks[0].scheduler
+        if i == 3:
+            assert self.workers[0].in_flight  # the next pass end enters a compiled run
+            b = held_block(s)
+            found["block"] = b
+            s.pool.blocks[bp.REF, b] += 1
+        original(self, i)
+
+    monkeypatch.setattr(Replay, "_on_arrival", on_arrival)
+    with pytest.raises(InvariantError) as info:
+        replay(config(pass_log=False, **engine), make_workload(rows(gap=7.0))).run()
+    assert "ref count equals the requests" in str(info.value)
+    assert f"block {found['block']}" in str(info.value)
+    frames = [f.name for f in traceback.extract_tb(info.value.__cause__.__traceback__)]
+    assert ("run_from" if not engine else "run_async_from") in frames
