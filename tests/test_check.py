@@ -168,3 +168,60 @@ def test_the_compiled_runs_of_passes_check_every_pass(checking, monkeypatch, eng
     assert f"block {found['block']}" in str(info.value)
     frames = [f.name for f in traceback.extract_tb(info.value.__cause__.__traceback__)]
     assert ("run_from" if not engine else "run_async_from") in frames
+
+
+# -- the reference scheduler (CPU tier, disaggregated serving) -------------------------
+
+
+def test_the_reference_scheduler_is_checked_too(checking, monkeypatch):
+    found = {}
+
+    def corrupt(core):
+        request = core.ranks[0].scheduler.running[0]
+        found["block"] = b = int(request.block_table[0])
+        core.ranks[0].pool.blocks[bp.REF, b] += 1
+
+    corrupt_at_pass(monkeypatch, 2, corrupt)
+    with pytest.raises(InvariantError) as info:
+        replay(config(), make_workload(rows()), path="reference").run()
+    message = str(info.value)
+    assert message.startswith("invariant violated after schedule() of pass 3: a block's ref count")
+    assert f"block {found['block']}" in message
+
+
+def cpu_tier_case():
+    """tests/test_cpu_tier.py's first case: b waits from 40 to 80 ms for a
+    load of 4 blocks into G1 blocks it holds (`waiting_for_kv`)."""
+    tier = dict(num_cpu_blocks=16, bytes_per_token=62_500, d2h_gbps=1,  # 1 MB a block
+                h2d_gbps=0.1, connector="offloading")
+    cfg = make_config(num_gpu_blocks=9, kv_offloading=tier)
+    wl = make_workload([dict(id="a", t=0, P=64, O=1, hash_ids=[1, 2, 3, 4]),
+                        dict(id="c", t=20, P=128, O=1),
+                        dict(id="b", t=40, P=80, O=1, hash_ids=[1, 2, 3, 4, 5])])
+    return cfg, wl
+
+
+def test_blocks_held_for_a_load_in_flight_count_as_held(checking, monkeypatch):
+    from servesim.scheduler import check
+
+    original = check.check_reference
+    loads = []
+
+    def recording(scheduler, out, where, pass_index):
+        loads.append(len(scheduler.waiting_for_kv))
+        original(scheduler, out, where, pass_index)
+
+    monkeypatch.setattr(check, "check_reference", recording)
+    cfg, wl = cpu_tier_case()
+    result = replay(cfg, wl, path="reference").run()
+    assert result.stats.cpu_tier_loads == 1 and max(loads) == 1
+
+    def corrupting(scheduler, out, where, pass_index):
+        if scheduler.waiting_for_kv:
+            b = int(scheduler.waiting_for_kv[0].block_table[0])
+            scheduler.kv.pool.blocks[bp.REF, b] += 1
+        original(scheduler, out, where, pass_index)
+
+    monkeypatch.setattr(check, "check_reference", corrupting)
+    with pytest.raises(InvariantError, match="ref count equals .* block 1; found 2, expected 1"):
+        replay(cfg, wl, path="reference").run()

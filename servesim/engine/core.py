@@ -52,6 +52,7 @@ from servesim.engine.launch import launch_end
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
 from servesim.kvcache.cpu_tier import CPUOffloadConnector
+from servesim.scheduler import check
 from servesim.scheduler.fast import FastScheduler
 
 
@@ -151,6 +152,10 @@ class EngineCore:
         self._transfer_wake_ms = None  # an idle engine's wake at a transfer's end
         self._busy = np.zeros(1)  # GPU time, an array for compiled runs
         self.num_passes = 0
+        # the debug mode on the reference scheduler (the compiled one checks
+        # itself inside its kernels, servesim/scheduler/fast.py `check_pass`)
+        self.check_reference = check.enabled() and not isinstance(
+            self.ranks[0].scheduler, FastScheduler)
 
     busy_ms = property(lambda self: float(self._busy[0]))
 
@@ -208,10 +213,15 @@ class EngineCore:
         now take effect first, and the loads and preemption stores decided go
         out at once."""
         if not self.connectors:
-            return [rank.scheduler.schedule() for rank in self.ranks]
+            outputs = [rank.scheduler.schedule() for rank in self.ranks]
+            if self.check_reference:
+                self._check(outputs, check.AFTER_SCHEDULE)
+            return outputs
         for connector in self.connectors:
             connector.poll(now)
         outputs = [rank.scheduler.schedule() for rank in self.ranks]
+        if self.check_reference:
+            self._check(outputs, check.AFTER_SCHEDULE)
         for rank, out in zip(self.ranks, outputs):
             if rank.transfers is not None:
                 for job in out.preemption_stores:
@@ -219,6 +229,12 @@ class EngineCore:
                 for job in out.loads:
                     rank.transfers.submit(job, now)
         return outputs
+
+    def _check(self, outputs, where):
+        """The debug mode: check each reference rank after its decision (its
+        pass index: the one it gets if launched)."""
+        for rank, out in zip(self.ranks, outputs):
+            check.check_reference(rank.scheduler, out, where, rank.num_passes)
 
     def _settle(self, outputs, now):
         """Launch a decision's pass, or deal with a decision that scheduled
@@ -320,6 +336,8 @@ class EngineCore:
             if not out.num_scheduled:
                 continue
             finished = rank.scheduler.update_from_output(out, release, index)
+            if self.check_reference:
+                check.check_reference(rank.scheduler, None, check.AFTER_OUTPUT, index)
             p.finished[i] = finished
             if rank.connector is not None and rank.scheduler.finished_stores:
                 self._submit_finished_stores(rank, now)
