@@ -127,21 +127,46 @@ def test_a_free_count_off_by_one_breaks_conservation(checking, monkeypatch):
         replay(config(), make_workload(rows())).run()
 
 
+def drop_first_running(core):
+    """Free the first running request's blocks and drop it from `running`
+    (ref counts still match; it is still RUNNING)."""
+    s = core.ranks[0].scheduler
+    t = s.table
+    i = int(s.running[0])
+    fast._free(t.R, t.tables, s.pool.blocks, s.pool.scalars, i)
+    n = s.S[fast.S_RUN_N]
+    s.running[:n - 1] = s.running[1:n].copy()
+    s.S[fast.S_RUN_N] = n - 1
+    return t.request_ids[i]
+
+
 def test_a_lost_request_is_caught(checking, monkeypatch):
-    """A running request dropped from `running` (its blocks freed, so ref
-    counts still match) is still RUNNING: the whole-table check finds it."""
+    """The whole-table check of the only scheduler finds a lost request."""
+    found = {}
+    corrupt_at_pass(monkeypatch, 1, lambda core: found.setdefault("id", drop_first_running(core)))
+    with pytest.raises(InvariantError) as info:
+        replay(config(), make_workload(rows())).run()
+    assert "a RUNNING request is in running" in str(info.value)
+    assert f"request '{found['id']}'" in str(info.value)
+
+
+@pytest.mark.parametrize("cluster", [{"workers": 2}, {"data_parallel_size": 2}])
+def test_a_request_lost_across_schedulers_is_caught(checking, monkeypatch, cluster):
+    """Several schedulers on one table check themselves alone; the replay's
+    check across them (check.check_table) finds the lost request."""
+    found = {}
+
     def corrupt(core):
-        s = core.ranks[0].scheduler
-        t = s.table
-        i = int(s.running[0])
-        fast._free(t.R, t.tables, s.pool.blocks, s.pool.scalars, i)
-        n = s.S[fast.S_RUN_N]
-        s.running[:n - 1] = s.running[1:n].copy()
-        s.S[fast.S_RUN_N] = n - 1
+        if core.index == 0 and "id" not in found:
+            found["id"] = drop_first_running(core)
 
     corrupt_at_pass(monkeypatch, 1, corrupt)
-    with pytest.raises(InvariantError, match="a RUNNING request is in running"):
-        replay(config(), make_workload(rows())).run()
+    r = replay(make_config(cluster=cluster, block_size=16, num_gpu_blocks=64), make_workload(rows()))
+    assert [rank.scheduler.cfg[fast.C_CHECK] for core in r.workers for rank in core.ranks] == [1, 1]
+    with pytest.raises(InvariantError) as info:
+        r.run()
+    assert "a RUNNING request is in running, a PREEMPTED one in waiting" in str(info.value)
+    assert f"request '{found['id']}'" in str(info.value)
 
 
 @pytest.mark.parametrize("engine", [{}, {"async_scheduling": True}])

@@ -25,6 +25,7 @@ from servesim.replay.router import Router
 from servesim.replay.telemetry import Telemetry
 from servesim.replay.workload import Workload
 from servesim.kvcache.manager import KVCacheManager
+from servesim.scheduler.check import AFTER_OUTPUT, check_table
 from servesim.scheduler.fast import FastScheduler
 from servesim.scheduler import fast_table
 from servesim.scheduler.request import Request
@@ -164,6 +165,11 @@ class Replay:
         self.loop = EventLoop()
         n = len(workload)
         self._build_workers(num_identities)
+        # the debug mode across the compiled schedulers of several workers or
+        # ranks (each also checks itself alone, servesim/scheduler/check.py)
+        table = getattr(self.store, "table", None)
+        self._check_table = (check_table if table is not None
+                             and len(table.checked_schedulers) > 1 else None)
 
         self.status = np.full(n, STATUS_UNFINISHED, dtype=np.int8)
         self.arrived = np.zeros(n, dtype=bool)
@@ -263,6 +269,8 @@ class Replay:
             self.loop.schedule(self.loop.now, ARRIVAL, self._on_arrival, j)
 
     def on_pass(self, core, p):
+        if self._check_table is not None:
+            self._check_table(self.store.table, AFTER_OUTPUT, max(p.indices))
         if self.pass_log is not None:
             ids = self.workload.request_ids
             for rank, out, index, finished in zip(core.ranks, p.outputs, p.indices, p.finished):

@@ -14,7 +14,9 @@ hold blocks outside those two (`others`: loads in flight, blocks held for a KV
 transfer) and, after `schedule()`, the pass's scheduled entries. The compiled
 scheduler calls it from its own kernels when `cfg[C_CHECK]` is set
 (`servesim.scheduler.fast`); the reference scheduler through
-`check_reference`, which lays its objects out as the same arrays.
+`check_reference`, which lays its objects out as the same arrays. Several
+compiled schedulers share one table (workers, DP ranks): each checks its own
+requests, and `check_table` checks across them.
 
 The invariants, with vLLM's accounting:
 - blocks conserved: free-queue length + blocks held by some request (ref
@@ -373,3 +375,32 @@ def check_reference(scheduler, out, where, pass_index):
         if args[3] >= 0:
             args[3] = members[args[3]].index
         raise InvariantError(*args) from None
+
+
+def check_table(table, where, pass_index):
+    """Across the compiled schedulers sharing a request table (several
+    workers or DP ranks, each checked alone by `check_rank`): a request is in
+    one queue of one scheduler at most, a RUNNING one in some `running`, a
+    PREEMPTED one in some waiting queue, and one holding blocks is running.
+    The replay calls it after each pass when more than one scheduler shares
+    the table."""
+    R = table.R
+    count = np.zeros(len(R), dtype=np.int64)
+    running = np.zeros(len(R), dtype=np.bool_)
+    waiting = np.zeros(len(R), dtype=np.bool_)
+    for scheduler in table.checked_schedulers:
+        r, w = scheduler.queue_members()
+        np.add.at(count, r, 1)
+        np.add.at(count, w, 1)
+        running[r] = True
+        waiting[w] = True
+    status = R[:, STATUS]
+    for code, bad, expected in (
+            (DUPLICATE, count > 1, 1),
+            (LOST, ((status == RUNNING) & ~running) | ((status == PREEMPTED) & ~waiting), -1),
+            (HOLDS_BLOCKS, (R[:, NUM_BLOCKS] != 0) & ~running, 0)):
+        found = np.flatnonzero(bad)
+        if len(found):
+            i = int(found[0])
+            actual = {DUPLICATE: count[i], LOST: status[i], HOLDS_BLOCKS: R[i, NUM_BLOCKS]}[code]
+            raise InvariantError(code, where, pass_index, i, -1, int(actual), expected)

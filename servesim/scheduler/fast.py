@@ -24,8 +24,8 @@ from servesim.engine.speculative import accepted_drafts
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
 from servesim.scheduler import check
-from servesim.scheduler.fast_queue import (WQ_LEN, wq_add, wq_peek, wq_pop, wq_prepend,
-                                           wq_remove)
+from servesim.scheduler.fast_queue import (WQ_HEAD, WQ_LEN, wq_add, wq_peek, wq_pop,
+                                           wq_prepend, wq_remove)
 from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINISHED,
                                            FIRST_CACHED, FIRST_SCHEDULED, FIRST_TOKEN_PASS,
                                            MAX_COMPUTED, MAX_TOKENS, NUM_BLOCKS, NUM_CACHED,
@@ -693,6 +693,13 @@ class FastScheduler:
     def pending_prefill_tokens(self) -> int:
         return int(pending_prefill_tokens(self.table.R, self.S, self.running, self.wq,
                                           self.priority))
+
+    def queue_members(self):
+        """`(running, waiting)`: the request indices of each (for the debug
+        mode's check across schedulers, servesim/scheduler/check.py)."""
+        head = 0 if self.priority else self.S[WQ_HEAD]
+        waiting = self.wq[(head + np.arange(self.S[WQ_LEN])) % len(self.wq)]
+        return self.running[:self.S[S_RUN_N]].copy(), waiting
 
     num_running = property(lambda self: int(self.S[S_RUN_N]))
     num_waiting = property(lambda self: int(self.S[WQ_LEN]))
