@@ -393,7 +393,7 @@ def check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, 
                 capped[e] -= out[O_SPEC, e]
     priority = cfg[C_PRIORITY]
     check.check_rank(R, F, idents, tables, blocks, idmap, pscal, running, S[S_RUN_N], wq,
-                     0 if priority else S[0], S[WQ_LEN], priority, running[:0], 0,
+                     0 if priority else S[WQ_HEAD], S[WQ_LEN], priority, running[:0], 0,
                      out[O_REQ], out[O_TOK], capped, n_sched, total, cfg[C_MAX_SEQS],
                      cfg[C_BUDGET], cfg[C_THRESHOLD], cfg[C_BLOCK_SIZE], cfg[C_SPEC_K],
                      cfg[C_MAX_MODEL_LEN], cfg[C_CHECK] == 2, where, pass_index)
