@@ -167,7 +167,7 @@ class Replay:
         self._build_workers(num_identities)
         # the debug mode across the compiled schedulers of several workers or
         # ranks (each also checks itself alone, servesim/scheduler/check.py)
-        table = getattr(self.store, "table", None)
+        table = getattr(getattr(self, "store", None), "table", None)  # (not disaggregated)
         self._check_table = (check_table if table is not None
                              and len(table.checked_schedulers) > 1 else None)
 
