@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from servesim.debug import check_option
+from servesim.cli.debug import check_option
 
 SLO_HELP = ("An SLO, METRIC=VALUE: ttft|tpot|itl|e2e _p50|_p90|_p95|_p99 _ms (e.g. ttft_p90_ms=2000), "
             "or goodput=FRACTION with per-request ttft_ms / tpot_ms / e2e_ms targets. Repeatable; "

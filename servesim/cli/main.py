@@ -16,7 +16,7 @@ import warnings
 
 import click
 
-from servesim.debug import check_option, traceback_wanted
+from servesim.cli.debug import check_option, traceback_wanted
 from servesim.errors import InputError, InvariantError
 
 OVERRIDE_HELP = "Override one config key (YAML-typed value), e.g. engine.num_gpu_blocks=4096. Repeatable."
