@@ -92,7 +92,8 @@ INVARIANTS = {
     DUPLICATE: "a request is in exactly one of running / waiting / loads in flight",
     RUNNING_STATUS: "a request in running is RUNNING",
     WAITING_STATUS: "a request in waiting is WAITING or PREEMPTED",
-    LOST: "a RUNNING request is in running, a PREEMPTED one in waiting",
+    LOST: "a RUNNING request is in running, a PREEMPTED one in waiting (or waiting for "
+          "its load)",
     HOLDS_BLOCKS: "only a request in running (or holding blocks for a load or a "
                   "transfer) holds blocks",
     MAX_SEQS: "running <= max_num_seqs",
@@ -384,8 +385,9 @@ def check_table(table, where, pass_index):
     """Across the compiled schedulers sharing a request table (several
     workers or DP ranks, each checked alone by `check_rank`): a request is in
     one queue of one scheduler at most, a RUNNING one in some `running`, a
-    PREEMPTED one in some waiting queue, and one holding blocks is running
-    or holds them for a load in flight (`waiting_for_kv`). The replay calls it after each pass when more than one scheduler shares
+    PREEMPTED one in some waiting queue or waiting for its load
+    (`waiting_for_kv`: a preempted request's CPU-tier load), and one holding
+    blocks is running or holds them for a load in flight. The replay calls it after each pass when more than one scheduler shares
     the table."""
     R = table.R
     count = np.zeros(len(R), dtype=np.int64)
@@ -403,7 +405,7 @@ def check_table(table, where, pass_index):
     status = R[:, STATUS]
     for code, bad, expected in (
             (DUPLICATE, count > 1, 1),
-            (LOST, ((status == RUNNING) & ~running) | ((status == PREEMPTED) & ~waiting), -1),
+            (LOST, ((status == RUNNING) & ~running) | ((status == PREEMPTED) & ~waiting & ~holding), -1),
             (HOLDS_BLOCKS, (R[:, NUM_BLOCKS] != 0) & ~running & ~holding, 0)):
         found = np.flatnonzero(bad)
         if len(found):
