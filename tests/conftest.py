@@ -1,7 +1,10 @@
 """Test configuration: tests/ on sys.path, so every test module imports what
 it shares one way (`from helpers import ...`, `from fpm_synth import ...`,
 `from regression.cases import ...`) from any directory pytest starts in; the
-fixtures shared between test modules; and the Hypothesis profiles.
+fixtures shared between test modules; the Hypothesis profiles; and the debug
+mode's invariant check (SERVESIM_CHECK=1, servesim/scheduler/check.py), on in
+the property tests (tests/test_*_properties.py) so every pass of every
+generated run is checked.
 
 Hypothesis profiles (each module's own `settings` keep their example counts
 and deadlines; a profile fills in the rest):
@@ -40,3 +43,13 @@ def tiny_config(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
     return path
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _invariant_check_in_property_tests(request):
+    if not request.module.__name__.endswith("_properties"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SERVESIM_CHECK", "1")
+        yield

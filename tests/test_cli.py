@@ -176,3 +176,35 @@ def test_api_run_rejects_bad_limit(tiny_config):
 
     with pytest.raises(InputError, match="limit"):
         servesim.run(tiny_config, limit=0)
+
+
+def test_a_broken_invariant_exits_1_with_one_message(monkeypatch, tiny_config):
+    import servesim.replay.api as api
+    from servesim.errors import InvariantError
+
+    seen = {}
+
+    def broken_run(*args, **kwargs):
+        import os
+
+        seen["check"] = os.environ.get("SERVESIM_CHECK")
+        raise InvariantError("invariant violated after schedule() of pass 3: running <= "
+                             "max_num_seqs; found 3, expected 2")
+
+    monkeypatch.setattr(api, "run", broken_run)
+    monkeypatch.setenv("SERVESIM_CHECK", "0")  # restored after the test: --check sets it
+    monkeypatch.delenv("SERVESIM_DEBUG", raising=False)
+    result = invoke("run", "--check", tiny_config)
+    assert seen["check"] == "1"
+    assert result.exit_code == 1
+    assert result.stderr == ("internal error: invariant violated after schedule() of pass 3: "
+                             "running <= max_num_seqs; found 3, expected 2\n")
+    monkeypatch.setenv("SERVESIM_DEBUG", "1")
+    result = invoke("run", tiny_config)
+    assert result.exit_code == 1 and "Traceback" in result.stderr
+
+
+def test_run_check_runs_clean(monkeypatch, tiny_config, tmp_path):
+    monkeypatch.setenv("SERVESIM_CHECK", "0")
+    result = invoke("run", "--check", "-q", "-o", tmp_path / "out", tiny_config)
+    assert result.exit_code == 0, result.output

@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from servesim.cli.debug import check_option
+
 SLO_HELP = ("An SLO, METRIC=VALUE: ttft|tpot|itl|e2e _p50|_p90|_p95|_p99 _ms (e.g. ttft_p90_ms=2000), "
             "or goodput=FRACTION with per-request ttft_ms / tpot_ms / e2e_ms targets. Repeatable; "
             "adds to or replaces the config's slo: block.")
@@ -33,6 +35,7 @@ def _write_html(out_dir):
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-q", "--quiet", is_flag=True, help="Print only the answer.")
 @click.option("--report", "html_report", is_flag=True, help="Also write report.html (needs servesim[report]).")
+@check_option
 def capacity_command(config, slo_options, output_dir, overrides, limit, precision, start, min_rate, max_rate,
                      fmt, quiet, html_report):
     """The highest load of CONFIG at which the SLOs hold.

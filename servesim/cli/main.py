@@ -3,7 +3,9 @@
 One click group, a command per verb. Errors are mapped to exit codes in one
 place, :meth:`ServesimGroup.invoke`: :class:`InputError` -> "error: ..." and
 exit 2 (no traceback); Ctrl-C -> "interrupted" and exit 130; click's usage
-errors keep their exit 2; anything else
+errors keep their exit 2; a broken invariant of the debug mode (`--check`,
+:class:`InvariantError`) is an internal error, exit 1, with one message and
+its traceback only under SERVESIM_DEBUG; anything else
 is an internal error, exit 1, with its traceback. Heavy modules (NumPy,
 Numba, the engine) are imported inside the commands so `--help` is instant.
 """
@@ -15,7 +17,8 @@ import warnings
 
 import click
 
-from servesim.errors import InputError
+from servesim.cli.debug import check_option, traceback_wanted
+from servesim.errors import InputError, InvariantError
 
 OVERRIDE_HELP = "Override one config key (YAML-typed value), e.g. engine.num_gpu_blocks=4096. Repeatable."
 
@@ -34,6 +37,11 @@ class ServesimGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except InvariantError as exc:  # the debug mode caught a bug in servesim
+            click.echo(f"internal error: {exc}", err=True)
+            if traceback_wanted():
+                click.echo(traceback.format_exc(), err=True, nl=False)
+            ctx.exit(1)
         except Exception as exc:
             click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
             click.echo(traceback.format_exc(), err=True, nl=False)
@@ -153,6 +161,7 @@ def format_table(summary: dict, out_dir) -> str:
               help="Also write report.html (plots; needs servesim[report]).")
 @click.option("--baseline", is_flag=True,
               help="With engine.speculative: also run without it and report the TPOT speedup.")
+@check_option
 def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet, html_report,
         baseline):
     """Replay CONFIG and write its report (summary.json, requests.jsonl, ...)."""
@@ -239,6 +248,7 @@ def example(name):
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Run points in local processes or as Ray tasks (needs servesim[ray]).")
 @click.option("--ray-address", metavar="ADDR", help="Ray cluster to use, e.g. ray://head:10001 or auto.")
+@check_option
 def sweep(config, grid, output_dir, jobs, executor, ray_address):
     """Run CONFIG for every point of a grid file.
 

@@ -57,6 +57,7 @@ from servesim.engine.events import DECIDE, PASS_END, EventLoop
 from servesim.engine.launch import launch_end, launch_params
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
+from servesim.scheduler import check
 from servesim.scheduler.fast import FastScheduler
 
 
@@ -162,6 +163,10 @@ class EngineCore:
         self._transfer_wake_ms = None  # an idle engine's wake at a transfer's end
         self._busy_ms = 0.0  # GPU time of the passes decided pass by pass
         self._num_passes = 0
+        # the debug mode on the reference scheduler (the compiled one checks
+        # itself inside its kernels, servesim/scheduler/fast.py `check_pass`)
+        self.check_reference = check.enabled() and not isinstance(
+            self.ranks[0].scheduler, FastScheduler)
 
     @property
     def busy_ms(self) -> float:
@@ -240,10 +245,15 @@ class EngineCore:
         now take effect first, and the loads and preemption stores decided go
         out at once."""
         if not self.connectors:
-            return [rank.scheduler.schedule() for rank in self.ranks]
+            outputs = [rank.scheduler.schedule() for rank in self.ranks]
+            if self.check_reference:
+                self._check(outputs, check.AFTER_SCHEDULE)
+            return outputs
         for connector in self.connectors:
             connector.poll(now)
         outputs = [rank.scheduler.schedule() for rank in self.ranks]
+        if self.check_reference:
+            self._check(outputs, check.AFTER_SCHEDULE)
         for rank, out in zip(self.ranks, outputs):
             if rank.transfers is not None:
                 for job in out.preemption_stores:
@@ -251,6 +261,12 @@ class EngineCore:
                 for job in out.loads:
                     rank.transfers.submit(job, now)
         return outputs
+
+    def _check(self, outputs, where):
+        """The debug mode: check each reference rank after its decision (its
+        pass index: the one it gets if launched)."""
+        for rank, out in zip(self.ranks, outputs):
+            check.check_reference(rank.scheduler, out, where, rank.num_passes)
 
     def _settle(self, outputs, now):
         """Launch a decision's pass, or deal with a decision that scheduled
@@ -345,6 +361,8 @@ class EngineCore:
             if not out.num_scheduled:
                 continue
             finished = rank.scheduler.update_from_output(out, release, index)
+            if self.check_reference:
+                check.check_reference(rank.scheduler, None, check.AFTER_OUTPUT, index)
             p.finished[i] = finished
             if rank.connector is not None and rank.scheduler.finished_stores:
                 self._submit_finished_stores(rank, now)

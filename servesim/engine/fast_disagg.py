@@ -64,7 +64,7 @@ def submit_transfer(XI, XF, link_free, i, link, tokens, bytes_per_token, bytes_p
 
 
 @njit
-def poll_sender(R, tables, blocks, pscal, S, pending, state, log, XF, now):
+def poll_sender(R, tables, blocks, pscal, S, held, pending, state, log, XF, now):
     """`PrefillSender.poll`: free the held blocks of every request whose
     transfer landed by `now`, in submission order (`fast.free_delayed`), and
     log it; the others stay pending."""
@@ -72,7 +72,7 @@ def poll_sender(R, tables, blocks, pscal, S, pending, state, log, XF, now):
     for k in range(state[P_COUNT]):
         i = pending[k]
         if XF[i, X_LAND] <= now:
-            fast.free_delayed(R, tables, blocks, pscal, S, i)
+            fast.free_delayed(R, tables, blocks, pscal, S, held, i)
             XF[i, X_FREED] = now
             log[state[P_LOGGED]] = i
             state[P_LOGGED] += 1
@@ -168,7 +168,7 @@ class ArraySender:
         if self._state[P_COUNT]:
             s = self.scheduler
             t = s.table
-            poll_sender(t.R, t.tables, s.pool.blocks, s.pool.scalars, s.S, self._pending,
+            poll_sender(t.R, t.tables, s.pool.blocks, s.pool.scalars, s.S, s.held, self._pending,
                         self._state, self._log, self.transfers.F, now)
 
     def next_completion_ms(self):

@@ -59,7 +59,7 @@ from servesim.engine.pricing import price_features
 # change; edit this line with them. Table layout 3.)
 from servesim.jit import njit
 from servesim.kvcache.block_pool import NUM_FREE
-from servesim.scheduler import fast
+from servesim.scheduler import check, fast
 from servesim.scheduler.fast_queue import WQ_LEN
 from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
 
@@ -256,6 +256,12 @@ def run_passes(R, F, idents, tables, cfg, client_ms, token_offsets, last_client,
                     n_taken += fast.take_out_all(R, F, tables, blocks_t[r], pscal_t[r], S,
                                                  running_t[r], wq_t[r], priority,
                                                  taken[n_taken:])
+                    if cfg[fast.C_CHECK]:  # the debug mode (FastScheduler.schedule's)
+                        fast.check_pass(R, F, idents, tables, blocks_t[r], idmap_t[r],
+                                        pscal_t[r], cfg, S, running_t[r], wq_t[r],
+                                        fast._check_holders(S, running_t[r]), outs[tail, r],
+                                        feats[tail, r, :0], check.AFTER_TAKE_OUT,
+                                        S[fast.S_CHECKED_PASSES])
                     continue
                 fast.schedule(R, F, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg, S,
                               running_t[r], wq_t[r], outs[tail, r], feats[tail, r])

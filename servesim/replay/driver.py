@@ -14,7 +14,7 @@ from servesim.engine.events import ARRIVAL, EventLoop
 from servesim.engine.fast_run import PassLogBuffer
 from servesim.engine.release import TokenLog
 from servesim.scheduler.speculative import spec_table_slack
-from servesim.errors import InputError
+from servesim.errors import InputError, InvariantError
 from servesim.config.config_types import Config
 from servesim.config.fitted_checks import launch_double_count_warning
 from servesim.config.speculative_config import check_accepted
@@ -26,6 +26,7 @@ from servesim.replay.router import Router
 from servesim.replay.telemetry import Telemetry
 from servesim.workload.workload import Workload
 from servesim.kvcache.manager import KVCacheManager
+from servesim.scheduler.check import AFTER_OUTPUT, check_table
 from servesim.scheduler.fast import FastScheduler
 from servesim.scheduler import fast_table
 from servesim.scheduler.request import Request
@@ -167,6 +168,11 @@ class Replay:
         n = len(workload)
         self.pass_log = [] if config.output.pass_log else None
         self._build_workers(num_identities)
+        # the debug mode across the compiled schedulers of several workers or
+        # ranks (each also checks itself alone, servesim/scheduler/check.py)
+        table = getattr(getattr(self, "store", None), "table", None)  # (not disaggregated)
+        self._check_table = (check_table if table is not None
+                             and len(table.checked_schedulers) > 1 else None)
 
         self.status = np.full(n, STATUS_UNFINISHED, dtype=np.int8)
         self.arrived = np.zeros(n, dtype=bool)
@@ -285,6 +291,8 @@ class Replay:
             self.loop.schedule(self.loop.now, ARRIVAL, self._on_arrival, j)
 
     def on_pass(self, core, p):
+        if self._check_table is not None:
+            self._check_table(self.store.table, AFTER_OUTPUT, max(p.indices))
         if self.pass_log is not None:  # a list: built pass by pass
             ids = self.workload.request_ids
             for rank, out, index, finished in zip(core.ranks, p.outputs, p.indices, p.finished):
@@ -330,7 +338,16 @@ class Replay:
 
     def run(self) -> SimulationResult:
         self._schedule_arrivals()
-        self.loop.run(self._on_advance if self.telemetry else None)
+        try:
+            self.loop.run(self._on_advance if self.telemetry else None)
+        except InvariantError as exc:  # the debug mode (SERVESIM_CHECK): name the request
+            if len(exc.args) != 7:
+                raise
+            from servesim.scheduler.check import describe
+
+            now = max([self.loop.now] + [core.clock_ms for core in self.workers])
+            raise InvariantError(f"{describe(exc, self.workload.request_ids)} "
+                                 f"(simulated time {now:.3f} ms)") from exc
         # the run ends at its last event, on the event loop or in a compiled run
         self.loop.now = max([self.loop.now] + [core.clock_ms for core in self.workers])
         result_warnings = self._close_unfinished()

@@ -40,8 +40,9 @@ from servesim.scheduler.speculative import accepted_drafts
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
 from servesim.kvcache import cpu_tier_kernels as ct
-from servesim.scheduler.fast_queue import (WQ_LEN, wq_add, wq_peek, wq_pop, wq_prepend,
-                                           wq_remove)
+from servesim.scheduler import check
+from servesim.scheduler.fast_queue import (WQ_HEAD, WQ_LEN, wq_add, wq_peek, wq_pop,
+                                           wq_prepend, wq_remove)
 from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINISHED,
                                            FIRST_CACHED, FIRST_SCHEDULED, FIRST_TOKEN_PASS,
                                            MAX_COMPUTED, MAX_TOKENS, NUM_BLOCKS, NUM_CACHED,
@@ -59,20 +60,24 @@ from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
 # cfg
 (C_MAX_SEQS, C_BUDGET, C_MAX_MODEL_LEN, C_CHUNKED, C_THRESHOLD, C_PRIORITY, C_RESERVE,
  C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE,
- C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED, C_KV_SOURCE) = range(17)
-NUM_CFG = 17
+ C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED, C_KV_SOURCE, C_CHECK) = range(18)
+NUM_CFG = 18
 # C_KV_SOURCE: where admitted loads come from (KV_SOURCE_NONE: no `kv` state)
 KV_SOURCE_NONE, KV_SOURCE_CPU, KV_SOURCE_REMOTE = range(3)
 # speculative decoding (docs/engine.md §12): C_SPEC_K drafts
 # per decode (0: off), C_LOOKAHEAD KV slots reserved beyond the scheduled
 # tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash, C_SEED
-# keys acceptance draws
+# keys acceptance draws; C_CHECK: the debug mode's invariant check after every
+# pass (servesim/scheduler/check.py; 0 off, 1 this rank, 2 this rank and the
+# whole table: the only scheduler on it)
 # S (after the waiting queue's two slots)
 (S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL,
- S_WFK_N, S_HELD) = range(2, 11)
-NUM_SCALARS = 11  # S_WFK_N: requests in `waiting_for_kv`
+ S_WFK_N, S_HELD, S_CHECKED_PASSES) = range(2, 12)
+NUM_SCALARS = 12  # S_WFK_N: requests in `waiting_for_kv`
 # S_HELD: disaggregated prefill worker, finished requests whose blocks are held
-# for a decode worker (the reference scheduler's `delayed_free`)
+# for a decode worker (the reference scheduler's `delayed_free`), listed in
+# the scheduler's `held[:S[S_HELD]]`; S_CHECKED_PASSES: passes decided with a
+# batch, counted by the check
 # out rows
 O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_SPEC, O_PRE, O_UNFIN = range(8)
 NUM_OUT_ROWS = 8  # O_SPEC: draft tokens scheduled (included in O_TOK)
@@ -709,9 +714,11 @@ def _update_after_schedule(R, cfg, out, feats):
 
 @njit
 def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats,
-             kv=None):
+             kv=None, held=None):
     """One `Scheduler.schedule()`; fills `out` and `feats` (and, with `kv`,
-    the transfers it decided in `kv`'s KO rows, see above)."""
+    the transfers it decided in `kv`'s KO rows, see above). `held`: the
+    requests whose blocks are held for a decode worker (`S_HELD`), for the
+    debug mode's check."""
     threshold = cfg[C_THRESHOLD]
     waiting = S[WQ_LEN]
     if kv is not None:
@@ -732,6 +739,64 @@ def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, ou
         if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
             _connector_after_schedule(R, idents, tables, cfg, out, feats, kv)
     feats[FREE_BLOCKS] = pscal[bp.NUM_FREE]
+    if cfg[C_CHECK]:
+        check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+                   _check_holders(S, running, kv, held), out, feats, check.AFTER_SCHEDULE, -1)
+
+
+@njit
+def _check_holders(S, running, kv=None, held=None):
+    """The requests that hold G1 blocks outside `running` and the waiting
+    queue, for the debug mode's check: those in `waiting_for_kv` (a CPU-tier
+    load or a remote pull in flight into blocks they took at admission,
+    `_queue_load`; `kv[0][:S[S_WFK_N]]`) and, on a disaggregated prefill
+    worker, the finished requests whose blocks are held for the decode side
+    (`held[:S[S_HELD]]`). CPU-tier stores in flight hold none: they read G1
+    blocks without a reference (`storing`, cpu_tier_kernels.py), like vLLM's
+    offloading connector."""
+    n_wfk = 0
+    n_held = 0
+    if kv is not None:
+        n_wfk = S[S_WFK_N]
+    if held is not None:
+        n_held = S[S_HELD]
+    others = np.zeros(n_wfk + n_held, dtype=np.int64)
+    if kv is not None:
+        others[:n_wfk] = kv[0][:n_wfk]
+    if held is not None:
+        others[n_wfk:] = held[:n_held]
+    return others
+
+
+@njit
+def check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, others, out,
+               feats, where, pass_index):
+    """The debug mode's invariant check (servesim/scheduler/check.py) of this
+    rank after a pass: after `schedule()` (`feats` given, its entries checked
+    too; the pass index is that of the pass decided, counted here) or after
+    `update_from_output()` of pass `pass_index` (`feats` empty). `others`:
+    the requests holding blocks outside running and waiting
+    (`_check_holders`)."""
+    n_sched = -1
+    total = 0
+    capped = out[O_TOK, :0]
+    if len(feats):
+        n_sched = feats[N_SCHED]
+        total = feats[TOTAL_TOKENS]
+        pass_index = S[S_CHECKED_PASSES]
+        if n_sched > 0:
+            S[S_CHECKED_PASSES] += 1
+        # the threshold caps an admission before its padding drafts
+        capped = out[O_TOK, :n_sched].copy()
+        for e in range(n_sched):
+            if out[O_KIND, e] != K_RUNNING:
+                capped[e] -= out[O_SPEC, e]
+    priority = cfg[C_PRIORITY]
+    check.check_rank(R, F, idents, tables, blocks, idmap, pscal, running, S[S_RUN_N], wq,
+                     0 if priority else S[WQ_HEAD], S[WQ_LEN], priority, others, len(others),
+                     out[O_REQ], out[O_TOK], capped, n_sched, total, cfg[C_MAX_SEQS],
+                     cfg[C_BUDGET], cfg[C_THRESHOLD], cfg[C_BLOCK_SIZE], cfg[C_SPEC_K],
+                     cfg[C_MAX_MODEL_LEN], cfg[C_CHECK] == 2, where, pass_index)
 
 
 @njit(inline="always")
@@ -814,7 +879,7 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
 @njit
 def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
                        out, n_sched, release_ms, pass_index, detokenize_ms, client_ms,
-                       token_offsets, last_client, finished, kv=None):
+                       token_offsets, last_client, finished, kv=None, held=None):
     """`Scheduler.update_from_output`: append sampled tokens (released at
     `release_ms`, reaching the client after detokenization), register the
     blocks of requests that were RUNNING up to their completed tokens
@@ -872,6 +937,8 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                             KO[KO_FSTORES, KC[KO_FSTORES]] = job
                             KC[KO_FSTORES] += 1
                 if R[i, REMOTE_DECODE]:  # held for the decode worker (`_finish`)
+                    if held is not None:
+                        held[S[S_HELD]] = i
                     S[S_HELD] += 1
                 else:
                     _free(R, tables, blocks, pscal, i)
@@ -885,15 +952,24 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                 running[kept] = i
                 kept += 1
         S[S_RUN_N] = kept
+    if cfg[C_CHECK]:
+        check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+                   _check_holders(S, running, kv, held), out, out[0, :0], check.AFTER_OUTPUT,
+                   pass_index)
     return num_finished
 
 
 @njit
-def free_delayed(R, tables, blocks, pscal, S, i):
+def free_delayed(R, tables, blocks, pscal, S, held, i):
     """`Scheduler.free_delayed`: the transfer of handed-off request i's KV is
     done, its held blocks are freed (vLLM's `_update_from_kv_xfer_finished`
-    for `finished_sending`; docs/engine.md §13)."""
+    for `finished_sending`; docs/engine.md §13) and it leaves `held`."""
     _free(R, tables, blocks, pscal, i)
+    kept = 0
+    for k in range(S[S_HELD]):
+        if held[k] != i:
+            held[kept] = held[k]
+            kept += 1
     S[S_HELD] -= 1
 
 
@@ -1066,6 +1142,15 @@ class FastScheduler:
         self.kv_state = None  # (wfk, KO, KC): loads waiting ahead of the queue
         self.finished_stores = []  # CPU-tier store jobs of finished requests, for the engine
 
+        self.held = np.zeros(len(table.request_ids) + 1, dtype=np.int64)  # S_HELD's
+        if check.enabled():
+            # the debug mode; the whole table is checked while this is the only
+            # scheduler on it (other ranks' requests are in their own queues)
+            table.checked_schedulers.append(self)
+            mode = 2 if len(table.checked_schedulers) == 1 else 1
+            for peer in table.checked_schedulers:
+                peer.cfg[C_CHECK] = mode
+
     def new_connector(self, offloading_config):
         """This rank's CPU tier (docs/engine.md §9) as arrays, attached."""
         from servesim.scheduler.fast_connector import FastCPUConnector
@@ -1151,6 +1236,19 @@ class FastScheduler:
         return int(pending_prefill_tokens(self.table.R, self.S, self.running, self.wq,
                                           self.priority))
 
+    def queue_members(self):
+        """`(running, waiting, others)`: the request indices of each, others
+        being those holding blocks outside the two (loads in flight, blocks
+        held for a decode worker: `_check_holders`), for the debug mode's
+        check across schedulers (servesim/scheduler/check.py)."""
+        head = 0 if self.priority else self.S[WQ_HEAD]
+        waiting = self.wq[(head + np.arange(self.S[WQ_LEN])) % len(self.wq)]
+        return self.running[:self.S[S_RUN_N]].copy(), waiting, self._check_holders()
+
+    def _check_holders(self):
+        return _check_holders(self.S, self.running,
+                              self._kv() if self.kv_state is not None else None, self.held)
+
     num_running = property(lambda self: int(self.S[S_RUN_N]))
     num_waiting = property(lambda self: int(self.S[WQ_LEN] + self.S[S_WFK_N]))
     num_preemptions = property(lambda self: int(self.S[S_PREEMPTIONS]))
@@ -1166,6 +1264,10 @@ class FastScheduler:
             n = take_out_all(t.R, t.F, t.tables, p.blocks, p.scalars, self.S, self.running,
                              self.wq, self.priority, self.finished_buffer)
             self.unfinishable.extend(self.finished_buffer[:n].tolist())
+            if self.cfg[C_CHECK]:
+                check_pass(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
+                           self.S, self.running, self.wq, self._check_holders(), out, feats[:0],
+                           check.AFTER_TAKE_OUT, int(self.S[S_CHECKED_PASSES]))
             if self.kv_state is not None:
                 KC = self.kv_state[2]
                 fstores = KC[KO_FSTORES]
@@ -1175,11 +1277,11 @@ class FastScheduler:
             return FastOutput(out, feats)
         if self.kv_state is None:
             schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
-                     self.S, self.running, self.wq, out, feats)
+                     self.S, self.running, self.wq, out, feats, None, self.held)
             result = FastOutput(out, feats)
         else:
             schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
-                     self.S, self.running, self.wq, out, feats, self._kv())
+                     self.S, self.running, self.wq, out, feats, self._kv(), self.held)
             result = self._kv_output(out, feats)
         self.note_unfinishable(result)
         return result
@@ -1207,7 +1309,7 @@ class FastScheduler:
                                out.feats[N_SCHED], release_ms, pass_index,
                                tok.detokenize_ms, tok.client_ms, tok.offsets,
                                tok.last_client, self.finished_buffer,
-                               *((self._kv(),) if self.connector is not None else ()))
+                               self._kv() if self.kv_state is not None else None, self.held)
         if self.connector is not None:  # only the CPU tier acts on outputs
             KO, KC = self.kv_state[1], self.kv_state[2]
             if KC[KO_FSTORES]:

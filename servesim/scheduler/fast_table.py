@@ -79,6 +79,7 @@ class RequestTable:
             accepted_values = np.zeros(0, dtype=np.int64)
         self.accepted_offsets = accepted_offsets
         self.accepted_values = accepted_values
+        self.checked_schedulers = []  # the debug mode's schedulers on this table (check.py)
 
     def request_keys(self):
         """A key per request from its id (CRC-32), for draws that must not

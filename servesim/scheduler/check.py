@@ -1,0 +1,414 @@
+"""The debug mode's invariant check (`SERVESIM_CHECK=1`, `servesim run --check`):
+after every pass — each `schedule()` and each `update_from_output()` — one
+rank's scheduler state is checked against what vLLM's scheduler and block pool
+keep true (vllm/v1/core/block_pool.py, kv_cache_manager.py,
+sched/scheduler.py; docs/engine.md §2-6). A violation raises
+:class:`~servesim.errors.InvariantError` naming the pass, the request or block
+and the invariant: it is a bug in servesim, never bad input.
+
+`check_rank` is a Numba kernel over the request table's arrays
+(`servesim.scheduler.fast_table`), the rank's G1 pool arrays
+(`servesim.kvcache.block_pool`), its `running` list, its waiting queue (a ring
+from `wq_head`, or a heap from 0 under the priority policy), the requests that
+hold blocks outside those two (`others`: loads in flight — a CPU-tier load or
+a remote pull into the blocks a request took at admission, `waiting_for_kv` —
+and blocks a disaggregated prefill worker holds for the decode side; a
+CPU-tier store in flight holds no block: it reads G1 blocks without a
+reference) and, after `schedule()`, the pass's scheduled entries. The compiled
+scheduler calls it from its own kernels when `cfg[C_CHECK]` is set
+(`servesim.scheduler.fast`); the reference scheduler through
+`check_reference`, which lays its objects out as the same arrays. Several
+compiled schedulers share one table (workers, DP ranks): each checks its own
+requests, and `check_table` checks across them.
+
+The invariants, with vLLM's accounting:
+- blocks conserved: free-queue length + blocks held by some request (ref
+  count > 0) = usable blocks (`num_gpu_blocks - 1`, the null block 0
+  excluded). A cached block nobody holds is free (it stays in the free queue
+  until it is handed out again), so "cached only" blocks are part of the free
+  count, as in vLLM's `get_num_free_blocks` and `get_usage`;
+- the pool's free count equals the free queue's length; the queue is a
+  well-formed doubly linked list from HEAD to TAIL of distinct usable blocks,
+  holding exactly the blocks of ref count 0; the null block has ref count 1
+  and is in no table;
+- each block's ref count equals the number of requests whose block table
+  holds it (a table holds a block at most once);
+- the prefix-cache map: each identity's list of cached blocks links back and
+  forth and every block on it carries that identity; a request's first
+  `num_cached_blocks` blocks carry its identities, the rest none;
+- each request of the rank is in exactly one of running / waiting / others,
+  with a status that matches (running: RUNNING; waiting: WAITING or
+  PREEMPTED, nothing computed, no blocks; the priority heap ordered); only a
+  request in running or others holds blocks; with `whole_table` (one
+  scheduler on the table) also every RUNNING request of the table is in
+  running and every PREEMPTED one waiting;
+- running <= max_num_seqs;
+- `prompt <= num_tokens <= prompt + max_tokens`, `num_tokens <=
+  max_model_len`, `0 <= num_computed_tokens <= num_tokens + placeholders +
+  k` (k: draft tokens of speculative decoding) and `< max_model_len`; the
+  block table covers the computed tokens and fits the request's capacity,
+  `num_cached_blocks <= num_blocks`, registered blocks are full of known
+  tokens;
+- after `schedule()`: the scheduled tokens sum to the pass's total and stay
+  within `max_num_batched_tokens`; each entry is a distinct running request
+  with at least one token; with more than one request scheduled no entry
+  exceeds `long_prefill_token_threshold` (padding drafts of an admission
+  aside).
+"""
+
+import os
+
+import numpy as np
+
+from servesim.errors import InvariantError
+from servesim.jit import njit
+from servesim.kvcache import block_pool as bp
+from servesim.scheduler.fast_queue import _before
+from servesim.scheduler.fast_table import (CAPACITY, COMPUTED, MAX_TOKENS, NUM_BLOCKS,
+                                           NUM_CACHED, NUM_TOKENS, OFFSET, PLACEHOLDERS,
+                                           PREEMPTED, PROMPT, RUNNING, STATUS, WAITING)
+
+# where in the pass the check ran
+AFTER_SCHEDULE, AFTER_OUTPUT, AFTER_TAKE_OUT = range(3)
+WHERE = ("after schedule()", "after update_from_output()", "after taking out a livelocked rank")
+
+# invariant codes (the first argument of the kernel's InvariantError)
+(CONSERVED, NUM_FREE, FREE_QUEUE, FREE_REF, REF_NOT_FREE, REF_COUNT, NULL_BLOCK,
+ TABLE_BLOCK, TABLE_DUPLICATE, DUPLICATE, RUNNING_STATUS, WAITING_STATUS, LOST,
+ HOLDS_BLOCKS, MAX_SEQS, BUDGET, TOTAL_TOKENS, ENTRY, THRESHOLD, NUM_TOKENS_RANGE,
+ COMPUTED_RANGE, COVERAGE, TABLE_SIZE, CACHE_MAP, CACHED_IDENTITY, WAITING_STATE,
+ HEAP_ORDER) = range(27)
+
+INVARIANTS = {
+    CONSERVED: "blocks conserved: free-queue length + held blocks = usable blocks",
+    NUM_FREE: "the pool's free count equals the free queue's length",
+    FREE_QUEUE: "the free queue is a doubly linked list of distinct usable blocks",
+    FREE_REF: "a block in the free queue has ref count 0",
+    REF_NOT_FREE: "a block of ref count 0 is in the free queue",
+    REF_COUNT: "a block's ref count equals the requests whose block table holds it",
+    NULL_BLOCK: "the null block (0) has ref count 1 and is in no block table",
+    TABLE_BLOCK: "a block table holds only usable block ids",
+    TABLE_DUPLICATE: "a block table holds a block at most once",
+    DUPLICATE: "a request is in exactly one of running / waiting / loads in flight",
+    RUNNING_STATUS: "a request in running is RUNNING",
+    WAITING_STATUS: "a request in waiting is WAITING or PREEMPTED",
+    LOST: "a RUNNING request is in running, a PREEMPTED one in waiting (or waiting for "
+          "its load)",
+    HOLDS_BLOCKS: "only a request in running (or holding blocks for a load or a "
+                  "transfer) holds blocks",
+    MAX_SEQS: "running <= max_num_seqs",
+    BUDGET: "a pass's scheduled tokens <= max_num_batched_tokens",
+    TOTAL_TOKENS: "a pass's total tokens are the sum of its entries",
+    ENTRY: "a scheduled entry is a running request, once, with at least one token",
+    THRESHOLD: "an entry's tokens <= long_prefill_token_threshold",
+    NUM_TOKENS_RANGE: "prompt <= num_tokens <= prompt + max_tokens, <= max_model_len",
+    COMPUTED_RANGE: "0 <= num_computed_tokens <= num_tokens + placeholders (+ drafts), "
+                    "< max_model_len",
+    COVERAGE: "the block table covers num_computed_tokens",
+    TABLE_SIZE: "num_cached_blocks <= num_blocks <= the table's capacity, registered "
+                "blocks full of known tokens",
+    CACHE_MAP: "the prefix-cache map links each identity's cached blocks, all of "
+               "that identity",
+    CACHED_IDENTITY: "a request's registered blocks carry its identities, the others none",
+    WAITING_STATE: "a waiting request has no computed tokens, placeholders or blocks",
+    HEAP_ORDER: "the priority waiting queue is a heap on (priority, arrival, id)",
+}
+
+
+def enabled() -> bool:
+    """The debug mode is on: SERVESIM_CHECK set to anything but "" or "0"."""
+    return os.environ.get("SERVESIM_CHECK", "") not in ("", "0")
+
+
+def describe(exc: InvariantError, request_ids=None) -> str:
+    """The message of a kernel's InvariantError `(code, where, pass, request,
+    block, actual, expected)`, naming the request by its id when
+    `request_ids` is given."""
+    code, where, pass_index, request, block, actual, expected = exc.args
+    parts = [f"invariant violated {WHERE[where]} of pass {pass_index}: {INVARIANTS[code]}"]
+    if request >= 0:
+        name = repr(str(request_ids[request])) if request_ids is not None else f"#{request}"
+        parts.append(f"request {name}")
+    if block >= 0:
+        parts.append(f"block {block}")
+    parts.append(f"found {actual}, expected {expected}")
+    return "; ".join(parts)
+
+
+@njit
+def _fail(code, where, pass_index, request, block, actual, expected):
+    raise InvariantError(code, where, pass_index, request, block, actual, expected)
+
+
+@njit
+def _check_pool(blocks, idmap, pscal, holders, where, pass_index):
+    """Free queue, ref counts, conservation and the cache map of one pool;
+    `holders[b]` counts the tables holding block b."""
+    num_blocks = blocks.shape[1] - 2
+    head = num_blocks
+    tail = num_blocks + 1
+    usable = num_blocks - 1
+    in_queue = np.zeros(num_blocks, dtype=np.bool_)
+    free = 0
+    prev = head
+    b = blocks[bp.NEXT, head]
+    while b != tail:
+        if b <= 0 or b >= num_blocks or in_queue[b] or free >= usable:
+            _fail(FREE_QUEUE, where, pass_index, -1, b, free, usable)
+        if blocks[bp.PREV, b] != prev:
+            _fail(FREE_QUEUE, where, pass_index, -1, b, blocks[bp.PREV, b], prev)
+        if blocks[bp.REF, b] != 0:
+            _fail(FREE_REF, where, pass_index, -1, b, blocks[bp.REF, b], 0)
+        in_queue[b] = True
+        free += 1
+        prev = b
+        b = blocks[bp.NEXT, b]
+    if blocks[bp.PREV, tail] != prev:
+        _fail(FREE_QUEUE, where, pass_index, -1, tail, blocks[bp.PREV, tail], prev)
+    if pscal[bp.NUM_FREE] != free:
+        _fail(NUM_FREE, where, pass_index, -1, -1, pscal[bp.NUM_FREE], free)
+    if blocks[bp.REF, 0] != 1 or holders[0] != 0:
+        _fail(NULL_BLOCK, where, pass_index, -1, 0, blocks[bp.REF, 0], 1)
+    held = 0
+    for b in range(1, num_blocks):
+        ref = blocks[bp.REF, b]
+        if ref == 0 and not in_queue[b]:
+            _fail(REF_NOT_FREE, where, pass_index, -1, b, ref, 0)
+        if ref != holders[b]:
+            _fail(REF_COUNT, where, pass_index, -1, b, ref, holders[b])
+        if ref > 0:
+            held += 1
+    if free + held != usable:
+        _fail(CONSERVED, where, pass_index, -1, -1, free + held, usable)
+    # the cache map, from both ends
+    for b in range(1, num_blocks):
+        ident = blocks[bp.IDENT, b]
+        if ident == bp.NONE:
+            continue
+        if ident < 0 or ident >= len(idmap):
+            _fail(CACHE_MAP, where, pass_index, -1, b, ident, len(idmap))
+        p = blocks[bp.DPREV, b]
+        if p == bp.NONE:
+            if idmap[ident] != b:
+                _fail(CACHE_MAP, where, pass_index, -1, b, idmap[ident], b)
+        elif blocks[bp.DNEXT, p] != b or blocks[bp.IDENT, p] != ident:
+            _fail(CACHE_MAP, where, pass_index, -1, b, blocks[bp.DNEXT, p], b)
+        n = blocks[bp.DNEXT, b]
+        if n != bp.NONE and blocks[bp.DPREV, n] != b:
+            _fail(CACHE_MAP, where, pass_index, -1, b, blocks[bp.DPREV, n], b)
+    for ident in range(len(idmap)):
+        b = idmap[ident]
+        if b == bp.NONE:
+            continue
+        if b <= 0 or b >= num_blocks or blocks[bp.IDENT, b] != ident:
+            _fail(CACHE_MAP, where, pass_index, -1, b, ident, -1)
+        if blocks[bp.DPREV, b] != bp.NONE:
+            _fail(CACHE_MAP, where, pass_index, -1, b, blocks[bp.DPREV, b], bp.NONE)
+
+
+@njit
+def _check_request(R, idents, tables, blocks, holders, seen, i, bs, spec_k, max_model_len,
+                   where, pass_index):
+    """One request's counters and block table; counts its blocks in `holders`."""
+    prompt = R[i, PROMPT]
+    num_tokens = R[i, NUM_TOKENS]
+    if num_tokens < prompt or num_tokens > prompt + R[i, MAX_TOKENS] or num_tokens > max_model_len:
+        _fail(NUM_TOKENS_RANGE, where, pass_index, i, -1, num_tokens, prompt)
+    computed = R[i, COMPUTED]
+    bound = num_tokens + R[i, PLACEHOLDERS] + spec_k
+    if computed < 0 or computed > bound or computed >= max_model_len or R[i, PLACEHOLDERS] < 0:
+        _fail(COMPUTED_RANGE, where, pass_index, i, -1, computed, bound)
+    num_held = R[i, NUM_BLOCKS]
+    num_cached = R[i, NUM_CACHED]
+    if (num_held > R[i, CAPACITY] or num_cached < 0 or num_cached > num_held
+            or num_cached * bs > num_tokens):
+        _fail(TABLE_SIZE, where, pass_index, i, -1, num_held, R[i, CAPACITY])
+    if num_held * bs < computed:
+        _fail(COVERAGE, where, pass_index, i, -1, num_held * bs, computed)
+    num_blocks = blocks.shape[1] - 2
+    off = R[i, OFFSET]
+    for k in range(num_held):
+        b = tables[off + k]
+        if b <= 0 or b >= num_blocks:
+            _fail(TABLE_BLOCK, where, pass_index, i, b, k, num_held)
+        if seen[b] == i + 1:
+            _fail(TABLE_DUPLICATE, where, pass_index, i, b, k, num_held)
+        seen[b] = i + 1
+        holders[b] += 1
+        ident = blocks[bp.IDENT, b]
+        expected = idents[off + k] if k < num_cached else bp.NONE
+        if ident != expected:
+            _fail(CACHED_IDENTITY, where, pass_index, i, b, ident, expected)
+
+
+@njit
+def check_rank(R, F, idents, tables, blocks, idmap, pscal, running, n_run, wq, wq_head, wq_len,
+               priority, others, n_others, sched_req, sched_tok, sched_capped, n_sched,
+               total_tokens, max_seqs, budget, threshold, bs, spec_k, max_model_len,
+               whole_table, where, pass_index):
+    """Check one rank's state (the invariants of the module docstring); raise
+    InvariantError at the first violation. `n_sched < 0`: not after a
+    `schedule()` (no pass entries to check)."""
+    n = len(R)
+    # where each request is: 1 running, 2 waiting, 3 others
+    place = np.zeros(n, dtype=np.int8)
+    num_blocks = blocks.shape[1] - 2
+    holders = np.zeros(num_blocks, dtype=np.int64)
+    seen = np.zeros(num_blocks, dtype=np.int64)
+    if n_run > max_seqs:
+        _fail(MAX_SEQS, where, pass_index, -1, -1, n_run, max_seqs)
+    for k in range(n_run):
+        i = running[k]
+        if place[i] != 0:
+            _fail(DUPLICATE, where, pass_index, i, -1, place[i], 1)
+        place[i] = 1
+        if R[i, STATUS] != RUNNING:
+            _fail(RUNNING_STATUS, where, pass_index, i, -1, R[i, STATUS], RUNNING)
+        _check_request(R, idents, tables, blocks, holders, seen, i, bs, spec_k, max_model_len,
+                       where, pass_index)
+    cap = len(wq)
+    for k in range(wq_len):
+        i = wq[(wq_head + k) % cap]
+        if place[i] != 0:
+            _fail(DUPLICATE, where, pass_index, i, -1, place[i], 2)
+        place[i] = 2
+        status = R[i, STATUS]
+        if status != WAITING and status != PREEMPTED:
+            _fail(WAITING_STATUS, where, pass_index, i, -1, status, WAITING)
+        if R[i, COMPUTED] != 0 or R[i, PLACEHOLDERS] != 0 or R[i, NUM_BLOCKS] != 0:
+            _fail(WAITING_STATE, where, pass_index, i, -1, R[i, COMPUTED], 0)
+        if priority and k > 0 and _before(R, F, i, wq[(k - 1) // 2]):
+            _fail(HEAP_ORDER, where, pass_index, i, -1, k, (k - 1) // 2)
+    for k in range(n_others):
+        i = others[k]
+        if place[i] != 0:
+            _fail(DUPLICATE, where, pass_index, i, -1, place[i], 3)
+        place[i] = 3
+        for j in range(R[i, NUM_BLOCKS]):
+            b = tables[R[i, OFFSET] + j]
+            if b <= 0 or b >= num_blocks:
+                _fail(TABLE_BLOCK, where, pass_index, i, b, j, R[i, NUM_BLOCKS])
+            holders[b] += 1
+    if whole_table:  # (another rank's requests are in its own queues)
+        for i in range(n):
+            if place[i] != 0:
+                continue
+            if R[i, NUM_BLOCKS] != 0:
+                _fail(HOLDS_BLOCKS, where, pass_index, i, -1, R[i, NUM_BLOCKS], 0)
+            status = R[i, STATUS]
+            if status == RUNNING or status == PREEMPTED:
+                _fail(LOST, where, pass_index, i, -1, status, -1)
+    _check_pool(blocks, idmap, pscal, holders, where, pass_index)
+    if n_sched < 0:
+        return
+    total = 0
+    scheduled = np.zeros(n, dtype=np.bool_)
+    for e in range(n_sched):
+        i = sched_req[e]
+        tokens = sched_tok[e]
+        if i < 0 or i >= n or place[i] != 1 or scheduled[i] or tokens <= 0:
+            _fail(ENTRY, where, pass_index, i, -1, tokens, 1)
+        scheduled[i] = True
+        if threshold > 0 and n_sched > 1 and sched_capped[e] > threshold:
+            _fail(THRESHOLD, where, pass_index, i, -1, sched_capped[e], threshold)
+        total += tokens
+    if total != total_tokens:
+        _fail(TOTAL_TOKENS, where, pass_index, -1, -1, total_tokens, total)
+    if total > budget:
+        _fail(BUDGET, where, pass_index, -1, -1, total, budget)
+
+
+def check_reference(scheduler, out, where, pass_index):
+    """`check_rank` over the reference :class:`~servesim.scheduler.scheduler.Scheduler`
+    of one rank (its objects laid out as the table's arrays, one row per
+    request of the rank): `running`, `waiting` and, as holders outside them,
+    the requests waiting for a load (`waiting_for_kv`) and those whose blocks
+    a KV transfer still reads (`delayed_free`). `out`: the pass just decided
+    (None after `update_from_output`). Slow (Python per request): only in
+    the debug mode."""
+    from servesim.scheduler import fast_table as ft
+
+    running = list(scheduler.running)
+    waiting = list(scheduler.waiting)  # FCFS order; the priority heap as sorted
+    others = list(scheduler.waiting_for_kv) + list(scheduler.delayed_free.values())
+    members = running + waiting + others
+    index = {id(r): j for j, r in enumerate(members)}
+    m = len(members)
+    R = np.zeros((max(m, 1), ft.NUM_INT_FIELDS), dtype=np.int64)
+    offset = 0
+    for j, r in enumerate(members):
+        R[j, PROMPT] = r.num_prompt_tokens
+        R[j, MAX_TOKENS] = r.max_tokens
+        R[j, NUM_TOKENS] = r.num_tokens
+        R[j, COMPUTED] = r.num_computed_tokens
+        R[j, PLACEHOLDERS] = r.num_output_placeholders
+        R[j, STATUS] = int(r.status)
+        R[j, NUM_BLOCKS] = r.num_blocks
+        R[j, NUM_CACHED] = r.num_cached_blocks
+        R[j, OFFSET] = offset
+        R[j, CAPACITY] = len(r.block_table)
+        offset += len(r.block_table)
+    if m:
+        idents = np.concatenate([np.asarray(r.idents, dtype=np.int64) for r in members])
+        tables = np.concatenate([r.block_table for r in members]).astype(np.int32)
+    else:
+        idents = np.zeros(0, dtype=np.int64)
+        tables = np.zeros(0, dtype=np.int32)
+    order = np.arange(m, dtype=np.int64)
+    F = np.zeros((max(m, 1), ft.NUM_FLOAT_FIELDS))
+    n_sched, total = -1, 0
+    req = tok = np.zeros(0, dtype=np.int64)
+    if out is not None:
+        n_sched = len(out.scheduled)
+        total = out.total_tokens
+        req = np.array([index.get(id(e.request), -1) for e in out.scheduled], dtype=np.int64)
+        tok = np.array([e.num_tokens for e in out.scheduled], dtype=np.int64)
+    config = scheduler.config
+    pool = scheduler.kv.pool
+    wq = np.zeros(max(len(waiting), 1), dtype=np.int64)
+    wq[:len(waiting)] = order[len(running):len(running) + len(waiting)]
+    try:
+        check_rank(R, F, idents, tables, pool.blocks, pool.idmap, pool.scalars,
+                   order[:len(running)], len(running), wq, 0, len(waiting), False,
+                   order[len(running) + len(waiting):], len(others), req, tok, tok, n_sched,
+                   total, config.max_num_seqs, config.max_num_batched_tokens,
+                   config.long_prefill_token_threshold, scheduler.block_size, 0,
+                   scheduler.max_model_len, True, where, pass_index)
+    except InvariantError as exc:  # a row of this rank -> the request's workload index
+        args = list(exc.args)
+        if args[3] >= 0:
+            args[3] = members[args[3]].index
+        raise InvariantError(*args) from None
+
+
+def check_table(table, where, pass_index):
+    """Across the compiled schedulers sharing a request table (several
+    workers or DP ranks, each checked alone by `check_rank`): a request is in
+    one queue of one scheduler at most, a RUNNING one in some `running`, a
+    PREEMPTED one in some waiting queue or waiting for its load
+    (`waiting_for_kv`: a preempted request's CPU-tier load), and one holding
+    blocks is running or holds them for a load in flight. The replay calls it after each pass when more than one scheduler shares
+    the table."""
+    R = table.R
+    count = np.zeros(len(R), dtype=np.int64)
+    running = np.zeros(len(R), dtype=np.bool_)
+    waiting = np.zeros(len(R), dtype=np.bool_)
+    holding = np.zeros(len(R), dtype=np.bool_)
+    for scheduler in table.checked_schedulers:
+        r, w, o = scheduler.queue_members()
+        np.add.at(count, r, 1)
+        np.add.at(count, w, 1)
+        np.add.at(count, o, 1)
+        running[r] = True
+        waiting[w] = True
+        holding[o] = True
+    status = R[:, STATUS]
+    for code, bad, expected in (
+            (DUPLICATE, count > 1, 1),
+            (LOST, ((status == RUNNING) & ~running) | ((status == PREEMPTED) & ~waiting & ~holding), -1),
+            (HOLDS_BLOCKS, (R[:, NUM_BLOCKS] != 0) & ~running & ~holding, 0)):
+        found = np.flatnonzero(bad)
+        if len(found):
+            i = int(found[0])
+            actual = {DUPLICATE: count[i], LOST: status[i], HOLDS_BLOCKS: R[i, NUM_BLOCKS]}[code]
+            raise InvariantError(code, where, pass_index, i, -1, int(actual), expected)

@@ -1,0 +1,354 @@
+"""The debug mode's invariant check (servesim/scheduler/check.py,
+`SERVESIM_CHECK=1`): it stays silent on real runs, changes no output, and
+catches state corrupted between passes — on the pass-by-pass path, inside the
+compiled runs of passes (engine/fast_run.py) and on the reference scheduler —
+naming the pass, the request or block and the invariant."""
+
+import traceback
+
+import numpy as np
+import pytest
+
+from servesim.engine import fast_disagg, fast_run
+from servesim.engine.core import EngineCore
+from servesim.errors import InvariantError
+from servesim.kvcache import block_pool as bp
+from servesim.replay.driver import Replay
+from servesim.scheduler import fast, fast_queue
+from servesim.scheduler.fast_table import NUM_BLOCKS, OFFSET
+from tests.helpers import LINEAR_10MS, make_config, make_workload
+
+
+@pytest.fixture
+def checking(monkeypatch):
+    monkeypatch.setenv("SERVESIM_CHECK", "1")
+
+
+def rows(n=6, prompt=40, output=6, gap=3.0):
+    # two prefix families: hits, shared blocks, ref counts above 1
+    return [{"id": f"r{i}", "t": gap * i, "P": prompt, "O": output,
+             "hash_ids": [100 * (i % 2), 100 * (i % 2) + 1, 1000 + i]} for i in range(n)]
+
+
+def config(pass_log=True, **engine):
+    engine.setdefault("block_size", 16)
+    engine.setdefault("num_gpu_blocks", 64)
+    engine.setdefault("max_num_batched_tokens", 64)
+    return make_config(output={"pass_log": pass_log}, **engine)
+
+
+def replay(cfg, workload, path="fast"):
+    return Replay(cfg, workload, path=path)
+
+
+def pass_by_pass(monkeypatch):
+    """Workers decide pass by pass on the compiled scheduler, outside the
+    compiled pass loop (as ranks with KV transfers do: engine/core.py), so
+    each pass's outputs reach `Replay.on_pass`."""
+    init = EngineCore.__init__
+
+    def without_the_loop(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.compiled = None
+
+    monkeypatch.setattr(EngineCore, "__init__", without_the_loop)
+
+
+def corrupt_at_pass(monkeypatch, at, corrupt):
+    """Run `corrupt(core)` when the outputs of pass `at` have been processed
+    (pass by pass)."""
+    pass_by_pass(monkeypatch)
+    original = Replay.on_pass
+
+    def on_pass(self, core, p):
+        original(self, core, p)
+        if p.indices[0] == at:
+            corrupt(core)
+
+    monkeypatch.setattr(Replay, "on_pass", on_pass)
+
+
+def held_block(scheduler):
+    """A block the first running request holds."""
+    t = scheduler.table
+    i = int(scheduler.running[0])
+    assert t.R[i, NUM_BLOCKS] > 0
+    return int(t.tables[t.R[i, OFFSET]])
+
+
+def test_check_is_off_without_the_variable(monkeypatch):
+    monkeypatch.delenv("SERVESIM_CHECK", raising=False)
+    r = replay(config(), make_workload(rows()))
+    assert r.workers[0].ranks[0].scheduler.cfg[fast.C_CHECK] == 0
+
+
+@pytest.mark.parametrize("engine", [
+    {},
+    {"async_scheduling": True},
+    {"num_gpu_blocks": 9, "max_num_batched_tokens": 32},  # preemptions
+    {"scheduling_policy": "priority", "num_gpu_blocks": 9},
+])
+@pytest.mark.parametrize("pass_log", [True, False])
+def test_real_runs_pass_the_check_and_keep_their_outputs(monkeypatch, engine, pass_log):
+    workload = make_workload(rows(8))
+    monkeypatch.delenv("SERVESIM_CHECK", raising=False)
+    plain = replay(config(pass_log, **engine), workload).run()
+    monkeypatch.setenv("SERVESIM_CHECK", "1")
+    checked_replay = replay(config(pass_log, **engine), workload)
+    assert checked_replay.workers[0].ranks[0].scheduler.cfg[fast.C_CHECK] == 2
+    checked = checked_replay.run()
+    assert checked.pass_log == plain.pass_log
+    for name in ("status", "output_tokens", "num_preemptions", "token_client_ms"):
+        assert np.array_equal(getattr(checked.records, name), getattr(plain.records, name))
+
+
+def test_a_wrong_ref_count_is_caught_at_the_next_pass(checking, monkeypatch):
+    found = {}
+
+    def corrupt(core):
+        scheduler = core.ranks[0].scheduler
+        found["block"] = b = held_block(scheduler)
+        scheduler.pool.blocks[bp.REF, b] += 1
+
+    corrupt_at_pass(monkeypatch, 2, corrupt)
+    with pytest.raises(InvariantError) as info:
+        replay(config(), make_workload(rows())).run()
+    message = str(info.value)
+    assert message.startswith("invariant violated after schedule() of pass 3: a block's ref "
+                              "count equals the requests whose block table holds it")
+    assert f"block {found['block']}" in message
+
+
+def test_a_request_in_two_queues_is_named(checking, monkeypatch):
+    found = {}
+
+    def corrupt(core):
+        s = core.ranks[0].scheduler
+        i = int(s.running[0])
+        found["id"] = s.table.request_ids[i]
+        fast_queue.wq_add(s.table.R, s.table.F, s.S, s.wq, s.priority, i)
+
+    corrupt_at_pass(monkeypatch, 1, corrupt)
+    with pytest.raises(InvariantError) as info:  # (one running: admission does not run)
+        replay(config(max_num_seqs=1), make_workload(rows())).run()
+    message = str(info.value)
+    assert "of pass 2: a request is in exactly one of running / waiting" in message
+    assert f"request '{found['id']}'" in message
+
+
+def test_a_free_count_off_by_one_breaks_conservation(checking, monkeypatch):
+    corrupt_at_pass(monkeypatch, 0,
+                    lambda core: core.ranks[0].pool.scalars.__setitem__(bp.NUM_FREE, 0))
+    with pytest.raises(InvariantError, match="the pool's free count equals the free queue's"):
+        replay(config(), make_workload(rows())).run()
+
+
+def drop_first_running(core):
+    """Free the first running request's blocks and drop it from `running`
+    (ref counts still match; it is still RUNNING)."""
+    s = core.ranks[0].scheduler
+    t = s.table
+    i = int(s.running[0])
+    fast._free(t.R, t.tables, s.pool.blocks, s.pool.scalars, i)
+    n = s.S[fast.S_RUN_N]
+    s.running[:n - 1] = s.running[1:n].copy()
+    s.S[fast.S_RUN_N] = n - 1
+    return t.request_ids[i]
+
+
+def test_a_lost_request_is_caught(checking, monkeypatch):
+    """The whole-table check of the only scheduler finds a lost request."""
+    found = {}
+    corrupt_at_pass(monkeypatch, 1, lambda core: found.setdefault("id", drop_first_running(core)))
+    with pytest.raises(InvariantError) as info:
+        replay(config(), make_workload(rows())).run()
+    assert "a RUNNING request is in running" in str(info.value)
+    assert f"request '{found['id']}'" in str(info.value)
+
+
+@pytest.mark.parametrize("cluster", [{"workers": 2}, {"data_parallel_size": 2}])
+def test_a_request_lost_across_schedulers_is_caught(checking, monkeypatch, cluster):
+    """Several schedulers on one table check themselves alone; the replay's
+    check across them (check.check_table) finds the lost request."""
+    found = {}
+
+    def corrupt(core):
+        if core.index == 0 and "id" not in found:
+            found["id"] = drop_first_running(core)
+
+    corrupt_at_pass(monkeypatch, 1, corrupt)
+    r = replay(make_config(cluster=cluster, block_size=16, num_gpu_blocks=64), make_workload(rows()))
+    assert [rank.scheduler.cfg[fast.C_CHECK] for core in r.workers for rank in core.ranks] == [1, 1]
+    with pytest.raises(InvariantError) as info:
+        r.run()
+    assert "a RUNNING request is in running, a PREEMPTED one in waiting" in str(info.value)
+    assert f"request '{found['id']}'" in str(info.value)
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": True}])
+def test_the_compiled_runs_of_passes_check_every_pass(checking, monkeypatch, engine):
+    """Passes between arrivals run inside the compiled pass loop
+    (engine/fast_run.py `run_passes`); a block leaked at an arrival while a pass is in
+    flight is caught by the check inside that loop."""
+    original = Replay._on_arrival
+    found = {}
+
+    def on_arrival(self, i):
+        s = self.workers[0].ranks[0].scheduler
+        if i == 3:
+            compiled = self.workers[0].compiled
+            assert compiled.ws[fast_run.W_COUNT]  # a pass in flight: its end runs in the loop
+            b = held_block(s)
+            found["block"] = b
+            s.pool.blocks[bp.REF, b] += 1
+        original(self, i)
+
+    monkeypatch.setattr(Replay, "_on_arrival", on_arrival)
+    with pytest.raises(InvariantError) as info:
+        replay(config(pass_log=False, **engine), make_workload(rows(gap=7.0))).run()
+    assert "ref count equals the requests" in str(info.value)
+    assert f"block {found['block']}" in str(info.value)
+    frames = [(f.filename, f.name) for f in traceback.extract_tb(info.value.__cause__.__traceback__)]
+    assert (fast_run.__file__, "run") in frames  # raised inside `run_passes`
+
+
+# -- the reference scheduler (CPU tier, disaggregated serving) -------------------------
+
+
+def test_the_reference_scheduler_is_checked_too(checking, monkeypatch):
+    found = {}
+
+    def corrupt(core):
+        request = core.ranks[0].scheduler.running[0]
+        found["block"] = b = int(request.block_table[0])
+        core.ranks[0].pool.blocks[bp.REF, b] += 1
+
+    corrupt_at_pass(monkeypatch, 2, corrupt)
+    with pytest.raises(InvariantError) as info:
+        replay(config(), make_workload(rows()), path="reference").run()
+    message = str(info.value)
+    assert message.startswith("invariant violated after schedule() of pass 3: a block's ref count")
+    assert f"block {found['block']}" in message
+
+
+def cpu_tier_case():
+    """tests/test_cpu_tier.py's first case: b waits from 40 to 80 ms for a
+    load of 4 blocks into G1 blocks it holds (`waiting_for_kv`)."""
+    tier = dict(num_cpu_blocks=16, bytes_per_token=62_500, d2h_gbps=1,  # 1 MB a block
+                h2d_gbps=0.1, connector="offloading")
+    cfg = make_config(num_gpu_blocks=9, kv_offloading=tier)
+    wl = make_workload([dict(id="a", t=0, P=64, O=1, hash_ids=[1, 2, 3, 4]),
+                        dict(id="c", t=20, P=128, O=1),
+                        dict(id="b", t=40, P=80, O=1, hash_ids=[1, 2, 3, 4, 5])])
+    return cfg, wl
+
+
+def test_blocks_held_for_a_load_in_flight_count_as_held(checking, monkeypatch):
+    from servesim.scheduler import check
+
+    original = check.check_reference
+    loads = []
+
+    def recording(scheduler, out, where, pass_index):
+        loads.append(len(scheduler.waiting_for_kv))
+        original(scheduler, out, where, pass_index)
+
+    monkeypatch.setattr(check, "check_reference", recording)
+    cfg, wl = cpu_tier_case()
+    result = replay(cfg, wl, path="reference").run()
+    assert result.stats.cpu_tier_loads == 1 and max(loads) == 1
+
+    def corrupting(scheduler, out, where, pass_index):
+        if scheduler.waiting_for_kv:
+            b = int(scheduler.waiting_for_kv[0].block_table[0])
+            scheduler.kv.pool.blocks[bp.REF, b] += 1
+        original(scheduler, out, where, pass_index)
+
+    monkeypatch.setattr(check, "check_reference", corrupting)
+    with pytest.raises(InvariantError, match="ref count equals .* block 1; found 2, expected 1"):
+        replay(cfg, wl, path="reference").run()
+
+
+# -- the compiled scheduler's other holders of blocks (CPU tier, disaggregated) -------
+
+
+def test_a_load_in_flight_on_the_compiled_scheduler_holds_its_blocks(checking, monkeypatch):
+    """The CPU tier on the compiled scheduler: b's load (40 to 80 ms) goes
+    into G1 blocks it took at admission, listed in `waiting_for_kv`; the
+    check after the decision that queued it counts them as held (a real run
+    passes), and a ref count made off on one of them while the load is in
+    flight is caught at the next decision."""
+    cfg, wl = cpu_tier_case()
+    original = fast.FastScheduler.schedule
+    seen = []
+
+    def recording(self):
+        out = original(self)
+        seen.append(len(self.waiting_for_kv))
+        return out
+
+    monkeypatch.setattr(fast.FastScheduler, "schedule", recording)
+    result = replay(cfg, wl).run()
+    assert result.stats.cpu_tier_loads == 1 and max(seen) == 1
+    found = {}
+
+    def corrupting(self):
+        if self.waiting_for_kv and "block" not in found:
+            i = self.waiting_for_kv[0]
+            t = self.table
+            assert t.R[i, NUM_BLOCKS] > 0
+            found["block"] = b = int(t.tables[t.R[i, OFFSET]])
+            self.pool.blocks[bp.REF, b] += 1
+        return original(self)
+
+    monkeypatch.setattr(fast.FastScheduler, "schedule", corrupting)
+    with pytest.raises(InvariantError) as info:
+        replay(cfg, wl).run()
+    assert "ref count equals the requests whose block table holds it" in str(info.value)
+    assert f"block {found['block']}; found 2, expected 1" in str(info.value)
+
+
+def disaggregated_case():
+    """a (P=64) finishes its prefill at 10 ms and is handed off; the prefill
+    worker holds its 4 blocks until the pull lands at 14.5 ms (as in
+    tests/test_disaggregated.py), while it decides b's prefill at 10 ms."""
+    from servesim.config.config import config_from_dict
+
+    data = {"workload": {"synthetic": {"requests": 1}, "trace_block_size": 16},
+            "engine": {"max_num_seqs": 16, "num_gpu_blocks": 64,
+                       "timing": dict(LINEAR_10MS)},
+            "cluster": {"mode": "disaggregated", "prefill_workers": 1, "decode_workers": 1,
+                        "kv_transfer": {"bytes_per_token": 62500, "bandwidth_gbps": 1,
+                                        "latency_ms": 0.5}},
+            "output": {"pass_log": True}}
+    wl = make_workload([dict(id="a", t=0, P=64, O=3), dict(id="b", t=5, P=64, O=3)])
+    return config_from_dict(data, source="test"), wl
+
+
+def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, monkeypatch):
+    """A disaggregated prefill worker on the compiled scheduler lists the
+    finished requests whose blocks it holds for the decode side (`held`,
+    S_HELD): the check counts them (a real run passes), and a ref count off
+    on a held block is caught at the worker's next decision."""
+    from servesim.replay.driver import make_replay
+
+    cfg, wl = disaggregated_case()
+    make_replay(cfg, wl, path="fast").run()
+    original = Replay.on_pass
+    found = {}
+
+    def corrupting(self, core, p):
+        original(self, core, p)
+        s = core.ranks[0].scheduler
+        prefill = isinstance(core.ranks[0].transfers, fast_disagg.ArraySender)
+        if prefill and s.S[fast.S_HELD] and "block" not in found:
+            i = int(s.held[0])
+            t = s.table
+            found["block"] = b = int(t.tables[t.R[i, OFFSET]])
+            s.pool.blocks[bp.REF, b] += 1
+
+    monkeypatch.setattr(Replay, "on_pass", corrupting)
+    with pytest.raises(InvariantError) as info:
+        make_replay(cfg, wl, path="fast").run()
+    assert "after schedule() of pass 1: a block's ref count equals" in str(info.value)
+    assert f"block {found['block']}; found 2, expected 1" in str(info.value)
