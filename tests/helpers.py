@@ -10,7 +10,6 @@ the prompt length, `O` the output length. Without `hash_ids` a request gets
 `ceil(P / trace_block_size)` ids of its own (no prefix shared with anyone).
 """
 
-import inspect
 
 import attrs
 import numpy as np
@@ -26,15 +25,6 @@ from servesim.workload.workload import Workload
 
 LINEAR_10MS = {"type": "linear", "base_ms": 10, "per_token_ms": 0}
 _UNIQUE_BASE = 1_000_000  # default hash ids start here, far from hand-written ones
-
-# The scheduler implementations `simulate` can run (its `path` argument), or
-# [None] when it has no choice. Tests run on every one of them.
-if "path" in inspect.signature(simulate).parameters:
-    PATHS = ["reference", "fast"]
-else:
-    PATHS = [None]
-current_path = None  # set per test by the `scheduler_path` fixture
-
 
 def make_workload(rows, trace_block_size=16) -> Workload:
     """A Workload in the given row order (rows must be in arrival order)."""
@@ -102,20 +92,16 @@ def make_config(timing=None, cluster=None, output=None, **engine):
     return config_from_dict(data, source="test")
 
 
-def run_result(config, workload, path=None):
-    """The whole SimulationResult (records, stats, pass log), pass log on, on
-    scheduler `path` (default: the current test's, see PATHS)."""
+def run_result(config, workload):
+    """The whole SimulationResult (records, stats, pass log), pass log on."""
     if not config.output.pass_log:
         config = attrs.evolve(config, output=attrs.evolve(config.output, pass_log=True))
-    path = path or current_path
-    if path is None:
-        return simulate(config, workload)
-    return simulate(config, workload, path=path)
+    return simulate(config, workload)
 
 
-def run(config, workload, path=None):
+def run(config, workload):
     """`(records, pass_log)` of one simulation."""
-    result = run_result(config, workload, path)
+    result = run_result(config, workload)
     return result.records, result.pass_log
 
 
@@ -215,7 +201,7 @@ def write(tmp_path, text, name="c.yaml"):
     return str(path)
 
 
-# ------------------------------------------------------- the compiled and reference paths
+# ------------------------------------------------------- random whole simulations
 # Random requests and engines, built into a config and a workload.
 
 requests = st.lists(

@@ -18,10 +18,64 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from servesim.kvcache import block_pool as bp
 from servesim.kvcache.block_pool import BlockPool
 from servesim.kvcache.config import KVCacheConfig
-from servesim.kvcache.manager import KVCacheManager
 
 NUM_IDENTITIES = 8192  # far more than a run of the machine can create
 MAX_WAITING = 5
+
+
+class PoolDriver:
+    """The test's driver of the block pool's kernels (servesim/kvcache/
+    block_pool.py) for one request object, as the scheduler calls them
+    (servesim/scheduler/fast.py `_allocate`, `cache_blocks`, `_free`, and the
+    lookup of `_schedule_waiting`): `get_computed_blocks`, `allocate_slots`
+    (registering the full blocks within the known tokens at once) and
+    `free`."""
+
+    def __init__(self, pool: BlockPool):
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.enable_caching = pool.enable_caching
+
+    def get_computed_blocks(self, request):
+        """`(hit_blocks, num_hit_tokens)`: the cached leading blocks, never
+        covering the last token."""
+        if not self.enable_caching:
+            return np.zeros(0, dtype=np.int64), 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits = np.zeros(max_blocks, dtype=np.int64)
+        pool = self.pool
+        num_hit = bp.find_cached_prefix(pool.blocks, pool.idmap, request.idents,
+                                        max_blocks, hits)
+        return hits[:num_hit].copy(), num_hit * self.block_size
+
+    def allocate_slots(self, request, num_new_tokens, hit_blocks, num_hit_tokens=0,
+                       reserve_tokens=0, extra_blocks=0) -> bool:
+        bs = self.block_size
+        pool = self.pool
+        total = request.num_computed_tokens + num_hit_tokens + num_new_tokens
+        needed = -(-total // bs)
+        checked = max(needed, -(-reserve_tokens // bs)) + extra_blocks
+        held = bp.allocate_slots(pool.blocks, pool.idmap, pool.scalars,
+                                 request.block_table, request.num_blocks,
+                                 hit_blocks, len(hit_blocks), needed, checked)
+        if held < 0:
+            return False
+        request.num_blocks = held
+        if len(hit_blocks):
+            request.num_cached_blocks = len(hit_blocks)
+        if self.enable_caching:
+            num_full = min(total, request.num_tokens) // bs
+            if num_full > request.num_cached_blocks:
+                bp.cache_full_blocks(pool.blocks, pool.idmap, request.block_table,
+                                     request.idents, request.num_cached_blocks, num_full)
+                request.num_cached_blocks = num_full
+        return True
+
+    def free(self, request):
+        bp.free_blocks(self.pool.blocks, self.pool.scalars, request.block_table,
+                       request.num_blocks)
+        request.num_blocks = 0
+        request.num_cached_blocks = 0
 
 
 def ceil_div(a, b):
@@ -29,7 +83,7 @@ def ceil_div(a, b):
 
 
 class FakeRequest:
-    """The attributes KVCacheManager needs, plus the test's bookkeeping.
+    """The attributes PoolDriver needs, plus the test's bookkeeping.
 
     `max_len` is the most tokens the request may ever have (prompt plus
     output); `idents` covers exactly its `ceil(max_len / block_size)` blocks.
@@ -126,7 +180,7 @@ class ReferenceModel:
 
 
 class BlockPoolMachine(RuleBasedStateMachine):
-    """Fake requests through one KVCacheManager, checked after every step."""
+    """Fake requests through one PoolDriver, checked after every step."""
 
     def __init__(self):
         super().__init__()
@@ -144,7 +198,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         config = KVCacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                enable_prefix_caching=caching)
         self.pool = BlockPool(config, NUM_IDENTITIES)
-        self.kv = KVCacheManager(self.pool)
+        self.kv = PoolDriver(self.pool)
         self.bs = block_size
         self.n = num_gpu_blocks
         self.model = ReferenceModel(num_gpu_blocks)

@@ -1,5 +1,5 @@
 """Registration of full blocks when a pass's outputs are processed
-(`cache_blocks` called from `update_from_output`, servesim/kvcache/manager.py; vLLM's
+(`cache_blocks` called from `update_from_output`, servesim/scheduler/fast.py; vLLM's
 vllm/v1/core/sched/async_scheduler.py `_update_request_with_output`).
 
 Under async scheduling allocation registers only blocks full within the
@@ -12,22 +12,19 @@ block. A request preempted before its in-flight output arrives registers
 nothing. Without tokens in flight (sync engines) allocation has registered
 every block the pass fills, and the call changes nothing.
 
-The timeline is checked on every scheduler path: the reference scheduler, the
-compiled scheduler pass by pass (pass log on) and compiled runs of passes
-(pass log off: request records only).
+The timeline is checked with the pass log (passes and records) and without
+it (compiled runs of passes: request records only).
 """
 
 import attrs
 import pytest
 from hypothesis import event, given, settings
 
-from servesim.kvcache.manager import KVCacheManager
-from servesim.replay.driver import simulate
-from servesim.scheduler.request import RequestStatus
-from servesim.scheduler.scheduler import Scheduler
+from servesim.kvcache.block_pool import IDENT, NONE
+from servesim.replay.driver import Replay, simulate
+from servesim.scheduler import fast
+from servesim.scheduler import fast_table as ft
 from helpers import build, engines, free_blocks, make_config, make_workload, req, requests, sched, times
-
-PATHS = [("reference", True), ("fast", True), ("fast", False)]
 
 
 def _finishing_block_workload():
@@ -36,10 +33,8 @@ def _finishing_block_workload():
                           dict(id="c", t=0, P=32, O=2, hash_ids=[1, 2])])
 
 
-@pytest.mark.parametrize("path,pass_log", PATHS,
-                         ids=["reference", "fast-pass-by-pass", "fast-compiled-runs"])
-def test_finishing_request_frees_its_last_block_cached_so_an_allocation_evicts_another(
-        path, pass_log):
+@pytest.mark.parametrize("pass_log", [True, False], ids=["pass-log", "compiled-runs"])
+def test_finishing_request_frees_its_last_block_cached_so_an_allocation_evicts_another(pass_log):
     # Async, 5 usable blocks (ids 1-5), 10 ms per pass, block_size 16.
     # a: P=15 O=2 (15 + 2 - 1 = 16: its second pass fills its only block);
     # x: P=32 O=18; c: P=32 hash [1,2] O=2. All arrive at 0, admitted a, x, c.
@@ -68,7 +63,7 @@ def test_finishing_request_frees_its_last_block_cached_so_an_allocation_evicts_a
     #       recomputed 32 (tokens below its previous high of 32). free 5 - 3 = 2.
     config = make_config(num_gpu_blocks=6, async_scheduling=True,
                          output={"pass_log": pass_log})
-    result = simulate(config, _finishing_block_workload(), path=path)
+    result = simulate(config, _finishing_block_workload())
     records = result.records
     if pass_log:
         log = result.pass_log
@@ -88,9 +83,8 @@ def test_finishing_request_frees_its_last_block_cached_so_an_allocation_evicts_a
     assert c["recomputed_tokens"] == 32
 
 
-@pytest.mark.parametrize("path,pass_log", PATHS,
-                         ids=["reference", "fast-pass-by-pass", "fast-compiled-runs"])
-def test_sync_engine_registers_the_finishing_block_at_allocation_already(path, pass_log):
+@pytest.mark.parametrize("pass_log", [True, False], ids=["pass-log", "compiled-runs"])
+def test_sync_engine_registers_the_finishing_block_at_allocation_already(pass_log):
     # The same trace, synchronous. a's block is registered when its second pass
     # is scheduled (token 1 is known then), so a frees it cached in both cases
     # and the output call adds nothing.
@@ -103,7 +97,7 @@ def test_sync_engine_registers_the_finishing_block_at_allocation_already(path, p
     # 4th block: pops 4 (c's id 1). x samples token 18 at 180 and finishes.
     # pass 18 [180,190]: c resumes from 0: 33 tokens, recomputed 32.
     config = make_config(num_gpu_blocks=6, output={"pass_log": pass_log})
-    result = simulate(config, _finishing_block_workload(), path=path)
+    result = simulate(config, _finishing_block_workload())
     if pass_log:
         log = result.pass_log
         assert sched(log[18]) == [("c", 33, 0, "resumed")]
@@ -126,50 +120,45 @@ def test_output_registration_covers_completed_tokens_and_adds_nothing_when_sync(
     config = attrs.evolve(config, output=attrs.evolve(config.output, pass_log=False))
     caching = engine["enable_prefix_caching"]
     sync = not engine["async_scheduling"]
-    original_update = Scheduler.update_from_output
-    original_cache = KVCacheManager.cache_blocks
-    original_finish = Scheduler._finish
-    state = {"in_output": False, "registered_on_output": 0, "checked_finishes": 0}
+    replay = Replay(config, workload)
+    table = replay.store.table
+    R = table.R
+    state = {"registered_on_output": 0, "checked_finishes": 0}
 
-    def check(request, block_size):
-        completed = min(request.num_computed_tokens - request.num_output_placeholders,
-                        request.num_tokens)
-        assert request.num_cached_blocks >= completed // block_size, request
+    def completed_blocks(i, block_size):
+        completed = min(R[i, ft.COMPUTED] - R[i, ft.PLACEHOLDERS], R[i, ft.NUM_TOKENS])
+        return completed // block_size
 
-    def cache_blocks(self, request, num_tokens):
-        before = request.num_cached_blocks
-        original_cache(self, request, num_tokens)
-        if state["in_output"]:
-            state["registered_on_output"] += request.num_cached_blocks - before
+    def checked(rank):
+        scheduler = rank.scheduler
+        pool = scheduler.pool
+        update = scheduler.update_from_output
+        block_size = rank.pool.block_size
 
-    def update_from_output(self, out, release_ms, pass_index):
-        state["in_output"] = True
-        try:
-            finished = original_update(self, out, release_ms, pass_index)
-        finally:
-            state["in_output"] = False
-        if caching:
-            for request in self.running:
-                check(request, self.block_size)
-        return finished
+        def num_cached():
+            return int((pool.blocks[IDENT, 1:pool.num_gpu_blocks] != NONE).sum())
 
-    def finish(self, finished):
-        if caching:
-            for request in finished:
-                if request.status == RequestStatus.RUNNING:
-                    check(request, self.block_size)
+        def update_from_output(out, release_ms, pass_index):
+            before = num_cached()
+            finished = update(out, release_ms, pass_index)
+            state["registered_on_output"] += num_cached() - before
+            if caching:
+                for i in scheduler.running[:scheduler.S[fast.S_RUN_N]].tolist():
+                    assert R[i, ft.NUM_CACHED] >= completed_blocks(i, block_size), i
+                for i in finished:  # freed: its full blocks went back cached
+                    off = R[i, ft.OFFSET]
+                    idents = table.idents[off:off + completed_blocks(i, block_size)]
+                    assert (pool.idmap[idents] != NONE).all(), i
                     state["checked_finishes"] += 1
-        original_finish(self, finished)
+            return finished
 
-    Scheduler.update_from_output = update_from_output
-    Scheduler._finish = finish
-    KVCacheManager.cache_blocks = cache_blocks
-    try:
-        simulate(config, workload, path="reference")
-    finally:
-        Scheduler.update_from_output = original_update
-        Scheduler._finish = original_finish
-        KVCacheManager.cache_blocks = original_cache
+        scheduler.update_from_output = update_from_output
+
+    for core in replay.workers:
+        core.compiled = None  # pass by pass, through the scheduler's methods
+        for rank in core.ranks:
+            checked(rank)
+    replay.run()
     event(f"finishes checked: {min(state['checked_finishes'], 3)}+")
     if sync:
         assert state["registered_on_output"] == 0

@@ -1,8 +1,8 @@
 """The debug mode's invariant check (servesim/scheduler/check.py,
 `SERVESIM_CHECK=1`): it stays silent on real runs, changes no output, and
 catches state corrupted between passes — on the pass-by-pass path, inside the
-compiled runs of passes (engine/fast_run.py) and on the reference scheduler —
-naming the pass, the request or block and the invariant."""
+compiled runs of passes (engine/fast_run.py) and for the CPU tier and
+disaggregated serving — naming the pass, the request or block and the invariant."""
 
 import traceback
 
@@ -37,8 +37,8 @@ def config(pass_log=True, **engine):
     return make_config(output={"pass_log": pass_log}, **engine)
 
 
-def replay(cfg, workload, path="fast"):
-    return Replay(cfg, workload, path=path)
+def replay(cfg, workload):
+    return Replay(cfg, workload)
 
 
 def pass_by_pass(monkeypatch):
@@ -212,25 +212,6 @@ def test_the_compiled_runs_of_passes_check_every_pass(checking, monkeypatch, eng
     assert (fast_run.__file__, "run") in frames  # raised inside `run_passes`
 
 
-# -- the reference scheduler (CPU tier, disaggregated serving) -------------------------
-
-
-def test_the_reference_scheduler_is_checked_too(checking, monkeypatch):
-    found = {}
-
-    def corrupt(core):
-        request = core.ranks[0].scheduler.running[0]
-        found["block"] = b = int(request.block_table[0])
-        core.ranks[0].pool.blocks[bp.REF, b] += 1
-
-    corrupt_at_pass(monkeypatch, 2, corrupt)
-    with pytest.raises(InvariantError) as info:
-        replay(config(), make_workload(rows()), path="reference").run()
-    message = str(info.value)
-    assert message.startswith("invariant violated after schedule() of pass 3: a block's ref count")
-    assert f"block {found['block']}" in message
-
-
 def cpu_tier_case():
     """tests/test_cpu_tier.py's first case: b waits from 40 to 80 ms for a
     load of 4 blocks into G1 blocks it holds (`waiting_for_kv`)."""
@@ -241,32 +222,6 @@ def cpu_tier_case():
                         dict(id="c", t=20, P=128, O=1),
                         dict(id="b", t=40, P=80, O=1, hash_ids=[1, 2, 3, 4, 5])])
     return cfg, wl
-
-
-def test_blocks_held_for_a_load_in_flight_count_as_held(checking, monkeypatch):
-    from servesim.scheduler import check
-
-    original = check.check_reference
-    loads = []
-
-    def recording(scheduler, out, where, pass_index):
-        loads.append(len(scheduler.waiting_for_kv))
-        original(scheduler, out, where, pass_index)
-
-    monkeypatch.setattr(check, "check_reference", recording)
-    cfg, wl = cpu_tier_case()
-    result = replay(cfg, wl, path="reference").run()
-    assert result.stats.cpu_tier_loads == 1 and max(loads) == 1
-
-    def corrupting(scheduler, out, where, pass_index):
-        if scheduler.waiting_for_kv:
-            b = int(scheduler.waiting_for_kv[0].block_table[0])
-            scheduler.kv.pool.blocks[bp.REF, b] += 1
-        original(scheduler, out, where, pass_index)
-
-    monkeypatch.setattr(check, "check_reference", corrupting)
-    with pytest.raises(InvariantError, match="ref count equals .* block 1; found 2, expected 1"):
-        replay(cfg, wl, path="reference").run()
 
 
 # -- the compiled scheduler's other holders of blocks (CPU tier, disaggregated) -------
@@ -333,7 +288,7 @@ def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, mon
     from servesim.replay.driver import make_replay
 
     cfg, wl = disaggregated_case()
-    make_replay(cfg, wl, path="fast").run()
+    make_replay(cfg, wl).run()
     original = Replay.on_pass
     found = {}
 
@@ -349,6 +304,6 @@ def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, mon
 
     monkeypatch.setattr(Replay, "on_pass", corrupting)
     with pytest.raises(InvariantError) as info:
-        make_replay(cfg, wl, path="fast").run()
+        make_replay(cfg, wl).run()
     assert "after schedule() of pass 1: a block's ref count equals" in str(info.value)
     assert f"block {found['block']}; found 2, expected 1" in str(info.value)

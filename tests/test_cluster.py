@@ -15,7 +15,6 @@ import attrs
 import numpy as np
 import pytest
 
-import helpers
 from helpers import LINEAR_10MS, free_blocks, make_config, make_workload, req, sched
 import servesim
 from servesim.errors import InputError
@@ -23,14 +22,6 @@ from servesim.replay.driver import simulate
 from servesim.results.metrics import summarize
 
 LINEAR_10_PLUS_1 = {"type": "linear", "base_ms": 10, "per_token_ms": 1}
-
-
-@pytest.fixture(autouse=True, params=helpers.PATHS, ids=lambda p: p or "default")
-def scheduler_path(request):
-    """Every rule is checked on every scheduler implementation."""
-    helpers.current_path = request.param
-    yield request.param
-    helpers.current_path = None
 
 
 def cluster_config(workers=1, dp=1, router="round_robin", timing=None, telemetry_ms=None,
@@ -50,10 +41,9 @@ def workload(rows, concurrency=None):
 
 
 def sim(config, w):
-    """simulate() on the current test's scheduler path (the pass log as the
-    config says: off lets the fast path run compiled stretches of passes)."""
-    path = helpers.current_path
-    return simulate(config, w) if path is None else simulate(config, w, path=path)
+    """simulate() with the pass log as the config says (off lets a worker
+    run compiled stretches of passes)."""
+    return simulate(config, w)
 
 
 def placement(records):

@@ -15,7 +15,6 @@ import json
 
 import pytest
 
-import helpers
 from helpers import make_config, make_workload, req, run, sched, times
 from servesim.replay.api import run as api_run
 from servesim.replay.driver import Replay
@@ -29,20 +28,12 @@ def tier(d2h_gbps=1.0, h2d_gbps=1.0, num_cpu_blocks=16, connector="offloading"):
                 h2d_gbps=h2d_gbps, connector=connector)
 
 
-@pytest.fixture(autouse=True, params=helpers.PATHS, ids=lambda p: p or "default")
-def scheduler_path(request):
-    """Every rule is checked on every scheduler implementation."""
-    helpers.current_path = request.param
-    yield request.param
-    helpers.current_path = None
-
-
 def run_logged(config, workload):
     """`(records, pass_log, jobs, result)`, `jobs` being every transfer of
     worker 0 rank 0 as `(kind, blocks, gpu blocks, submit, start, finish)`; a
     block is named by the first request holding its identity and its index
     there ("a0" is request a's first block)."""
-    replay = Replay(config, workload, path=helpers.current_path or "auto")
+    replay = Replay(config, workload)
     names = {}
     for i, rid in enumerate(workload.request_ids):
         idents = replay.idents[replay.ident_offsets[i]:replay.ident_offsets[i + 1]]
@@ -371,7 +362,7 @@ def test_full_tier_evicts_least_recently_used_ready_blocks():
     # blocks first to last; only a lookup's touch puts a prefix's first block last).
     cfg = make_config(kv_offloading=tier(num_cpu_blocks=3, connector="simple_cpu"))
     wl = make_workload([dict(id="a", t=0, P=32, O=1), dict(id="b", t=20, P=32, O=1)])
-    replay = Replay(cfg, wl, path=helpers.current_path or "auto")
+    replay = Replay(cfg, wl)
     result = replay.run()
     idents = {name: replay.idents[replay.ident_offsets[i] + k]
               for i, rid in enumerate("ab") for k, name in enumerate((rid + "0", rid + "1"))}

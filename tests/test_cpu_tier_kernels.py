@@ -1,6 +1,6 @@
 """The CPU tier's compiled lanes and connector kernels
 (servesim/kvcache/cpu_tier_kernels.py) against the reference objects
-(servesim/kvcache/cpu_tier.py): the same submissions and polls give the same
+(tests/cpu_tier_model.py, the test oracle): the same submissions and polls give the same
 start and finish instants, the same `store_done_ms` and
 `next_completion_ms`, and a landed load marks its request; plus the
 connector's answers (`get_num_new_matched_tokens`, `prepare_store`) on hand
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.kvcache.config import KVOffloadingConfig
-from servesim.kvcache.cpu_tier import LOAD, STORE, CPUOffloadConnector, TransferJob
+from cpu_tier_model import LOAD, STORE, CPUOffloadConnector, TransferJob
 
 BLOCK_SIZE = 16
 NUM_GPU_BLOCKS = 8

@@ -30,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.kvcache.block_pool import REF
-from servesim.kvcache.cpu_tier import CPUTier
+from cpu_tier_model import CPUTier
 from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
 from servesim.results.metrics import summarize
@@ -180,7 +180,7 @@ class KernelTier:
 
 
 class PairedTier:
-    """The reference `CPUTier` and the compiled one in lockstep: every
+    """The model `CPUTier` (tests/cpu_tier_model.py) and the compiled one in lockstep: every
     operation must give the same answer and leave the same LRU order."""
 
     def __init__(self, capacity, universe):
@@ -210,7 +210,7 @@ class PairedTier:
 
 
 class PairedTierMachine(CPUTierMachine):
-    """The same machine over the compiled tier checked against the reference."""
+    """The same machine over the compiled tier checked against the model."""
 
     def __init__(self):
         super().__init__()
@@ -277,23 +277,10 @@ def make_config(engine, data_parallel_size=1):
                              "output": {"pass_log": True}})
 
 
-PATHS = ["reference", "fast"]
-
-
 class View:
-    """One request's scheduler state on either path (a `Request` object, or
-    row i of the compiled scheduler's table)."""
+    """One request's scheduler state: row i of the scheduler's table."""
 
     def __init__(self, replay, i):
-        if replay.path == "reference":
-            r = replay.store.objects[i]
-            self.exists = r is not None
-            if self.exists:
-                self.blocks = r.block_table[:r.num_blocks].tolist()
-                self.computed = r.num_computed_tokens
-                self.loading = r.kv_load is not None
-                self.in_flight = r.num_in_flight
-            return
         t = replay.store.table
         R = t.R
         self.exists = not np.isnan(t.F[i, ft.ARRIVAL])
@@ -302,10 +289,6 @@ class View:
         self.computed = int(R[i, ft.COMPUTED])
         self.loading = R[i, ft.KV_LOAD] != ft.KV_NONE
         self.in_flight = int(R[i, ft.IN_FLIGHT])
-
-
-def request_index(replay, request) -> int:
-    return request if isinstance(request, int) else request.index
 
 
 def check_g1(replay, rank):
@@ -320,7 +303,7 @@ def check_g1(replay, rank):
     assert refs.tolist() == [holders[b] for b in range(1, pool.num_gpu_blocks)]
     assert pool.num_free_blocks == int((refs == 0).sum()) == len(pool.free_queue())
     for request in rank.scheduler.waiting_for_kv:  # they hold their blocks while waiting
-        view = View(replay, request_index(replay, request))
+        view = View(replay, request)
         assert len(view.blocks) > 0
         if view.loading:  # nothing counts as computed before the load is done
             assert view.computed == 0
@@ -342,10 +325,10 @@ def check_tier(connector):
     assert storing <= set(ids) and set(loading) <= set(ids)
 
 
-def run_checked(engine, workload, data_parallel_size=1, path="reference"):
+def run_checked(engine, workload, data_parallel_size=1):
     """Run with invariant checks on every rank before each decision and after
     each pass's outputs; returns (replay, result, jobs of every rank)."""
-    replay = Replay(make_config(engine, data_parallel_size), workload, path=path)
+    replay = Replay(make_config(engine, data_parallel_size), workload)
     passes = [0]
     logs = []
 
@@ -362,9 +345,8 @@ def run_checked(engine, workload, data_parallel_size=1, path="reference"):
                          and View(replay, i).in_flight}
             out = schedule()
             # §7: a request the pass in flight runs is never preempted
-            preempted = (out.preempted if path == "reference"
-                         else out.out[fast.O_PRE, :out.num_preempted].tolist())
-            assert not any(request_index(replay, r) in in_flight for r in preempted)
+            preempted = out.out[fast.O_PRE, :out.num_preempted].tolist()
+            assert not any(i in in_flight for i in preempted)
             return out
 
         def checked_update(*args):
@@ -389,10 +371,10 @@ def run_checked(engine, workload, data_parallel_size=1, path="reference"):
 
 
 @settings(SETTINGS, max_examples=200)
-@given(scenarios(), st.sampled_from([1, 1, 2]), st.sampled_from(PATHS))
-def test_bookkeeping_conserves_blocks_and_loads_only_what_was_stored(scenario, dp, path):
+@given(scenarios(), st.sampled_from([1, 1, 2]))
+def test_bookkeeping_conserves_blocks_and_loads_only_what_was_stored(scenario, dp):
     engine, workload = scenario
-    replay, result, logs = run_checked(engine, workload, dp, path)
+    replay, result, logs = run_checked(engine, workload, dp)
     tier_cfg = engine["kv_offloading"]
     for rank, jobs in zip(replay.workers[0].ranks, logs):
         assert rank.connector.tier.max_blocks <= tier_cfg["num_cpu_blocks"]
@@ -444,17 +426,17 @@ def _strip(result):
     summary = summarize(result, {}, 0.0)
     records = {k: v.tolist() for k, v in attrs.asdict(result.records, recurse=False).items()
                if isinstance(v, np.ndarray)}
-    return tuple(json.dumps(x, sort_keys=True) for x in (summary, result.pass_log, records))
+    return tuple(json.dumps(x, sort_keys=True) for x in (summary, list(result.pass_log), records))
 
 
 @settings(SETTINGS, max_examples=40)
-@given(scenarios(), st.sampled_from(PATHS))
-def test_no_key_and_a_null_key_give_byte_identical_runs(scenario, path):
+@given(scenarios())
+def test_no_key_and_a_null_key_give_byte_identical_runs(scenario):
     engine, workload = scenario
     engine = dict(engine)
     del engine["kv_offloading"]
-    without = Replay(make_config(engine), workload, path=path)
-    null = Replay(make_config({**engine, "kv_offloading": None}), workload, path=path)
+    without = Replay(make_config(engine), workload)
+    null = Replay(make_config({**engine, "kv_offloading": None}), workload)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a, b = without.run(), null.run()
@@ -464,16 +446,16 @@ def test_no_key_and_a_null_key_give_byte_identical_runs(scenario, path):
 
 
 @settings(SETTINGS, max_examples=60)
-@given(scenarios(unique_prompts=True, ample=True, burst=True), st.sampled_from(PATHS))
-def test_a_tier_that_is_never_hit_changes_no_decision_only_delays(scenario, path):
+@given(scenarios(unique_prompts=True, ample=True, burst=True))
+def test_a_tier_that_is_never_hit_changes_no_decision_only_delays(scenario):
     # Unique prompts, every request at 0, a pool holding every request at once:
     # no preemption, so nobody ever looks up a block of its own, and nobody else
     # has it. Same passes (scheduled, finished, free blocks) and results; a
     # pass may only start later (a block it reuses is still being stored).
     engine, workload = scenario
-    with_tier = run_checked(engine, workload, path=path)[1]
+    with_tier = run_checked(engine, workload)[1]
     engine = {k: v for k, v in engine.items() if k != "kv_offloading"}
-    plain = Replay(make_config(engine), workload, path=path).run()
+    plain = Replay(make_config(engine), workload).run()
     assert with_tier.stats.cpu_tier_loads == 0 and with_tier.stats.cpu_tier_hit_tokens == 0
     assert plain.stats.preemptions == with_tier.stats.preemptions == 0
 
@@ -488,21 +470,3 @@ def test_a_tier_that_is_never_hit_changes_no_decision_only_delays(scenario, path
     for field in ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
                   "recomputed_tokens", "first_token_pass", "finish_pass"):
         assert (getattr(with_tier.records, field) == getattr(plain.records, field)).all()
-
-
-@settings(SETTINGS, max_examples=150)
-@given(scenarios() | scenarios(reuse=True), st.sampled_from([1, 1, 2]))
-def test_compiled_and_reference_schedulers_give_byte_identical_runs(scenario, dp):
-    # While the reference scheduler exists: the CPU tier's rules on the
-    # compiled scheduler decide every pass, transfer and result alike.
-    engine, workload = scenario
-    runs = []
-    for path in PATHS:
-        replay = Replay(make_config(engine, dp), workload, path=path)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = replay.run()
-            runs.append(_strip(result))
-    event("cpu loads" if result.stats.cpu_tier_loads else "no cpu load")
-    event("preemptions" if result.stats.preemptions else "no preemption")
-    assert runs[0] == runs[1]

@@ -1,4 +1,4 @@
-"""Disaggregated prefill/decode serving (servesim/engine/disagg.py,
+"""Disaggregated prefill/decode serving (servesim/engine/fast_disagg.py,
 servesim/replay/disaggregated.py): one test per rule, each with the smallest
 timeline that shows it, worked out by hand.
 
@@ -17,7 +17,6 @@ import json
 
 import pytest
 
-import helpers
 from helpers import LINEAR_10MS, make_workload, sched
 from servesim.errors import InputError
 from servesim.replay.api import resolve_config as api_resolve
@@ -50,17 +49,9 @@ def disagg(prefill_workers=1, decode_workers=1, router="round_robin", link=None,
             "engine": engine, "cluster": cluster, "output": {"pass_log": True}}
 
 
-@pytest.fixture(autouse=True, params=helpers.PATHS, ids=lambda p: p or "default")
-def scheduler_path(request):
-    """Every rule is checked on every scheduler implementation."""
-    helpers.current_path = request.param
-    yield request.param
-    helpers.current_path = None
-
-
 def replay_of(cfg, workload):
-    """The replay on the current test's scheduler path."""
-    return make_replay(cfg, workload, path=helpers.current_path or "auto")
+    """The replay of `cfg` over `workload`."""
+    return make_replay(cfg, workload)
 
 
 def simulate(data, rows):

@@ -1,5 +1,5 @@
 """Property-based tests of disaggregated prefill/decode serving
-(servesim/engine/disagg.py, servesim/replay/disaggregated.py): small random
+(servesim/engine/fast_disagg.py, servesim/replay/disaggregated.py): small random
 workloads through random prefill and decode pools, checked before every
 decision and after every pass's outputs on every rank of both pools, and at
 the end:
@@ -19,17 +19,13 @@ the end:
   finishes with exactly its output tokens, its first token from the end of
   its prefill pass, the rest from a decode worker that admitted it with its
   whole prompt cached (pulled or already held) no earlier than the pull landed;
-- the compiled path (servesim/scheduler/fast.py, engine/fast_disagg.py) gives
-  exactly the reference path's pass log, records, summary and transfers.
-
-The checks run on both paths while the reference scheduler exists.
+- a run is deterministic: the same pass log, records, summary and transfers.
 """
 
 import warnings
 from collections import Counter
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -40,8 +36,7 @@ from servesim.results.metrics import summarize
 from servesim.results.output import request_lines
 from servesim.results.records import STATUS_FINISHED, STATUS_UNFINISHED
 from servesim.scheduler import fast, fast_table
-from servesim.scheduler.scheduler import Scheduler
-from helpers import PATHS, family_prefix_ids, workload_of
+from helpers import family_prefix_ids, workload_of
 
 MAX_PASSES = 50_000
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True,
@@ -108,17 +103,13 @@ def scenarios(draw, ample=False):
 
 def held(scheduler) -> int:
     """Finished requests whose blocks a prefill rank holds for a transfer."""
-    if isinstance(scheduler, Scheduler):
-        return len(scheduler.delayed_free)
     return int(scheduler.S[fast.S_HELD])
 
 
 def held_requests(scheduler, here) -> list:
     """`(num_blocks, remote_decode)` of each request held for a transfer
     (`here`: the requests routed to this rank; the ranks of a pool share
-    one table on the compiled path)."""
-    if isinstance(scheduler, Scheduler):
-        return [(r.num_blocks, r.remote_decode) for r in scheduler.delayed_free.values()]
+    one table)."""
     R = scheduler.table.R
     rows = np.flatnonzero(here & (R[:, fast_table.STATUS] == fast_table.FINISHED)
                           & (R[:, fast_table.NUM_BLOCKS] > 0))
@@ -129,9 +120,6 @@ def held_requests(scheduler, here) -> list:
 def waiting_for_pulls(scheduler) -> list:
     """`(request index, blocks held, tokens computed, pull landed)` of each
     request waiting for its pull."""
-    if isinstance(scheduler, Scheduler):
-        return [(r.index, r.num_blocks, r.num_computed_tokens,
-                 r.kv_load is None or r.kv_load.done) for r in scheduler.waiting_for_kv]
     R = scheduler.table.R
     return [(i, int(R[i, fast_table.NUM_BLOCKS]), int(R[i, fast_table.COMPUTED]),
              R[i, fast_table.KV_LOAD] != fast_table.KV_IN_FLIGHT)
@@ -168,15 +156,13 @@ def check_rank(replay, pool, core, rank, now):
             assert computed == 0
             job = replay.transfer(i)
             if job.land_ms > now:  # in flight: the source is still there
-                assert replay.sender_of(i).holds(i if not isinstance(scheduler, Scheduler)
-                                                 else replay.sides.handoffs[i].source)
+                assert replay.sender_of(i).holds(i)
 
 
-def run_checked(data, workload, path):
+def run_checked(data, workload):
     """Run with the checks on every rank of both pools before each decision
-    and after each pass's outputs, on scheduler `path`; returns (replay,
-    result)."""
-    replay = make_replay(config_from_dict(data, source="test"), workload, path=path or "auto")
+    and after each pass's outputs; returns (replay, result)."""
+    replay = make_replay(config_from_dict(data, source="test"), workload)
     passes = [0]
 
     def wrap(pool, core, rank):
@@ -249,12 +235,11 @@ def check_transfers(replay, data):
             assert not rank.scheduler.waiting_for_kv
 
 
-@pytest.mark.parametrize("path", PATHS)
 @settings(SETTINGS, max_examples=300)
 @given(scenario=scenarios())
-def test_blocks_are_conserved_and_prefill_kv_is_freed_once_after_its_transfer(path, scenario):
+def test_blocks_are_conserved_and_prefill_kv_is_freed_once_after_its_transfer(scenario):
     data, workload = scenario
-    replay, result = run_checked(data, workload, path)
+    replay, result = run_checked(data, workload)
     check_transfers(replay, data)
     for i, status in enumerate(result.records.status):
         if status == STATUS_FINISHED:
@@ -268,12 +253,11 @@ def test_blocks_are_conserved_and_prefill_kv_is_freed_once_after_its_transfer(pa
             assert -(-(P + O - 1) // 16) > usable, result.records.ids[i]
 
 
-@pytest.mark.parametrize("path", PATHS)
 @settings(SETTINGS, max_examples=200)
 @given(scenario=scenarios(ample=True))
-def test_when_everything_fits_every_request_finishes_with_exactly_its_output_tokens(path, scenario):
+def test_when_everything_fits_every_request_finishes_with_exactly_its_output_tokens(scenario):
     data, workload = scenario
-    replay, result = run_checked(data, workload, path)
+    replay, result = run_checked(data, workload)
     check_transfers(replay, data)
     records = result.records
     assert (records.status == STATUS_FINISHED).all()
@@ -310,22 +294,21 @@ def test_when_everything_fits_every_request_finishes_with_exactly_its_output_tok
 
 @settings(SETTINGS, max_examples=200)
 @given(scenario=scenarios())
-def test_the_compiled_path_gives_the_reference_paths_results(scenario):
-    # the compiled scheduler and the handoffs over arrays (engine/fast_disagg.py)
-    # reproduce the reference scheduler and engine/disagg.py byte for byte:
-    # pass log, request lines, summary (pools and transfers included)
+def test_a_disaggregated_run_is_deterministic(scenario):
+    # the same pass log, request lines, summary (pools and transfers included)
+    # and transfers, run after run
     data, workload = scenario
     cfg = config_from_dict(data, source="test")
     results = []
-    for path in ("reference", "fast"):
+    for _ in range(2):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            replay = make_replay(cfg, workload, path=path)
+            replay = make_replay(cfg, workload)
             result = replay.run()
         lines = [line for chunk in request_lines(result) for line in chunk]
         results.append((result.pass_log, lines, summarize(result, {}, 0.0),
                         [replay.transfer(i) for i in range(len(workload))]))
-    reference, compiled = results
+    reference, compiled = results  # first and second run
     assert compiled[0] == reference[0]
     assert compiled[1] == reference[1]
     assert compiled[2] == reference[2]

@@ -12,19 +12,10 @@ are pool ids (the free queue starts as 1..N-1). `tok` = tokens scheduled,
 
 import pytest
 
-import helpers
 from helpers import (free_blocks, make_config, make_workload, req, run, run_result, sched,
                      times, tokens)
 
 ASYNC = {"async_scheduling": True}
-
-
-@pytest.fixture(autouse=True, params=helpers.PATHS, ids=lambda p: p or "default")
-def scheduler_path(request):
-    """Every rule is checked on every scheduler implementation."""
-    helpers.current_path = request.param
-    yield request.param
-    helpers.current_path = None
 
 
 # ---------------------------------------------------------------- §3 passes

@@ -2,10 +2,8 @@
 in tests/golden (copies of the shared recordings, each with its README) is
 replayed and must match as the recordings' README says.
 
-Each scenario is replayed on every scheduler path (the reference scheduler
-and the compiled one, when it supports the config), each both with the pass
-log (pass by pass) and without it — the way users run it, which on the
-compiled path hands stretches of passes to compiled runs:
+Each scenario is replayed both with the pass log and without it — the way
+users run it, which hands stretches of passes to compiled runs:
 
 - with the pass log, pass for pass: scheduled entries (ids, tokens, cached,
   kind, and any further keys the recording has, in order), preempted and
@@ -16,7 +14,7 @@ compiled path hands stretches of passes to compiled runs:
   first-token and finish times to 1e-6 ms where the recording has them.
 
 A further recordings set plugs in by adding its folder to FOLDERS;
-`vllm-0.33-spec` (speculative decoding, MTP) runs on the compiled path only.
+`vllm-0.33-spec` holds speculative decoding (MTP).
 """
 
 import functools
@@ -28,18 +26,17 @@ import attrs
 import pytest
 
 from servesim.replay.api import resolve_config
-from servesim.replay.driver import fast_path_supports, simulate
+from servesim.replay.driver import simulate
 from servesim.workload.workload import load_workload
 
 GOLDEN = Path(__file__).parent / "golden"
 FOLDERS = ["vllm-0.33", "vllm-0.33-spec"]
-PATHS = ["reference", "fast"]
 TOL = 1e-6
 SCENARIOS = [(folder, d.name) for folder in FOLDERS
              for d in sorted((GOLDEN / folder).iterdir()) if d.is_dir()]
-REPLAYS = [(folder, name, path, pass_log) for folder, name in SCENARIOS
-           for path in PATHS for pass_log in (True, False)]
-LOGGED = [r for r in REPLAYS if r[3]]
+REPLAYS = [(folder, name, pass_log) for folder, name in SCENARIOS
+           for pass_log in (True, False)]
+LOGGED = [r for r in REPLAYS if r[2]]
 
 
 def _read_jsonl(path):
@@ -48,24 +45,19 @@ def _read_jsonl(path):
 
 
 def _replay_id(replay):
-    folder, name, path, pass_log = replay
-    return f"{folder}/{name}-{path}-{'pass-log' if pass_log else 'runs'}"
+    folder, name, pass_log = replay
+    return f"{folder}/{name}-{'pass-log' if pass_log else 'runs'}"
 
 
 @functools.lru_cache(maxsize=None)
-def replay_scenario(folder, name, path, pass_log):
-    """`(scenario dir, SimulationResult)` of one recorded scenario on scheduler
-    `path`, with or without the pass log; skips a path that does not support
-    the scenario's config."""
+def replay_scenario(folder, name, pass_log):
+    """`(scenario dir, SimulationResult)` of one recorded scenario, with or
+    without the pass log."""
     d = GOLDEN / folder / name
     config = resolve_config(str(d / "config.yaml"))
-    if path == "fast" and not fast_path_supports(config):
-        pytest.skip("the compiled path does not support this config")
-    if path == "reference" and config.engine.speculative is not None:
-        pytest.skip("speculative decoding runs on the compiled path only")
     config = attrs.evolve(config, output=attrs.evolve(config.output, pass_log=pass_log))
     workload = load_workload(config.workload, config.engine.kv_cache.block_size)
-    return d, simulate(config, workload, path=path)
+    return d, simulate(config, workload)
 
 
 @pytest.fixture

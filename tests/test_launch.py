@@ -145,17 +145,16 @@ def test_a_decode_only_batch_over_the_capture_size_launches_eager():
     # With capture size 16 the decode batches are decode launches (2 ms):
     # p1 launches until 52, p2 until 102, so p1's outputs leave at its end,
     # 110: the eager decode batch holds the tokens before it 10 ms longer.
-    for path in ("fast", "reference"):
-        records, passes = run(config(launch=dict(LAUNCH, max_cudagraph_capture_size=2)),
-                              make_workload(THREE), path)
-        assert [(p["decided_ms"], p["start_ms"], p["end_ms"], p["launch_end_ms"])
-                for p in passes] == [(0, 0, 100, 50), (50, 100, 110, 100), (100, 110, 120, 120)]
-        assert [len(p["scheduled"]) for p in passes] == [3, 3, 3]
-        assert all(client_times(records, i) == [100, 120, 120] for i in range(3))
+    records, passes = run(config(launch=dict(LAUNCH, max_cudagraph_capture_size=2)),
+                          make_workload(THREE))
+    assert [(p["decided_ms"], p["start_ms"], p["end_ms"], p["launch_end_ms"])
+            for p in passes] == [(0, 0, 100, 50), (50, 100, 110, 100), (100, 110, 120, 120)]
+    assert [len(p["scheduled"]) for p in passes] == [3, 3, 3]
+    assert all(client_times(records, i) == [100, 120, 120] for i in range(3))
 
-        records, passes = run(config(), make_workload(THREE), path)
-        assert [p["launch_end_ms"] for p in passes] == [50, 52, 102]
-        assert all(client_times(records, i) == [100, 110, 120] for i in range(3))
+    records, passes = run(config(), make_workload(THREE))
+    assert [p["launch_end_ms"] for p in passes] == [50, 52, 102]
+    assert all(client_times(records, i) == [100, 110, 120] for i in range(3))
 
 
 # ------------------------------------- held outputs before completions
@@ -177,14 +176,12 @@ def test_held_outputs_are_released_before_the_completion_at_the_same_instant():
     # Without launch p1 is decided at 0 (its launch costs nothing) and the
     # instants are the same.
     for launch, p1_decided, p1_launch_end in ((LAUNCH, 20, 22), (None, 0, 0)):
-        for path in ("fast", "reference"):
-            cfg = make_config(timing=ZERO_DECODE, launch=launch, async_scheduling=True,
-                              detokenize_ms=1.0)
-            records, passes = run(cfg, make_workload([{"id": "A", "t": 0, "P": 16, "O": 2}]),
-                                  path)
-            assert [(p["decided_ms"], p["start_ms"], p["end_ms"], p["launch_end_ms"])
-                    for p in passes] == [(0, 0, 100, 20 if launch else 0),
-                                         (p1_decided, 100, 100, p1_launch_end)]
-            assert client_times(records, 0) == [101, 102]
-            assert records.first_token_ms[0] == 101 and records.finish_ms[0] == 102
-            assert records.output_tokens[0] == 2
+        cfg = make_config(timing=ZERO_DECODE, launch=launch, async_scheduling=True,
+                          detokenize_ms=1.0)
+        records, passes = run(cfg, make_workload([{"id": "A", "t": 0, "P": 16, "O": 2}]))
+        assert [(p["decided_ms"], p["start_ms"], p["end_ms"], p["launch_end_ms"])
+                for p in passes] == [(0, 0, 100, 20 if launch else 0),
+                                     (p1_decided, 100, 100, p1_launch_end)]
+        assert client_times(records, 0) == [101, 102]
+        assert records.first_token_ms[0] == 101 and records.finish_ms[0] == 102
+        assert records.output_tokens[0] == 2

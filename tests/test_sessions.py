@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import helpers
 from helpers import make_config, req, run
 from servesim.cli.main import main
 from servesim.config.config_types import WorkloadConfig
@@ -23,13 +22,6 @@ from servesim.replay.driver import simulate
 from servesim.results.metrics import summarize
 from servesim.results.output import request_lines
 from servesim.workload.workload import load_workload
-
-
-@pytest.fixture(autouse=True, params=helpers.PATHS, ids=lambda p: p or "default")
-def scheduler_path(request):
-    helpers.current_path = request.param
-    yield request.param
-    helpers.current_path = None
 
 
 def trace(tmp_path, rows, fmt="mooncake", concurrency=None, speedup=1.0, name="t.jsonl"):
@@ -185,7 +177,7 @@ def test_synthetic_sessions_grow_their_prompt_and_wait_their_think_time():
                                               output_tokens=20, think_time=250))
     w = load_workload(cfg.workload, 16)
     assert w.input_length.tolist() == [100, 220, 340] * 3
-    result = simulate(cfg, w, path=helpers.current_path or "auto")
+    result = simulate(cfg, w)
     r = result.records
     for s in range(3):
         for t in (1, 2):
@@ -212,11 +204,11 @@ def test_synthetic_sessions_share_a_prefix_within_a_group():
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("cluster", [None, {"workers": 3, "router": "kv_aware"},
                                      {"workers": 3, "router": "session_affinity"}])
-def test_compiled_runs_give_the_reference_results(async_scheduling, cluster):
-    # no pass log: the fast path runs passes in its compiled loop up to the
-    # sessions' horizon (a worker may run ahead of the others by the smallest
-    # think time) and returns at every finish; it must match the reference
-    # path exactly
+def test_runs_without_the_pass_log_give_the_logged_results(async_scheduling, cluster):
+    # no pass log: a worker runs passes in its compiled loop up to the
+    # sessions' horizon (it may run ahead of the others by the smallest think
+    # time) and returns at every finish; with the log, several workers stop at
+    # every event to log their passes in order. Both must give the same results
     from servesim.config.config import config_from_dict
 
     data = synthetic_sessions(count=40, turns=3, new_input_tokens={"distribution": "uniform",
@@ -227,11 +219,13 @@ def test_compiled_runs_give_the_reference_results(async_scheduling, cluster):
     data["engine"]["async_scheduling"] = async_scheduling
     if cluster is not None:
         data["cluster"] = cluster
+    data["output"] = {"pass_log": True}
+    logged_cfg = config_from_dict(data)
     data["output"] = {"pass_log": False}
     cfg = config_from_dict(data)
     w = load_workload(cfg.workload, 16)
-    ref = simulate(cfg, w, path="reference").records
-    fast = simulate(cfg, w, path="fast").records
+    ref = simulate(logged_cfg, w).records
+    fast = simulate(cfg, w).records
     for name in ("arrival_ms", "first_token_ms", "finish_ms", "first_admission_cached_tokens"):
         np.testing.assert_array_equal(getattr(ref, name), getattr(fast, name))
     assert np.isfinite(ref.finish_ms).all()

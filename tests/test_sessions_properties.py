@@ -11,9 +11,9 @@ and async, open and closed loop, checked for:
   and all but its last output; under async scheduling with two or more
   outputs, one token fewer (the last pass was decided before the output of the
   pass in flight was known, and a block is cached only once its tokens are
-  known: `allocate_slots` in servesim/kvcache/manager.py);
-- the fast and the reference scheduler, and the fast path's compiled runs of
-  passes (no pass log), give identical results.
+  known: `_allocate` in servesim/scheduler/fast.py);
+- the compiled runs of passes (no pass log) and the logged runs give
+  identical results.
 """
 
 import json
@@ -60,7 +60,8 @@ def session_rows(draw):
     return [rows[i] for i in order]
 
 
-def build(rows, workers, router, async_scheduling, concurrency, num_blocks=4096):
+def build(rows, workers, router, async_scheduling, concurrency, num_blocks=4096,
+          pass_log=False):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.jsonl")
         with open(path, "w") as f:
@@ -74,7 +75,7 @@ def build(rows, workers, router, async_scheduling, concurrency, num_blocks=4096)
                    "max_num_batched_tokens": 64, "async_scheduling": async_scheduling,
                    "timing": {"type": "linear", "base_ms": 3, "per_token_ms": 0.1}},
         "cluster": {"workers": workers, "router": router},
-        "output": {"pass_log": False}})
+        "output": {"pass_log": pass_log}})
     return config, workload
 
 
@@ -84,8 +85,9 @@ def build(rows, workers, router, async_scheduling, concurrency, num_blocks=4096)
        async_scheduling=st.booleans(), concurrency=st.sampled_from([None, 1, 2]))
 def test_session_arrivals_prompts_and_paths(rows, workers, router, async_scheduling, concurrency):
     config, w = build(rows, workers, router, async_scheduling, concurrency)
-    ref = simulate(config, w, path="reference").records
-    fast = simulate(config, w, path="fast").records
+    logged, _ = build(rows, workers, router, async_scheduling, concurrency, pass_log=True)
+    ref = simulate(logged, w).records
+    fast = simulate(config, w).records
     for name in ("arrival_ms", "first_token_ms", "finish_ms", "first_admission_cached_tokens",
                  "worker", "status"):
         np.testing.assert_array_equal(getattr(ref, name), getattr(fast, name))

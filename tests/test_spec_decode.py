@@ -39,8 +39,8 @@ def spec_sched(p):
     return [(e["id"], e["tokens"], e["cached"], e["kind"], e["spec"]) for e in p["scheduled"]]
 
 
-def run(cfg, rows, path="fast"):
-    result = simulate(cfg, spec_workload(rows), path=path)
+def run(cfg, rows):
+    result = simulate(cfg, spec_workload(rows))
     return result.records, result.pass_log
 
 
@@ -230,8 +230,7 @@ def test_sync_outputs_register_the_block_their_token_completes_the_hash_of():
     # a finishes and is freed tail first: block 3 (no hash) to the front of the
     # free queue, blocks 2 and 1 (cached) to the back.
     cfg = spec_config(1, num_gpu_blocks=9)
-    replay = make_replay(cfg, spec_workload([dict(id="a", t=0, P=32, O=1, hash_ids=[1, 2])]),
-                         path="fast")
+    replay = make_replay(cfg, spec_workload([dict(id="a", t=0, P=32, O=1, hash_ids=[1, 2])]))
     replay.run()
     pool = replay.workers[0].ranks[0].pool
     assert pool.free_queue() == [3, 4, 5, 6, 7, 8, 2, 1]
@@ -296,9 +295,9 @@ def test_compiled_runs_of_passes_agree_with_pass_by_pass():
             for i in range(8)]
     for engine in ({}, {"async_scheduling": True}):
         cfg = spec_config(2, num_gpu_blocks=20, **engine)
-        logged = simulate(cfg, spec_workload(rows), path="fast").records
+        logged = simulate(cfg, spec_workload(rows)).records
         quiet_cfg = attrs.evolve(cfg, output=attrs.evolve(cfg.output, pass_log=False))
-        quiet = simulate(quiet_cfg, spec_workload(rows), path="fast").records
+        quiet = simulate(quiet_cfg, spec_workload(rows)).records
         for key in ("finish_ms", "first_token_ms", "spec_drafted", "spec_accepted",
                     "output_tokens", "num_preemptions"):
             assert np.array_equal(getattr(logged, key), getattr(quiet, key), equal_nan=True), key
@@ -335,14 +334,6 @@ def test_launch_classifies_a_pass_by_its_tokens_drafts_included():
     assert [sum(e["tokens"] for e in p["scheduled"]) for p in log[:2]] == [12, 12]
     assert [(p["decided_ms"], p["launch_end_ms"], p["start_ms"]) for p in log[:2]] == [
         (0, 3, 0), (3, 10, 10)]
-
-
-# ------------------------------------------------------------- reference path
-
-
-def test_the_reference_path_rejects_speculative_decoding():
-    with pytest.raises(InputError, match="engine.speculative"):
-        run(spec_config(1), [dict(id="a", t=0, P=4, O=2)], path="reference")
 
 
 # ------------------------------------------------------------------ bad input
@@ -421,7 +412,7 @@ def test_bad_speculative_config_exits_2_naming_the_keys(tmp_path, overrides, mes
     assert re.search(message, result.output), result.output
 
 
-def test_ngram_with_launch_and_speculative_with_the_reference_only_features_are_rejected():
+def test_ngram_with_launch_and_speculative_with_the_cpu_tier_or_disaggregated_mode_are_rejected():
     with pytest.raises(InputError, match="engine.speculative.method: ngram does not combine "
                                          "with engine.launch"):
         make_config(speculative={"method": "ngram", "num_speculative_tokens": 1},

@@ -1,22 +1,15 @@
 """Requests that can never finish are taken out as `unfinished`, so that a run
 always ends and the requests behind them still run (docs/engine.md §3: never
-looped on forever). vLLM itself would hang on these; both scheduler paths
-must agree."""
-
-import pytest
+looped on forever). vLLM itself would hang on these."""
 
 from helpers import make_config, make_workload, run_result
-
-PATHS = ["reference", "fast"]
-
 
 def statuses(result):
     from servesim.results.records import STATUS_NAMES
     return [STATUS_NAMES[s] for s in result.records.status]
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_preempted_request_that_outgrew_the_pool_does_not_block_the_queue(path):
+def test_preempted_request_that_outgrew_the_pool_does_not_block_the_queue():
     # block_size 4, 8 blocks: 7 usable = 28 tokens. Y (8 tokens, prefix ids
     # [7]) and X (28 tokens, same first trace block) arrive at 0.
     # Pass 0: Y admitted (2 blocks), X hits Y's 2 blocks and takes the 5 left:
@@ -32,13 +25,12 @@ def test_preempted_request_that_outgrew_the_pool_does_not_block_the_queue(path):
     config = make_config(block_size=4, num_gpu_blocks=8, max_num_seqs=4,
                          max_num_batched_tokens=64,
                          timing={"type": "linear", "base_ms": 1.0, "per_token_ms": 0.0})
-    result = run_result(config, make_workload(rows), path=path)
+    result = run_result(config, make_workload(rows))
     assert statuses(result) == ["finished", "unfinished", "finished"]
     assert result.records.output_tokens.tolist() == [5, 1, 2]
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_requests_preempting_each_other_forever_are_taken_out(path):
+def test_requests_preempting_each_other_forever_are_taken_out():
     # Priority scheduling, two 1-priority prompts of 177 and 200 tokens at 0,
     # prefilled 24 tokens a pass (long_prefill_token_threshold) into 17 usable
     # blocks of 16: together they do not fit. Among equal (priority, arrival)
@@ -56,6 +48,6 @@ def test_requests_preempting_each_other_forever_are_taken_out(path):
                          enable_prefix_caching=False, enable_chunked_prefill=False,
                          long_prefill_token_threshold=24, scheduling_policy="priority",
                          reserve_full_isl=False)
-    result = run_result(config, make_workload(rows), path=path)
+    result = run_result(config, make_workload(rows))
     assert statuses(result) == ["finished", "unfinished", "unfinished"]
     assert result.stats.preemptions == 1001

@@ -30,7 +30,7 @@ block still read by a store in flight starts no earlier than that store's end.
 An idle engine whose requests wait on a transfer decides again when the next
 transfer completes.
 
-In disaggregated mode (servesim/engine/disagg.py) a rank's `transfers` are its
+In disaggregated mode (servesim/engine/fast_disagg.py) a rank's `transfers` are its
 side of the KV handoffs instead — a prefill rank's sender, a decode rank's
 receiver — polled at each decision like the CPU tier, the decode worker's
 pulls submitted at the decision that queues them.
@@ -43,8 +43,8 @@ the worker's pending events with the keys the event loop would give them. The
 core is then only the handler of outside events: an arrival wakes an idle
 engine, the loop's next event past the horizon goes on the event loop
 (`_resume` carries on from it), and the finishes and take-outs it returns are
-reported to the observer. The pass-by-pass path below serves the reference
-scheduler and the ranks with transfers.
+reported to the observer. The pass-by-pass path below serves the ranks with
+transfers.
 """
 
 from collections import deque
@@ -57,8 +57,6 @@ from servesim.engine.events import DECIDE, PASS_END, EventLoop
 from servesim.engine.launch import launch_end, launch_params
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
-from servesim.scheduler import check
-from servesim.scheduler.fast import FastScheduler
 
 
 class Rank:
@@ -124,18 +122,18 @@ class Pass:
 class EngineCore:
     """One worker. `observer` receives `on_pass(core, p)` when a pass's outputs
     are processed pass by pass, `on_done(request_index, finished)` when a
-    request finishes or is taken out as unfinishable, and — with `fast_runs` —
-    is asked for `horizon_key()`, the event-loop key `(time, order, seq)` of the
+    request finishes or is taken out as unfinishable, and is asked for
+    `horizon_key()`, the event-loop key `(time, order, seq)` of the
     next outside event that may touch the worker, and told `on_progress()`
     after each compiled run. `make_scheduler(config, pool)` builds each rank's
-    scheduler (the reference or the compiled implementation). `pass_log` is the
+    compiled scheduler. `pass_log` is the
     `PassLogBuffer` compiled runs write their passes into (None: no pass log).
     `pool` names the worker's pool in disaggregated mode ("prefill" or
     "decode"; None for an aggregated worker)."""
 
     def __init__(self, index: int, config: EngineConfig, data_parallel_size: int,
                  loop: EventLoop, num_identities: int, observer, make_scheduler,
-                 fast_runs: bool = False, pool: str | None = None, pass_log=None):
+                 pool: str | None = None, pass_log=None):
         self.index = index
         self.pool = pool
         self.config = config
@@ -150,12 +148,11 @@ class EngineCore:
                       for r in range(data_parallel_size)]
         self.in_flight = deque()  # decided passes whose outputs are not processed
         self.connectors = [rank.transfers for rank in self.ranks if rank.transfers is not None]
-        # the compiled pass loop (engine/fast_run.py): the compiled scheduler on
-        # every rank, no KV transfers
+        # the compiled pass loop (engine/fast_run.py): no KV transfers on any
+        # rank (a disaggregated pool's handoffs are attached after this)
         self.compiled = None
         self.pass_log = pass_log
-        if (fast_runs and not self.connectors
-                and all(isinstance(rank.scheduler, FastScheduler) for rank in self.ranks)):
+        if pool is None and not self.connectors:
             self.compiled = fast_run.CompiledWorker(
                 self.ranks, index, {None: -1, "prefill": 0, "decode": 1}[pool],
                 self.async_scheduling, launch_params(self.launch), usage, counters)
@@ -163,10 +160,6 @@ class EngineCore:
         self._transfer_wake_ms = None  # an idle engine's wake at a transfer's end
         self._busy_ms = 0.0  # GPU time of the passes decided pass by pass
         self._num_passes = 0
-        # the debug mode on the reference scheduler (the compiled one checks
-        # itself inside its kernels, servesim/scheduler/fast.py `check_pass`)
-        self.check_reference = check.enabled() and not isinstance(
-            self.ranks[0].scheduler, FastScheduler)
 
     @property
     def busy_ms(self) -> float:
@@ -186,7 +179,7 @@ class EngineCore:
         return float(c.wt[fast_run.T_NOW]) if c is not None else -float("inf")
 
     def attach_transfers(self, rank, transfers):
-        """Disaggregated mode: `transfers` (engine/disagg.py) is `rank`'s side
+        """Disaggregated mode: `transfers` (engine/fast_disagg.py) is `rank`'s side
         of the KV handoffs, polled and fed like a CPU tier's connector (pass
         by pass: it must come before the run starts)."""
         self.compiled = None
@@ -245,15 +238,10 @@ class EngineCore:
         now take effect first, and the loads and preemption stores decided go
         out at once."""
         if not self.connectors:
-            outputs = [rank.scheduler.schedule() for rank in self.ranks]
-            if self.check_reference:
-                self._check(outputs, check.AFTER_SCHEDULE)
-            return outputs
+            return [rank.scheduler.schedule() for rank in self.ranks]
         for connector in self.connectors:
             connector.poll(now)
         outputs = [rank.scheduler.schedule() for rank in self.ranks]
-        if self.check_reference:
-            self._check(outputs, check.AFTER_SCHEDULE)
         for rank, out in zip(self.ranks, outputs):
             if rank.transfers is not None:
                 for job in out.preemption_stores:
@@ -261,12 +249,6 @@ class EngineCore:
                 for job in out.loads:
                     rank.transfers.submit(job, now)
         return outputs
-
-    def _check(self, outputs, where):
-        """The debug mode: check each reference rank after its decision (its
-        pass index: the one it gets if launched)."""
-        for rank, out in zip(self.ranks, outputs):
-            check.check_reference(rank.scheduler, out, where, rank.num_passes)
 
     def _settle(self, outputs, now):
         """Launch a decision's pass, or deal with a decision that scheduled
@@ -361,8 +343,6 @@ class EngineCore:
             if not out.num_scheduled:
                 continue
             finished = rank.scheduler.update_from_output(out, release, index)
-            if self.check_reference:
-                check.check_reference(rank.scheduler, None, check.AFTER_OUTPUT, index)
             p.finished[i] = finished
             if rank.connector is not None and rank.scheduler.finished_stores:
                 self._submit_finished_stores(rank, now)

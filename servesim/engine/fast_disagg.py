@@ -1,8 +1,62 @@
-"""Disaggregated prefill/decode serving on the compiled scheduler: the KV
-handoffs of servesim/engine/disagg.py (after vLLM's NIXL connector,
-vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py) as arrays
-and Numba kernels. The rules are disagg.py's, stated there and in
-docs/engine.md §13; this module holds them over arrays:
+"""Disaggregated prefill/decode serving: the KV handoff from a prefill worker
+to a decode worker and its transfer over the link (vLLM's KV-transfer
+connectors, e.g. NIXL: vllm/distributed/kv_transfer/kv_connector/v1/
+nixl_connector.py; the scheduler side in vllm/v1/core/sched/scheduler.py),
+as arrays and Numba kernels (docs/engine.md §13).
+
+Rules:
+
+- **Prefill worker.** A request runs there with `max_tokens = 1`: the pass
+  that completes its prompt samples its first token, which goes to the client
+  from the prefill worker. When that pass's outputs are processed the request
+  finishes there and is handed off (replay/disaggregated.py `handoff`) to a
+  decode worker — unless one token was all it asked for. Its blocks are *not* freed: the prefill worker
+  holds them until the decode worker has read them (`request_finished`
+  returns `delay_free_blocks`; vLLM frees them on the `finished_sending`
+  notification).
+- **Decode worker.** The handed-off request arrives in its waiting queue with
+  the prompt and the first token (`num_tokens = P + 1`, vLLM's
+  `do_remote_prefill`). At its admission, strictly head of line like any
+  waiting request, its G1 prefix-cache hit is looked up and only the prompt
+  tokens past the hit are pulled (`get_num_new_matched_tokens`: `P - hit`).
+  The blocks for all its tokens are allocated first, with the admission
+  checks (`reserve_full_isl`, `watermark`); if they do not fit, it waits, and
+  the prefill worker keeps holding its blocks. The request then waits in
+  `waiting_for_kv` (WAITING_FOR_REMOTE_KVS), ahead of the waiting queue and
+  using no budget, until the transfer lands; it is admitted with its prompt
+  counted as computed (`_update_waiting_for_remote_kv`), and its first pass
+  computes the first token's KV and samples the second — a decode pass for
+  pricing. The blocks allocated before the pull include the first token's
+  slot: vLLM's decode worker recomputes the last prompt token, in a block the
+  pull already allocated, so a pulled request never needs a new block to be
+  admitted; allocating the first token's slot with the prompt's keeps that
+  property (else pulled requests could hold every block while each waits for
+  one more). A decode worker that already holds the whole prompt pulls
+  nothing and admits the request at once; it only notifies the prefill
+  worker, which frees the blocks `latency_ms` later (NIXL's notify-only read).
+- **Link.** One link per prefill rank (one prefill GPU and its NIC): every
+  byte a prefill GPU computes leaves over it, whichever decode worker reads
+  it, so its bandwidth bounds that GPU's KV egress; a link per (prefill,
+  decode) pair would let one prefill GPU send to M decode workers at M times
+  its NIC's bandwidth. (A decode worker's ingress is not modelled as a
+  bottleneck.) Transfers on a link are FIFO in the order the decode workers
+  submit them; `n` tokens occupy it for `n · bytes_per_token / (bandwidth_gbps
+  · 1e9)` s and land `latency_ms` after they leave it (the latency is
+  pipelined, not serialised).
+- **Time.** A transfer is submitted at the decode worker's decision that
+  admits the request into `waiting_for_kv`. Its landing takes effect at each
+  side's first decision at or after it (vLLM's connectors report finished
+  transfers with a pass's outputs): the decode worker admits the request then,
+  the prefill worker frees the blocks then. An idle worker with a transfer
+  pending decides again when it lands (`EngineCore._wake_at_next_transfer`).
+- A request preempted on the prefill worker under async scheduling while its
+  last pass was in flight has no blocks left when it is handed off: nothing is
+  transferred and the decode worker computes the prompt itself.
+- Blocks held for a transfer come back: a prefill worker's request that
+  preempts itself while alone in `running` waits for them instead of being
+  taken out as unfinishable (`fast._schedule_running`).
+
+The arrays:
 
 - `Transfers`: every handoff's transfer (request i's row: tokens, bytes, link,
   the instants `submit`, `start`, `finish`, `land`, `freed`, and `done`) and
@@ -42,10 +96,9 @@ P_COUNT, P_LOGGED = range(2)
 @njit
 def submit_transfer(XI, XF, link_free, i, link, tokens, bytes_per_token, bytes_per_ms,
                     latency_ms, now):
-    """`KVLink.submit` (engine/disagg.py): request i's transfer of `tokens`
+    """The link rule (above): request i's transfer of `tokens`
     prompt tokens on `link`, decided now. With tokens it goes on the wire
-    when the link is free, FIFO (`TransferLane`: `n` bytes take `n /
-    bytes_per_ms`); a notice (no tokens) only carries the latency. It lands
+    when the link is free, FIFO (`n` bytes take `n / bytes_per_ms`); a notice (no tokens) only carries the latency. It lands
     `latency_ms` after it leaves the wire."""
     nbytes = tokens * bytes_per_token
     XI[i, X_TOKENS] = tokens
@@ -65,7 +118,7 @@ def submit_transfer(XI, XF, link_free, i, link, tokens, bytes_per_token, bytes_p
 
 @njit
 def poll_sender(R, tables, blocks, pscal, S, held, pending, state, log, XF, now):
-    """`PrefillSender.poll`: free the held blocks of every request whose
+    """A prefill rank's poll: free the held blocks of every request whose
     transfer landed by `now`, in submission order (`fast.free_delayed`), and
     log it; the others stay pending."""
     kept = 0
@@ -84,7 +137,7 @@ def poll_sender(R, tables, blocks, pscal, S, held, pending, state, log, XF, now)
 
 @njit
 def poll_receiver(R, pending, state, XI, XF, now):
-    """`DecodeReceiver.poll`: pulls landed by `now` are done, their requests
+    """A decode rank's poll: pulls landed by `now` are done, their requests
     KV_LANDED (the compiled scheduler then admits them)."""
     kept = 0
     for k in range(state[P_COUNT]):

@@ -27,7 +27,7 @@ popped (`ws[W_FORCE]`). Rules at each event:
   KV usage tracked; with nothing left in flight and requests left, the engine
   wakes;
 - a decision: every rank's `schedule()` (a rank that looks livelocked takes all
-  its requests out instead, as `Scheduler.schedule` does); requests taken out
+  its requests out instead, `fast.take_out_all`); requests taken out
   return to the core first; then a decision that scheduled nothing waits (a
   pass in flight wakes the engine at its end; an idle engine waits for an
   arrival), or decides again at once if it only preempted; otherwise the pass
@@ -61,7 +61,7 @@ from servesim.jit import njit
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import check, fast
 from servesim.scheduler.fast_queue import WQ_LEN
-from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
+from servesim.scheduler.fast import LIVELOCK_PREEMPTIONS
 
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
 U_AREA, U_MAX, U_VALUE, U_SINCE = range(4)

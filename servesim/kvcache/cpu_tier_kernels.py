@@ -1,6 +1,6 @@
-"""The CPU KV tier (docs/engine.md §9) as arrays and Numba kernels, for the
-compiled scheduler: the same rules as `servesim.kvcache.cpu_tier` (its
-module docstring states them), over one rank's arrays instead of objects.
+"""The CPU KV tier of vLLM's CPU offloading (docs/engine.md §9): one rank's
+CPU block store, its two copy lanes and the connector's bookkeeping, as
+arrays and Numba kernels for the scheduler (servesim/scheduler/fast.py).
 
 vLLM: vllm/v1/kv_offload/lru_manager.py (`LRUOffloadingManager`: `lookup`,
 `touch`, `prepare_load`, `complete_load`, `prepare_store`,
@@ -10,6 +10,36 @@ offloading_connector.py (`OffloadingConnectorScheduler`:
 `_get_reqs_to_store`, `request_finished`), and the worker's copy handler
 over the CPU backend (vllm/v1/kv_offload/cpu.py, worker/cpu_gpu.py:
 `transfer_async`, `get_finished`).
+
+Rules:
+
+- The tier holds at most `num_cpu_blocks` blocks, keyed by the prefix cache's
+  block identities (`servesim.workload.prefix`), least recently used first.
+- A block is *pending* from the moment its store is prepared (at the decision
+  that schedules it) until the store completes: a pending block is not a hit,
+  cannot be evicted, and a lookup that reaches it must wait and ask again.
+- A store job covers the given blocks not in the tier yet (pending ones
+  included). It makes room by evicting least-recently-used ready blocks that
+  no load is reading; when that is not enough the whole job is dropped
+  (`prepare_store` returns None) and nothing changes.
+- A lookup walks the request's consecutive full blocks from the first one past
+  its G1 hit (up to the block of its last token) and touches all of its blocks
+  in the tier, the first block last (so the deepest blocks of a prefix are
+  evicted first). It must wait when it stops at a pending block, or when a
+  block it hits is being loaded for another request (vLLM then asks again at
+  a later pass rather than load the block twice).
+- Transfers run on one device-to-host lane (stores) and one host-to-device lane
+  (loads), FIFO each in the order of their submission instants (ties: order of
+  submission); a job of `n` bytes takes `n / (GB/s · 1e9)` s. A completion
+  takes effect when `poll(now)` is called at or after it — the engine calls it
+  at each decision, so a transfer done mid-pass counts from the next pass
+  boundary.
+- A GPU block read by a store in flight must not be overwritten before the
+  store completes: `store_done_ms(blocks)` is the first instant the given
+  blocks may be written again, and a load into such blocks starts no earlier.
+
+Callers pass "now": nothing here knows simulated time beyond the lanes'
+bookkeeping. Times are in ms.
 
 State of one rank's tier (a :class:`TierArrays`):
 
@@ -48,7 +78,7 @@ J_KIND, J_REQ, J_OFF, J_N, J_BYTES, J_SEQ = range(6)
 NUM_JOB_FIELDS = 6
 JT_SUBMIT, JT_START, JT_FINISH = range(3)
 STORE, LOAD = 0, 1  # job kinds, and lane indices (d2h carries stores, h2d loads)
-STORE_NAME, LOAD_NAME = "store", "load"  # as `servesim.kvcache.cpu_tier` names them
+STORE_NAME, LOAD_NAME = "store", "load"  # job kinds by name (fast_connector.JobView.kind)
 # KS: integer scalars
 (K_COUNT, K_MAX, K_FREE, K_JOBS, K_JB, K_SEQ, K_NUM_LOADS, K_NUM_STORES, K_BYTES_LOADED,
  K_BYTES_STORED, K_HIT_TOKENS, K_BLOCK_BYTES, K_FILL, K_BLOCK_SIZE) = range(14)

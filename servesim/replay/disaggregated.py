@@ -1,9 +1,8 @@
 """Replay through disaggregated prefill and decode pools (`cluster.mode:
 disaggregated`): routing at arrival and at handoff, the two request states
-of each request (a prefill-side and a decode-side one: objects on the
-reference scheduler, rows of two tables on the compiled one), and their
-results merged into one record. The KV handoff itself — held blocks, links,
-pulls — is servesim/engine/disagg.py (fast_disagg.py over arrays).
+of each request (a prefill-side and a decode-side one: rows of two request
+tables), and their results merged into one record. The KV handoff itself —
+held blocks, links, pulls — is servesim/engine/fast_disagg.py.
 
 - At arrival the router (`cluster.router`) picks a prefill worker and rank.
   The request runs there with `max_tokens = 1` (nixl_connector.py's
@@ -32,18 +31,15 @@ from collections import namedtuple
 
 import numpy as np
 
-from servesim.engine import disagg, fast_disagg
+from servesim.engine import fast_disagg
 from servesim.engine.core import EngineCore
-from servesim.kvcache.manager import KVCacheManager
-from servesim.replay.driver import empty_results, Replay
+from servesim.replay.driver import Replay
 from servesim.results.records import STATUS_REJECTED, PoolStats, RunStats
 from servesim.replay.router import Router
 from servesim.scheduler import fast_table
 from servesim.scheduler.fast import FastScheduler
-from servesim.scheduler.request import Request
-from servesim.scheduler.scheduler import Scheduler
 
-# One handoff's transfer as tests read it, on either path (`transfer(i)`).
+# One handoff's transfer as tests read it (`transfer(i)`).
 TransferView = namedtuple("TransferView", "tokens nbytes submit_ms start_ms finish_ms land_ms "
                                           "done freed_ms")
 
@@ -62,103 +58,8 @@ class _PrefillObserver:
         self.replay.on_pass(core, p)
 
 
-class _ObjectSides:
-    """The reference path: a prefill-side and a decode-side
-    :class:`Request` object per request, scheduled by the reference
-    :class:`Scheduler`, and engine/disagg.py's handoff objects."""
-
-    def __init__(self, replay):
-        self.replay = replay
-        n = len(replay.workload)
-        self.prefill_objects = [None] * n
-        self.decode_objects = [None] * n
-        self.handoffs = [None] * n
-
-    def make_scheduler(self, engine, pool):
-        tokens = self.replay.tokens.with_detokenize(engine.detokenize_ms)
-        return lambda config, blocks: Scheduler(config, KVCacheManager(blocks), tokens)
-
-    def connect(self, prefill_cores, decode_cores, config):
-        disagg.connect(prefill_cores, decode_cores, config)
-
-    def create_prefill(self, i, prompt, max_tokens):
-        r = self.replay
-        request = Request(i, r.workload.request_ids[i], float(r.arrival_ms[i]), prompt,
-                          min(max_tokens, 1), r._idents(i), int(r.workload.priority[i]))
-        request.remote_decode = max_tokens > 1
-        self.prefill_objects[i] = request
-        return request
-
-    def remote_decode(self, i) -> bool:
-        return self.prefill_objects[i].remote_decode
-
-    def handoff(self, i, source_core, source_rank, decode_core, decode_rank):
-        r = self.replay
-        w = r.workload
-        source = self.prefill_objects[i]
-        prompt = source.num_prompt_tokens
-        request = Request(i, w.request_ids[i], r.loop.now, prompt, int(r.max_tokens[i]),
-                          r._idents(i), int(w.priority[i]))
-        request.num_tokens = prompt + 1  # the prompt and the first token
-        request.max_computed_tokens = prompt  # computed once, on the prefill worker
-        self.decode_objects[i] = request
-        self.handoffs[i] = disagg.handoff(source_core, source_rank, source, decode_core,
-                                          decode_rank, request, r.loop.now)
-
-    def results(self):
-        """`(result columns, kv_transfer_ms, transferred_tokens)`."""
-        n = len(self.prefill_objects)
-        out = empty_results(n)
-        kv_transfer_ms = np.full(n, math.nan)
-        transferred = np.full(n, -1, dtype=np.int64)
-        for i, p in enumerate(self.prefill_objects):
-            if p is None:
-                continue
-            d = self.decode_objects[i]
-            out["output_tokens"][i] = (d or p).num_output_tokens
-            out["num_preemptions"][i] = p.num_preemptions + (d.num_preemptions if d else 0)
-            out["first_admission_cached_tokens"][i] = max(p.first_admission_cached_tokens, 0)
-            out["recomputed_tokens"][i] = p.recomputed_tokens + (d.recomputed_tokens if d else 0)
-            out["first_scheduled_ms"][i] = p.first_scheduled_ms
-            out["first_token_pass"][i] = p.first_token_pass
-            out["finish_pass"][i] = d.finish_pass if d and d.finish_pass >= 0 else p.finish_pass
-            if d is None:
-                continue
-            job = self.handoffs[i].transfer
-            if job is not None:  # a pull (or a notice: nothing moved)
-                transferred[i] = job.tokens
-                if job.done or not job.tokens:
-                    kv_transfer_ms[i] = job.wait_ms
-            elif d.kv_handoff is None:  # admitted with nothing held to pull
-                transferred[i] = 0
-                kv_transfer_ms[i] = 0.0
-        return out, kv_transfer_ms, transferred
-
-    def transfer_bytes(self) -> int:
-        return sum(h.transfer.nbytes for h in self.handoffs
-                   if h is not None and h.transfer is not None)
-
-    def handed_off(self, i) -> bool:
-        return self.handoffs[i] is not None
-
-    def sender_of(self, i):
-        return self.handoffs[i].sender
-
-    def blocks_of(self, pool, i) -> list:
-        r = (self.prefill_objects if pool == "prefill" else self.decode_objects)[i]
-        return [] if r is None else r.block_table[:r.num_blocks].tolist()
-
-    def transfer(self, i):
-        h = self.handoffs[i]
-        if h is None or h.transfer is None:
-            return None
-        j = h.transfer
-        return TransferView(j.tokens, j.nbytes, j.submit_ms, j.start_ms, j.finish_ms, j.land_ms,
-                            j.done, j.freed_ms)
-
-
 class _ArraySides:
-    """The compiled path: a prefill-side and a decode-side
+    """A prefill-side and a decode-side
     :class:`~servesim.scheduler.fast_table.RequestTable` (request i is row i
     of both), scheduled by the compiled :class:`FastScheduler`, and the
     handoffs' transfers as arrays (engine/fast_disagg.py)."""
@@ -195,7 +96,7 @@ class _ArraySides:
         return bool(self.prefill.R[i, fast_table.REMOTE_DECODE])
 
     def handoff(self, i, source_core, source_rank, decode_core, decode_rank):
-        """`disagg.handoff` over the tables: request i joins the decode rank's
+        """The handoff: request i joins the decode rank's
         waiting queue now with its prompt and first token; whether the
         prefill rank holds its blocks is fixed from here to its admission
         (they are freed only once a transfer it submits there lands)."""
@@ -261,8 +162,8 @@ class _ArraySides:
 
 
 class DisaggregatedReplay(Replay):
-    """A :class:`Replay` over a prefill pool and a decode pool, on either
-    scheduler (`sides`: the request state of both pools and the handoffs)."""
+    """A :class:`Replay` over a prefill pool and a decode pool (`sides`: the
+    request state of both pools and the handoffs)."""
 
     def _build_workers(self, num_identities):
         config = self.config
@@ -270,7 +171,7 @@ class DisaggregatedReplay(Replay):
         prefill_dp = cluster.pool_data_parallel_size("prefill")
         decode_dp = cluster.pool_data_parallel_size("decode")
         n = len(self.workload)
-        self.sides = _ObjectSides(self) if self.path == "reference" else _ArraySides(self)
+        self.sides = _ArraySides(self)
         self.prefill_worker_of = np.full(n, -1, dtype=np.int64)
         self.prefill_rank_of = np.full(n, -1, dtype=np.int64)
         sides = self.sides
@@ -289,7 +190,7 @@ class DisaggregatedReplay(Replay):
         self.router = Router(cluster.router, self.prefill_workers, prefill_dp, prefill_key)
         self.decode_router = Router(cluster.router, self.decode_workers, decode_dp, decode_key)
 
-    # -- what tests read, on either path ---------------------------------------
+    # -- what tests read ---------------------------------------
 
     def transfer(self, i):
         """Request i's transfer (a :data:`TransferView`), or None."""

@@ -14,7 +14,7 @@ from servesim.engine.events import ARRIVAL, EventLoop
 from servesim.engine.fast_run import PassLogBuffer
 from servesim.engine.release import TokenLog
 from servesim.scheduler.speculative import spec_table_slack
-from servesim.errors import InputError, InvariantError
+from servesim.errors import InvariantError
 from servesim.config.config_types import Config
 from servesim.config.fitted_checks import launch_double_count_warning
 from servesim.config.speculative_config import check_accepted
@@ -25,58 +25,17 @@ from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_U
 from servesim.replay.router import Router
 from servesim.replay.telemetry import Telemetry
 from servesim.workload.workload import Workload
-from servesim.kvcache.manager import KVCacheManager
 from servesim.scheduler.check import AFTER_OUTPUT, check_table
 from servesim.scheduler.fast import FastScheduler
 from servesim.scheduler import fast_table
-from servesim.scheduler.request import Request
-from servesim.scheduler.scheduler import Scheduler
 
 _PROGRESS_EVERY_S = 0.1  # wall seconds between progress callbacks
 _AFTER_EVERY_ORDER = 99  # a key after every event at its instant (engine/events.py orders)
 
 
-class ObjectRequests:
-    """The reference path's requests: one :class:`Request` object each, created
-    at arrival, scheduled by the reference :class:`Scheduler`."""
-
-    def __init__(self, replay):
-        self.replay = replay
-        self.objects = [None] * len(replay.workload)
-
-    def create(self, i):
-        r = self.replay
-        w = r.workload
-        request = Request(i, w.request_ids[i], float(r.arrival_ms[i]),
-                          int(w.input_length[i]), int(r.max_tokens[i]),
-                          r.idents[r.ident_offsets[i]:r.ident_offsets[i + 1]],
-                          int(w.priority[i]))
-        self.objects[i] = request
-        return request
-
-    def make_scheduler(self, config, pool):
-        return Scheduler(config, KVCacheManager(pool), self.replay.tokens)
-
-    def results(self):
-        """Per-request result arrays, in workload order."""
-        out = empty_results(len(self.objects))
-        for i, r in enumerate(self.objects):
-            if r is None:
-                continue
-            out["output_tokens"][i] = r.num_output_tokens
-            out["num_preemptions"][i] = r.num_preemptions
-            out["first_admission_cached_tokens"][i] = max(r.first_admission_cached_tokens, 0)
-            out["cpu_tier_cached_tokens"][i] = r.cpu_tier_cached_tokens
-            out["recomputed_tokens"][i] = r.recomputed_tokens
-            out["first_scheduled_ms"][i] = r.first_scheduled_ms
-            out["first_token_pass"][i] = r.first_token_pass
-            out["finish_pass"][i] = r.finish_pass
-        return out
-
-
 class ArrayRequests:
-    """The fast path's requests: columns of a :class:`RequestTable`, scheduled
-    by the compiled :class:`FastScheduler`."""
+    """The requests: columns of a :class:`RequestTable`, scheduled by the
+    compiled :class:`FastScheduler`."""
 
     def __init__(self, replay):
         self.replay = replay
@@ -104,13 +63,6 @@ class ArrayRequests:
         return out
 
 
-def fast_path_supports(config: Config) -> bool:
-    """The compiled scheduler covers every rule: the CPU tier and
-    disaggregated prefill/decode included (both admit loads through the same
-    path; the CPU tier on disaggregated workers is rejected by the config)."""
-    return True
-
-
 _INT_RESULTS = ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
                 "cpu_tier_cached_tokens", "recomputed_tokens")
 
@@ -127,7 +79,7 @@ def empty_results(n: int) -> dict:
 class Replay:
     """One simulation run; `run()` returns its :class:`SimulationResult`."""
 
-    def __init__(self, config: Config, workload: Workload, progress=None, path="auto"):
+    def __init__(self, config: Config, workload: Workload, progress=None):
         self.config = config
         self.workload = workload
         self.progress = progress
@@ -156,14 +108,6 @@ class Replay:
                 prompt, self.max_tokens, block_size, hash_lookahead)
         self.arrival_ms = workload.arrival_ms.astype(np.float64).copy()
         self.tokens = TokenLog(self.max_tokens, engine.detokenize_ms)
-        if path == "auto":
-            path = "fast" if fast_path_supports(config) else "reference"
-        if path == "fast" and not fast_path_supports(config):
-            raise ValueError("the fast path does not support this config")
-        if path == "reference" and speculative is not None:
-            raise InputError("engine.speculative: speculative decoding is simulated on the "
-                             "compiled scheduler only; run without path='reference'")
-        self.path = path
         self.loop = EventLoop()
         n = len(workload)
         self.pass_log = [] if config.output.pass_log else None
@@ -194,13 +138,12 @@ class Replay:
     def _build_workers(self, num_identities):
         """The request store, the workers and the router."""
         config = self.config
-        self.store = ArrayRequests(self) if self.path == "fast" else ObjectRequests(self)
+        self.store = ArrayRequests(self)
         cluster = config.cluster
-        fast_runs = self.path == "fast"
-        buffer = PassLogBuffer() if fast_runs and self.pass_log is not None else None
+        buffer = PassLogBuffer() if self.pass_log is not None else None
         self.workers = [EngineCore(w, config.engine, cluster.data_parallel_size, self.loop,
                                    num_identities, self, self.store.make_scheduler,
-                                   fast_runs, pass_log=buffer)
+                                   pass_log=buffer)
                         for w in range(cluster.workers)]
         self._use_compiled_log(buffer)
         self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
@@ -388,7 +331,7 @@ class Replay:
 
     def _make_records(self, results, worker, dp_rank, **extra) -> RequestRecords:
         """The records from per-request result arrays (`results`, as
-        `ObjectRequests.results` gives them) and placements."""
+        `ArrayRequests.results` gives them) and placements."""
         w = self.workload
         n = len(w)
         produced = results.pop("output_tokens")
@@ -473,16 +416,13 @@ def _pass_record(core, dp_rank, index, p, out, scheduled, preempted, finished):
     return record
 
 
-def simulate(config: Config, workload: Workload, progress=None,
-             path: str = "auto") -> SimulationResult:
+def simulate(config: Config, workload: Workload, progress=None) -> SimulationResult:
     """Replay `workload` under `config`. `progress(sim_time_ms, requests_done)`
-    is called now and then when given. `path` picks the scheduler: "fast"
-    (compiled), "reference" (one Python object per request), or "auto" (fast
-    whenever it supports the config); both give identical results."""
-    return make_replay(config, workload, progress, path).run()
+    is called now and then when given."""
+    return make_replay(config, workload, progress).run()
 
 
-def make_replay(config: Config, workload: Workload, progress=None, path: str = "auto"):
+def make_replay(config: Config, workload: Workload, progress=None):
     """The :class:`Replay` of `config`: aggregated workers, or disaggregated
     prefill and decode pools (servesim/replay/disaggregated.py)."""
     if config.cluster.disaggregated:
@@ -493,5 +433,5 @@ def make_replay(config: Config, workload: Workload, progress=None, path: str = "
                              "(a turn's arrival follows its predecessor's finish on one pool)")
         from servesim.replay.disaggregated import DisaggregatedReplay
 
-        return DisaggregatedReplay(config, workload, progress, path)
-    return Replay(config, workload, progress, path)
+        return DisaggregatedReplay(config, workload, progress)
+    return Replay(config, workload, progress)

@@ -16,8 +16,7 @@ and blocks a disaggregated prefill worker holds for the decode side; a
 CPU-tier store in flight holds no block: it reads G1 blocks without a
 reference) and, after `schedule()`, the pass's scheduled entries. The compiled
 scheduler calls it from its own kernels when `cfg[C_CHECK]` is set
-(`servesim.scheduler.fast`); the reference scheduler through
-`check_reference`, which lays its objects out as the same arrays. Several
+(`servesim.scheduler.fast`). Several
 compiled schedulers share one table (workers, DP ranks): each checks its own
 requests, and `check_table` checks across them.
 
@@ -316,69 +315,6 @@ def check_rank(R, F, idents, tables, blocks, idmap, pscal, running, n_run, wq, w
         _fail(TOTAL_TOKENS, where, pass_index, -1, -1, total_tokens, total)
     if total > budget:
         _fail(BUDGET, where, pass_index, -1, -1, total, budget)
-
-
-def check_reference(scheduler, out, where, pass_index):
-    """`check_rank` over the reference :class:`~servesim.scheduler.scheduler.Scheduler`
-    of one rank (its objects laid out as the table's arrays, one row per
-    request of the rank): `running`, `waiting` and, as holders outside them,
-    the requests waiting for a load (`waiting_for_kv`) and those whose blocks
-    a KV transfer still reads (`delayed_free`). `out`: the pass just decided
-    (None after `update_from_output`). Slow (Python per request): only in
-    the debug mode."""
-    from servesim.scheduler import fast_table as ft
-
-    running = list(scheduler.running)
-    waiting = list(scheduler.waiting)  # FCFS order; the priority heap as sorted
-    others = list(scheduler.waiting_for_kv) + list(scheduler.delayed_free.values())
-    members = running + waiting + others
-    index = {id(r): j for j, r in enumerate(members)}
-    m = len(members)
-    R = np.zeros((max(m, 1), ft.NUM_INT_FIELDS), dtype=np.int64)
-    offset = 0
-    for j, r in enumerate(members):
-        R[j, PROMPT] = r.num_prompt_tokens
-        R[j, MAX_TOKENS] = r.max_tokens
-        R[j, NUM_TOKENS] = r.num_tokens
-        R[j, COMPUTED] = r.num_computed_tokens
-        R[j, PLACEHOLDERS] = r.num_output_placeholders
-        R[j, STATUS] = int(r.status)
-        R[j, NUM_BLOCKS] = r.num_blocks
-        R[j, NUM_CACHED] = r.num_cached_blocks
-        R[j, OFFSET] = offset
-        R[j, CAPACITY] = len(r.block_table)
-        offset += len(r.block_table)
-    if m:
-        idents = np.concatenate([np.asarray(r.idents, dtype=np.int64) for r in members])
-        tables = np.concatenate([r.block_table for r in members]).astype(np.int32)
-    else:
-        idents = np.zeros(0, dtype=np.int64)
-        tables = np.zeros(0, dtype=np.int32)
-    order = np.arange(m, dtype=np.int64)
-    F = np.zeros((max(m, 1), ft.NUM_FLOAT_FIELDS))
-    n_sched, total = -1, 0
-    req = tok = np.zeros(0, dtype=np.int64)
-    if out is not None:
-        n_sched = len(out.scheduled)
-        total = out.total_tokens
-        req = np.array([index.get(id(e.request), -1) for e in out.scheduled], dtype=np.int64)
-        tok = np.array([e.num_tokens for e in out.scheduled], dtype=np.int64)
-    config = scheduler.config
-    pool = scheduler.kv.pool
-    wq = np.zeros(max(len(waiting), 1), dtype=np.int64)
-    wq[:len(waiting)] = order[len(running):len(running) + len(waiting)]
-    try:
-        check_rank(R, F, idents, tables, pool.blocks, pool.idmap, pool.scalars,
-                   order[:len(running)], len(running), wq, 0, len(waiting), False,
-                   order[len(running) + len(waiting):], len(others), req, tok, tok, n_sched,
-                   total, config.max_num_seqs, config.max_num_batched_tokens,
-                   config.long_prefill_token_threshold, scheduler.block_size, 0,
-                   scheduler.max_model_len, True, where, pass_index)
-    except InvariantError as exc:  # a row of this rank -> the request's workload index
-        args = list(exc.args)
-        if args[3] >= 0:
-            args[3] = members[args[3]].index
-        raise InvariantError(*args) from None
 
 
 def check_table(table, where, pass_index):

@@ -1,5 +1,4 @@
-"""The compiled scheduler: the rules of the reference
-:class:`~servesim.scheduler.scheduler.Scheduler` (vllm/v1/core/sched/scheduler.py,
+"""The scheduler: the rules of vLLM's `Scheduler` (vllm/v1/core/sched/scheduler.py,
 async_scheduler.py; docs/engine.md §3-7) as Numba kernels over the arrays of a
 :class:`~servesim.scheduler.fast_table.RequestTable`, so that a pass costs a few
 microseconds of Python whatever its batch size.
@@ -12,22 +11,22 @@ The CPU tier (docs/engine.md §9) and loads that wait ahead of the queue
 (WAITING_FOR_REMOTE_KVS, whatever the KV's source) take the optional `kv`
 argument of `schedule` and `update_from_output`; without it their code is
 compiled away. The tier's own rules are kernels in
-servesim/kvcache/cpu_tier_kernels.py; the hooks here sit where the reference
-scheduler's are (`_schedule_waiting`, `_queue_load`, `_schedule_loaded`,
+servesim/kvcache/cpu_tier_kernels.py; the hooks here sit where vLLM's
+scheduler calls its connector (`_schedule_waiting`, `_queue_load`, `_schedule_loaded`,
 `_finish_load`, `_connector_after_schedule`, `_store_on_free`,
 `_connector_request_finished`, the stop rule of the preemption loop).
 
-Disaggregated serving (docs/engine.md §13, servesim/engine/disagg.py): a
+Disaggregated serving (docs/engine.md §13, servesim/engine/fast_disagg.py): a
 prefill worker holds a finished `REMOTE_DECODE` request's blocks (`S_HELD`)
 until `free_delayed`; a decode worker's handed-off requests (`KV_HANDOFF`)
 are admitted as loads from the prefill rank holding their prompt's KV
 (`KV_SOURCE_REMOTE`: `_remote_lookup`, `_remote_prepare_load`,
 `_remote_admitted`), over the load path the CPU tier uses.
 
-It is the engine's fast path; the reference scheduler stays the readable
-statement of the rules, and tests hold the two to identical pass logs and
-request records (tests/test_fast_path.py). Each kernel below mirrors the
-reference method of the same name; the block pool kernels are shared.
+It is the engine's only scheduler: tests/test_engine_rules.py holds it to
+hand-worked timelines rule by rule, tests/test_golden.py to vLLM's recorded
+schedules. Each kernel is named after the vLLM method it follows; the block
+pool's kernels are servesim/kvcache/block_pool.py.
 
 A pass's output is `out[ROW, e]` for its scheduled entries e (request, tokens,
 cached, kind, flags) plus the preempted and unfinishable requests, and
@@ -54,8 +53,12 @@ from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINIS
                                            KV_LANDED, CPU_CURSOR, IN_FLIGHT, CPU_CACHED,
                                            REMOTE_DECODE, KV_HANDOFF, HANDOFF_HELD,
                                            HANDOFF_PULLING)
-from servesim.scheduler.output import KIND_NEW, KIND_RESUMED, KIND_RUNNING
-from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
+
+# A rank that preempts this many times without sampling a single token is
+# livelocked (e.g. two prefills of equal priority preempting each other: vLLM
+# picks the victim with max(), the earliest of equals, which is the one that
+# has run longer): its requests are taken out as unfinished (`take_out_all`).
+LIVELOCK_PREEMPTIONS = 1000
 
 # cfg
 (C_MAX_SEQS, C_BUDGET, C_MAX_MODEL_LEN, C_CHUNKED, C_THRESHOLD, C_PRIORITY, C_RESERVE,
@@ -75,14 +78,14 @@ KV_SOURCE_NONE, KV_SOURCE_CPU, KV_SOURCE_REMOTE = range(3)
  S_WFK_N, S_HELD, S_CHECKED_PASSES) = range(2, 12)
 NUM_SCALARS = 12  # S_WFK_N: requests in `waiting_for_kv`
 # S_HELD: disaggregated prefill worker, finished requests whose blocks are held
-# for a decode worker (the reference scheduler's `delayed_free`), listed in
+# for a decode worker (vLLM frees them on `finished_sending`), listed in
 # the scheduler's `held[:S[S_HELD]]`; S_CHECKED_PASSES: passes decided with a
 # batch, counted by the check
 # out rows
 O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_SPEC, O_PRE, O_UNFIN = range(8)
 NUM_OUT_ROWS = 8  # O_SPEC: draft tokens scheduled (included in O_TOK)
 K_NEW, K_RESUMED, K_RUNNING = 0, 1, 2
-KIND_NAMES = (KIND_NEW, KIND_RESUMED, KIND_RUNNING)
+KIND_NAMES = ("new", "resumed", "running")  # the pass log's `kind`, by K_*
 F_SAMPLES = 1  # flags of an entry
 # feats
 (N_SCHED, N_PRE, N_UNFIN, PREFILL_TOKENS, NUM_PREFILL, DECODE_REQS, DECODE_CTX,
@@ -106,14 +109,18 @@ NUM_KO_ROWS = 6
 @njit
 def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, num_hit,
               reserve_tokens, extra_blocks, delay_cache=False, kv=None):
-    """`KVCacheManager.allocate_slots` (kvcache/manager.py) over the table.
+    """`KVCacheManager.allocate_slots` (vllm/v1/core/kv_cache_manager.py) over the table.
     Slots cover `min(total + num_lookahead_tokens, max_model_len)` tokens
     (the lookahead is k under speculative decoding, else 0); blocks are
     registered when full within the known tokens, and only once the hash
     lookahead token exists — unless `delay_cache` (blocks a load will fill:
-    registered by `_finish_load`, vLLM's `delay_cache_blocks`). With `kv`,
-    the blocks taken from the free queue for a pass (not for a load) are
-    noted in KO_NEW_BLOCKS."""
+    registered by `_finish_load`, vLLM's `delay_cache_blocks`); registered at
+    once, so a request admitted later in the same pass can hit them. The
+    free-block check covers `max(those blocks, reserve_tokens' blocks) +
+    extra_blocks` (the admission checks of `reserve_full_isl` and
+    `watermark`), counting hit blocks nobody holds as used; when it does not
+    fit it returns False, changing nothing. With `kv`, the blocks taken from
+    the free queue for a pass (not for a load) are noted in KO_NEW_BLOCKS."""
     bs = cfg[C_BLOCK_SIZE]
     off = R[i, OFFSET]
     end = off + R[i, CAPACITY]
@@ -147,7 +154,7 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
 
 @njit(inline="always")  # runs for every sampled token: kept to a compare
 def cache_blocks(R, idents, tables, blocks, idmap, cfg, i, num_tokens):
-    """`KVCacheManager.cache_blocks` (kvcache/manager.py) over the table:
+    """`KVCacheManager.cache_blocks` (vllm/v1/core/kv_cache_manager.py) over the table:
     register request i's held blocks full within `min(num_tokens, its known
     tokens)` not registered yet. Called by `_allocate` and, for a RUNNING
     request whose sampled token arrives, by `update_from_output` with the
@@ -327,6 +334,8 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
         num_hit = 0
         hits = np.zeros(0, dtype=np.int64)
         if cfg[C_CACHING]:
+            # `get_computed_blocks`: the leading blocks already cached, never
+            # covering the last token (`min(cached run, (num_tokens - 1) // bs)`)
             max_blocks = (num_tokens - 1) // bs
             hits = np.empty(max_blocks, dtype=np.int64)
             off = R[i, OFFSET]
@@ -511,7 +520,7 @@ def _finish_load(R, idents, tables, blocks, idmap, cfg, i):
     R[i, KV_LOAD] = KV_NONE
 
 
-# -- a disaggregated decode worker's remote KV (docs/engine.md §13; engine/disagg.py) --
+# -- a disaggregated decode worker's remote KV (docs/engine.md §13; engine/fast_disagg.py) --
 # The source of a handed-off request's KV is the prefill rank holding it
 # (R[i, KV_HANDOFF]); the transfers decided here (pulls, notices) are listed
 # in KO_LOADS as request indices, in decision order, for the rank's receiver
@@ -520,7 +529,7 @@ def _finish_load(R, idents, tables, blocks, idmap, cfg, i):
 
 @njit
 def _remote_lookup(R, cfg, i, num_hit):
-    """`DecodeReceiver.lookup` (NIXL's `get_num_new_matched_tokens`,
+    """A decode rank's remote lookup (NIXL's `get_num_new_matched_tokens`,
     nixl_connector.py) for the handed-off head i past its G1 hit of
     `num_hit` blocks, its prompt's KV held by the prefill rank: the rest of
     the prompt's blocks, partial last block included (`P - hit` tokens)."""
@@ -529,7 +538,7 @@ def _remote_lookup(R, cfg, i, num_hit):
 
 @njit
 def _remote_prepare_load(R, kv, i):
-    """`DecodeReceiver.prepare_load` (NIXL's `update_state_after_alloc`):
+    """A decode rank's pull (NIXL's `update_state_after_alloc`):
     the pull of request i's prompt past its G1 hit, which `_queue_load`
     admitted, goes out at this decision (KO_LOADS)."""
     KO, KC = kv[1], kv[2]
@@ -540,7 +549,7 @@ def _remote_prepare_load(R, kv, i):
 
 @njit
 def _remote_admitted(R, kv, i):
-    """`DecodeReceiver.admitted`: handed-off request i is admitted; if it
+    """A decode rank admits a pulled request: handed-off request i is admitted; if it
     pulled nothing while the prefill rank still holds its blocks, a notice
     (no bytes, KO_LOADS) releases them, sent at this decision like a pull."""
     if R[i, KV_HANDOFF] == HANDOFF_HELD:
@@ -1002,7 +1011,8 @@ def pending_prefill_tokens(R, S, running, wq, priority):
 @njit
 def take_out_all(R, F, tables, blocks, pscal, S, running, wq, priority, taken):
     """Take every running and waiting request out as unfinished (a livelock:
-    see `Scheduler._take_out_livelocked`). Returns how many."""
+    more than LIVELOCK_PREEMPTIONS preemptions since a token was sampled).
+    Returns how many."""
     n = 0
     for k in range(S[S_RUN_N]):
         i = running[k]
@@ -1021,8 +1031,8 @@ def take_out_all(R, F, tables, blocks, pscal, S, running, wq, priority, taken):
 
 
 class FastOutput:
-    """A pass decided by :class:`FastScheduler`: the protocol of
-    :class:`~servesim.scheduler.output.SchedulerOutput` over `out`/`feats`."""
+    """A pass decided by :class:`FastScheduler` (vllm/v1/core/sched/output.py's
+    `SchedulerOutput`) over `out`/`feats`."""
 
     __slots__ = ("out", "feats")
     # no transfers decided (a pass decided with `kv` state: FastKVOutput)
@@ -1046,8 +1056,7 @@ class FastOutput:
 
 class FastKVOutput(FastOutput):
     """A pass decided with `kv` state: also the transfers it decided, as the
-    reference :class:`~servesim.scheduler.output.SchedulerOutput` carries
-    them — CPU-tier job ids in `loads`, `preemption_stores` and `stores`
+    the engine core reads them (engine/core.py) — CPU-tier job ids in `loads`, `preemption_stores` and `stores`
     (a remote source's: FastRemoteOutput),
     the G1 blocks the pass writes in `new_blocks`, and the requests whose
     loads were queued in `load_requests` (for a source other than the tier)."""
@@ -1092,8 +1101,8 @@ class _PrefixCacheStats:
 
 
 class FastScheduler:
-    """One rank's compiled scheduler, with the reference scheduler's interface
-    toward the engine core; requests are indices into the shared table."""
+    """One rank's scheduler, with the interface the engine core
+    (engine/core.py) drives; requests are indices into the shared table."""
 
     def __init__(self, config, pool, table, tokens, speculative=None):
         self.config = config

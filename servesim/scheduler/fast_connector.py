@@ -18,8 +18,8 @@ from servesim.scheduler.fast_table import KV_LANDED, KV_LOAD
 
 
 class JobView:
-    """A read-only view of one job (for tests): the fields of
-    `servesim.kvcache.cpu_tier.TransferJob`, read when asked."""
+    """A read-only view of one job (for tests): its kind, blocks and
+    instants, read from the tier's arrays when asked."""
 
     __slots__ = ("_tier", "_j")
 

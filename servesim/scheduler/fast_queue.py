@@ -1,7 +1,8 @@
-"""The waiting queue of the compiled scheduler, as Numba kernels over an array
-(the rules of `servesim.scheduler.queue`): FCFS is a ring buffer (arrivals at
-the back, preempted requests at the front); priority is a binary heap ordered
-by `(priority, arrival, request id as a string)`.
+"""The waiting queue (vllm/v1/core/sched/request_queue.py, docs/engine.md §3),
+as Numba kernels over an array. FCFS: arrival order, a preempted request goes
+to the front (a ring buffer). Priority: ordered by `(priority, arrival,
+request id)`, ids compared as strings, a preempted request pushed back in
+that order (a binary heap).
 
 Queue state lives in the scheduler's scalar array `S` at `WQ_HEAD`, `WQ_LEN`.
 """

@@ -2,8 +2,8 @@
 (`servesim.scheduler.fast`): one column per request, indexed by its position in
 the workload; all ranks share one table (a request lives on one rank).
 
-`R[i, FIELD]` holds the integer state of request i (the fields of
-:class:`~servesim.scheduler.request.Request`), `F[i, FIELD]` its times; rows
+`R[i, FIELD]` holds the integer state of request i (the fields of vLLM's
+`Request`, vllm/v1/request.py), `F[i, FIELD]` its times; rows
 are requests so one request's state shares a cache line or two.
 `idents[offset:offset + capacity]` are its block identities and
 `tables[offset:offset + capacity]` its block table, where `offset =
@@ -11,8 +11,6 @@ R[i, OFFSET]` and the capacity covers its prompt plus its output cap.
 """
 
 import numpy as np
-
-from servesim.scheduler.request import RequestStatus
 
 (PROMPT, MAX_TOKENS, NUM_TOKENS, COMPUTED, PLACEHOLDERS, PREEMPTIONS, STATUS,
  PREFILL_TARGET, MAX_COMPUTED, RECOMPUTED, FIRST_CACHED, NUM_BLOCKS, NUM_CACHED,
@@ -31,7 +29,7 @@ NUM_INT_FIELDS = 30
 # IN_FLIGHT the passes in flight that schedule it (async scheduling),
 # CPU_CACHED the tokens it got from the tier
 KV_NONE, KV_IN_FLIGHT, KV_LANDED = range(3)
-# disaggregated serving (servesim/engine/disagg.py, docs/engine.md §13): on a
+# disaggregated serving (servesim/engine/fast_disagg.py, docs/engine.md §13): on a
 # prefill worker REMOTE_DECODE marks a request handed off after its first token
 # (its blocks are then held, not freed, when it finishes); on a decode worker
 # KV_HANDOFF is a handed-off request's state until its admission: HANDOFF_HELD
@@ -42,11 +40,9 @@ HANDOFF_HELD, HANDOFF_NOTHING, HANDOFF_PULLING = 1, 2, 3
 ARRIVAL, FIRST_SCHEDULED = range(2)
 NUM_FLOAT_FIELDS = 2
 
-WAITING = int(RequestStatus.WAITING)
-RUNNING = int(RequestStatus.RUNNING)
-PREEMPTED = int(RequestStatus.PREEMPTED)
-FINISHED = int(RequestStatus.FINISHED)
-UNFINISHED = int(RequestStatus.UNFINISHED)
+# STATUS values (vLLM's `RequestStatus`); UNFINISHED: could never finish
+# (outgrows the pool while alone), or taken out of a livelocked rank
+WAITING, RUNNING, PREEMPTED, FINISHED, UNFINISHED = 0, 1, 2, 3, 5
 
 
 class RequestTable:

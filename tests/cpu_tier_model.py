@@ -1,39 +1,11 @@
-"""The CPU KV tier of vLLM's CPU offloading (docs/engine.md §9): one rank's
-CPU block store, its two copy lanes and the connector's bookkeeping.
+"""A pure-Python model of one rank's CPU KV tier (docs/engine.md §9): the
+test oracle that tests/test_cpu_tier_kernels.py and
+tests/test_cpu_tier_properties.py hold the kernels of
+servesim/kvcache/cpu_tier_kernels.py to, operation by operation. The rules
+are stated there; this is their second statement in objects, for tests only
+(vLLM: vllm/v1/kv_offload/lru_manager.py, offloading_connector.py).
 
-vLLM: vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py
-(`OffloadingConnectorScheduler`), vllm/v1/kv_offload/lru_manager.py
-(`LRUOffloadingManager`) over the CPU backend (vllm/v1/kv_offload/cpu.py).
-
-Rules:
-
-- The tier holds at most `num_cpu_blocks` blocks, keyed by the prefix cache's
-  block identities (`servesim.workload.prefix`), least recently used first.
-- A block is *pending* from the moment its store is prepared (at the decision
-  that schedules it) until the store completes: a pending block is not a hit,
-  cannot be evicted, and a lookup that reaches it must wait and ask again.
-- A store job covers the given blocks not in the tier yet (pending ones
-  included). It makes room by evicting least-recently-used ready blocks that
-  no load is reading; when that is not enough the whole job is dropped
-  (`prepare_store` returns None) and nothing changes.
-- A lookup walks the request's consecutive full blocks from the first one past
-  its G1 hit (up to the block of its last token) and touches all of its blocks
-  in the tier, the first block last (so the deepest blocks of a prefix are
-  evicted first). It must wait when it stops at a pending block, or when a
-  block it hits is being loaded for another request (vLLM then asks again at
-  a later pass rather than load the block twice).
-- Transfers run on one device-to-host lane (stores) and one host-to-device lane
-  (loads), FIFO each in the order of their submission instants (ties: order of
-  submission); a job of `n` bytes takes `n / (GB/s · 1e9)` s. A completion
-  takes effect when `poll(now)` is called at or after it — the engine calls it
-  at each decision, so a transfer done mid-pass counts from the next pass
-  boundary.
-- A GPU block read by a store in flight must not be overwritten before the
-  store completes: `store_done_ms(blocks)` is the first instant the given
-  blocks may be written again, and a load into such blocks starts no earlier.
-
-Nothing here knows simulated time beyond lane bookkeeping: callers pass "now".
-Times are in ms.
+Callers pass "now". Times are in ms.
 """
 
 import bisect
