@@ -12,6 +12,8 @@ R[i, OFFSET]` and the capacity covers its prompt plus its output cap.
 
 import numpy as np
 
+from servesim.scheduler.request import RequestStatus
+
 (PROMPT, MAX_TOKENS, NUM_TOKENS, COMPUTED, PLACEHOLDERS, PREEMPTIONS, STATUS,
  PREFILL_TARGET, MAX_COMPUTED, RECOMPUTED, FIRST_CACHED, NUM_BLOCKS, NUM_CACHED,
  PRIORITY, ID_RANK, FIRST_TOKEN_PASS, FINISH_PASS, OFFSET, CAPACITY,
@@ -40,9 +42,11 @@ HANDOFF_HELD, HANDOFF_NOTHING, HANDOFF_PULLING = 1, 2, 3
 ARRIVAL, FIRST_SCHEDULED = range(2)
 NUM_FLOAT_FIELDS = 2
 
-# STATUS values (vLLM's `RequestStatus`); UNFINISHED: could never finish
-# (outgrows the pool while alone), or taken out of a livelocked rank
-WAITING, RUNNING, PREEMPTED, FINISHED, UNFINISHED = 0, 1, 2, 3, 5
+WAITING = int(RequestStatus.WAITING)
+RUNNING = int(RequestStatus.RUNNING)
+PREEMPTED = int(RequestStatus.PREEMPTED)
+FINISHED = int(RequestStatus.FINISHED)
+UNFINISHED = int(RequestStatus.UNFINISHED)
 
 
 class RequestTable:
