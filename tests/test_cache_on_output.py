@@ -126,7 +126,8 @@ def test_output_registration_covers_completed_tokens_and_adds_nothing_when_sync(
     state = {"registered_on_output": 0, "checked_finishes": 0}
 
     def completed_blocks(i, block_size):
-        completed = min(R[i, ft.COMPUTED] - R[i, ft.PLACEHOLDERS], R[i, ft.NUM_TOKENS])
+        completed = min(R["num_computed_tokens"][i] - R["num_output_placeholders"][i],
+                        R["num_tokens"][i])
         return completed // block_size
 
     def checked(rank):
@@ -143,10 +144,10 @@ def test_output_registration_covers_completed_tokens_and_adds_nothing_when_sync(
             finished = update(out, release_ms, pass_index)
             state["registered_on_output"] += num_cached() - before
             if caching:
-                for i in scheduler.running[:scheduler.S[fast.S_RUN_N]].tolist():
-                    assert R[i, ft.NUM_CACHED] >= completed_blocks(i, block_size), i
+                for i in scheduler.running[:scheduler.S[0]["num_running"]].tolist():
+                    assert R["num_cached_blocks"][i] >= completed_blocks(i, block_size), i
                 for i in finished:  # freed: its full blocks went back cached
-                    off = R[i, ft.OFFSET]
+                    off = R["block_offset"][i]
                     idents = table.idents[off:off + completed_blocks(i, block_size)]
                     assert (pool.idmap[idents] != NONE).all(), i
                     state["checked_finishes"] += 1

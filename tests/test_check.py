@@ -15,7 +15,6 @@ from servesim.errors import InvariantError
 from servesim.kvcache import block_pool as bp
 from servesim.replay.driver import Replay
 from servesim.scheduler import fast, fast_queue
-from servesim.scheduler.fast_table import NUM_BLOCKS, OFFSET
 from tests.helpers import LINEAR_10MS, make_config, make_workload
 
 
@@ -72,14 +71,14 @@ def held_block(scheduler):
     """A block the first running request holds."""
     t = scheduler.table
     i = int(scheduler.running[0])
-    assert t.R[i, NUM_BLOCKS] > 0
-    return int(t.tables[t.R[i, OFFSET]])
+    assert t.R["num_held_blocks"][i] > 0
+    return int(t.tables[t.R["block_offset"][i]])
 
 
 def test_check_is_off_without_the_variable(monkeypatch):
     monkeypatch.delenv("SERVESIM_CHECK", raising=False)
     r = replay(config(), make_workload(rows()))
-    assert r.workers[0].ranks[0].scheduler.cfg[fast.C_CHECK] == 0
+    assert r.workers[0].ranks[0].scheduler.cfg[0]["invariant_check"] == 0
 
 
 @pytest.mark.parametrize("engine", [
@@ -95,7 +94,7 @@ def test_real_runs_pass_the_check_and_keep_their_outputs(monkeypatch, engine, pa
     plain = replay(config(pass_log, **engine), workload).run()
     monkeypatch.setenv("SERVESIM_CHECK", "1")
     checked_replay = replay(config(pass_log, **engine), workload)
-    assert checked_replay.workers[0].ranks[0].scheduler.cfg[fast.C_CHECK] == 2
+    assert checked_replay.workers[0].ranks[0].scheduler.cfg[0]["invariant_check"] == 2
     checked = checked_replay.run()
     assert checked.pass_log == plain.pass_log
     for name in ("status", "output_tokens", "num_preemptions", "token_client_ms"):
@@ -126,7 +125,7 @@ def test_a_request_in_two_queues_is_named(checking, monkeypatch):
         s = core.ranks[0].scheduler
         i = int(s.running[0])
         found["id"] = s.table.request_ids[i]
-        fast_queue.wq_add(s.table.R, s.table.F, s.S, s.wq, s.priority, i)
+        fast_queue.wq_add(s.table.R, s.S, s.wq, s.priority, i)
 
     corrupt_at_pass(monkeypatch, 1, corrupt)
     with pytest.raises(InvariantError) as info:  # (one running: admission does not run)
@@ -150,9 +149,9 @@ def drop_first_running(core):
     t = s.table
     i = int(s.running[0])
     fast._free(t.R, t.tables, s.pool.blocks, s.pool.scalars, i)
-    n = s.S[fast.S_RUN_N]
+    n = s.S[0]["num_running"]
     s.running[:n - 1] = s.running[1:n].copy()
-    s.S[fast.S_RUN_N] = n - 1
+    s.S[0]["num_running"] = n - 1
     return t.request_ids[i]
 
 
@@ -178,7 +177,8 @@ def test_a_request_lost_across_schedulers_is_caught(checking, monkeypatch, clust
 
     corrupt_at_pass(monkeypatch, 1, corrupt)
     r = replay(make_config(cluster=cluster, block_size=16, num_gpu_blocks=64), make_workload(rows()))
-    assert [rank.scheduler.cfg[fast.C_CHECK] for core in r.workers for rank in core.ranks] == [1, 1]
+    checks = [rank.scheduler.cfg[0]["invariant_check"] for core in r.workers for rank in core.ranks]
+    assert checks == [1, 1]
     with pytest.raises(InvariantError) as info:
         r.run()
     assert "a RUNNING request is in running, a PREEMPTED one in waiting" in str(info.value)
@@ -251,8 +251,8 @@ def test_a_load_in_flight_on_the_compiled_scheduler_holds_its_blocks(checking, m
         if self.waiting_for_kv and "block" not in found:
             i = self.waiting_for_kv[0]
             t = self.table
-            assert t.R[i, NUM_BLOCKS] > 0
-            found["block"] = b = int(t.tables[t.R[i, OFFSET]])
+            assert t.R["num_held_blocks"][i] > 0
+            found["block"] = b = int(t.tables[t.R["block_offset"][i]])
             self.pool.blocks[bp.REF, b] += 1
         return original(self)
 
@@ -296,10 +296,10 @@ def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, mon
         original(self, core, p)
         s = core.ranks[0].scheduler
         prefill = isinstance(core.ranks[0].transfers, fast_disagg.ArraySender)
-        if prefill and s.S[fast.S_HELD] and "block" not in found:
+        if prefill and s.S[0]["num_delayed_free_requests"] and "block" not in found:
             i = int(s.held[0])
             t = s.table
-            found["block"] = b = int(t.tables[t.R[i, OFFSET]])
+            found["block"] = b = int(t.tables[t.R["block_offset"][i]])
             s.pool.blocks[bp.REF, b] += 1
 
     monkeypatch.setattr(Replay, "on_pass", corrupting)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.kvcache.config import KVOffloadingConfig
+from servesim.scheduler.fast_table import REQUEST_DTYPE
 from cpu_tier_model import LOAD, STORE, CPUOffloadConnector, TransferJob
 
 BLOCK_SIZE = 16
@@ -61,7 +62,7 @@ def test_lanes_match_the_reference_connector(steps):
     config = tier_config()
     ref = CPUOffloadConnector(KVOffloadingConfig(**vars(config)), BLOCK_SIZE)
     t = ct.TierArrays(config, BLOCK_SIZE, 1000, NUM_GPU_BLOCKS)
-    R = np.zeros((len(steps), 1), dtype=np.int64)
+    R = np.zeros(len(steps), dtype=REQUEST_DTYPE)  # a request table: kv_load is read
     ref_jobs, ids = [], []
     stored = []  # identities ready or pending, for loads to read
     now = 0.0
@@ -96,14 +97,14 @@ def test_lanes_match_the_reference_connector(steps):
         now += advance
         ref.poll(now)
         ct.get_finished(t.tier, t.slot_of, t.lanes, t.jobs, t.job_times, t.job_blocks, t.KS,
-                        t.KF, R, 0, 2, now)
+                        t.KF, R, 2, now)
         expected = ref.next_completion_ms()
         found = ct.next_completion_ms(t.lanes, t.job_times, t.KS)
         assert (expected is None and found < 0) or expected == found
         for job, j in zip(ref_jobs, ids):
             assert (job.submit_ms, job.start_ms, job.finish_ms) == tuple(t.job_times[j])
             if job.kind == LOAD:
-                assert bool(R[job.request, 0] == 2) == job.done
+                assert bool(R["kv_load"][job.request] == 2) == job.done
         for i in stored:
             assert ref.tier.entry(i) == t.entry(i)
     assert ref.num_stores == t.KS[ct.K_NUM_STORES] and ref.num_loads == t.KS[ct.K_NUM_LOADS]

@@ -283,12 +283,12 @@ class View:
     def __init__(self, replay, i):
         t = replay.store.table
         R = t.R
-        self.exists = not np.isnan(t.F[i, ft.ARRIVAL])
-        off = R[i, ft.OFFSET]
-        self.blocks = t.tables[off:off + R[i, ft.NUM_BLOCKS]].tolist()
-        self.computed = int(R[i, ft.COMPUTED])
-        self.loading = R[i, ft.KV_LOAD] != ft.KV_NONE
-        self.in_flight = int(R[i, ft.IN_FLIGHT])
+        self.exists = not np.isnan(t.R["arrival_time"][i])
+        off = R["block_offset"][i]
+        self.blocks = t.tables[off:off + R["num_held_blocks"][i]].tolist()
+        self.computed = int(R["num_computed_tokens"][i])
+        self.loading = R["kv_load"][i] != ft.KVLoad.NONE
+        self.in_flight = int(R["num_passes_in_flight"][i])
 
 
 def check_g1(replay, rank):

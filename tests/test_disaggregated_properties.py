@@ -37,6 +37,7 @@ from servesim.results.output import request_lines
 from servesim.results.records import STATUS_FINISHED, STATUS_UNFINISHED
 from servesim.scheduler import fast, fast_table
 from helpers import family_prefix_ids, workload_of
+from servesim.scheduler.request import RequestStatus
 
 MAX_PASSES = 50_000
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True,
@@ -103,7 +104,7 @@ def scenarios(draw, ample=False):
 
 def held(scheduler) -> int:
     """Finished requests whose blocks a prefill rank holds for a transfer."""
-    return int(scheduler.S[fast.S_HELD])
+    return int(scheduler.S[0]["num_delayed_free_requests"])
 
 
 def held_requests(scheduler, here) -> list:
@@ -111,9 +112,9 @@ def held_requests(scheduler, here) -> list:
     (`here`: the requests routed to this rank; the ranks of a pool share
     one table)."""
     R = scheduler.table.R
-    rows = np.flatnonzero(here & (R[:, fast_table.STATUS] == fast_table.FINISHED)
-                          & (R[:, fast_table.NUM_BLOCKS] > 0))
-    return [(int(R[i, fast_table.NUM_BLOCKS]), bool(R[i, fast_table.REMOTE_DECODE]))
+    rows = np.flatnonzero(here & (R["status"] == RequestStatus.FINISHED)
+                          & (R["num_held_blocks"] > 0))
+    return [(int(R["num_held_blocks"][i]), bool(R["do_remote_decode"][i]))
             for i in rows]
 
 
@@ -121,9 +122,9 @@ def waiting_for_pulls(scheduler) -> list:
     """`(request index, blocks held, tokens computed, pull landed)` of each
     request waiting for its pull."""
     R = scheduler.table.R
-    return [(i, int(R[i, fast_table.NUM_BLOCKS]), int(R[i, fast_table.COMPUTED]),
-             R[i, fast_table.KV_LOAD] != fast_table.KV_IN_FLIGHT)
-            for i in scheduler.waiting_for_kv]
+    return [(i, int(R["num_held_blocks"][i]), int(R["num_computed_tokens"][i]),
+            R["kv_load"][i] != fast_table.KVLoad.IN_FLIGHT)
+           for i in scheduler.waiting_for_kv]
 
 
 def check_rank(replay, pool, core, rank, now):

@@ -73,8 +73,8 @@ The arrays:
   holds its blocks, a notice of no bytes) on the source rank's link.
 
 The scheduler side — a prefill rank holding a finished request's blocks
-(`REMOTE_DECODE`, `S_HELD`, `fast.free_delayed`), a decode rank admitting a
-handed-off request (`KV_HANDOFF`) — is in servesim/scheduler/fast.py.
+(`do_remote_decode`, `num_delayed_free_requests`, `fast.free_delayed`), a decode rank admitting a
+handed-off request (`kv_handoff`) — is in servesim/scheduler/fast.py.
 
 Times are in ms.
 """
@@ -83,8 +83,7 @@ import numpy as np
 
 from servesim.jit import njit
 from servesim.scheduler import fast
-from servesim.scheduler.fast_table import (HANDOFF_PULLING, KV_G1_HIT, KV_HANDOFF, KV_LANDED,
-                                           KV_LOAD, PROMPT)
+from servesim.scheduler.fast_table import KVHandoff, KVLoad
 
 # Transfers.I fields (integers) and .F fields (instants)
 X_TOKENS, X_NBYTES, X_LINK, X_DONE = range(4)
@@ -144,7 +143,7 @@ def poll_receiver(R, pending, state, XI, XF, now):
         i = pending[k]
         if XF[i, X_LAND] <= now:
             XI[i, X_DONE] = 1
-            R[i, KV_LOAD] = KV_LANDED
+            R[i].kv_load = KVLoad.LANDED
         else:
             pending[kept] = i
             kept += 1
@@ -240,7 +239,7 @@ class ArraySender:
 class ArrayReceiver:
     """A decode rank's side of the handoffs (`DecodeReceiver` over arrays):
     the pulls it waits for. What to pull at admission is decided in the
-    compiled waiting loop (`KV_HANDOFF`); the engine core submits each
+    compiled waiting loop (`kv_handoff`); the engine core submits each
     decided pull or notice here (`submit`) and polls landed pulls (`poll`)."""
 
     def __init__(self, scheduler, transfers: Transfers):
@@ -256,8 +255,8 @@ class ArrayReceiver:
         a notice (no bytes) when it was admitted with nothing to pull."""
         R = self.scheduler.table.R
         tokens = 0
-        if R[i, KV_HANDOFF] == HANDOFF_PULLING:  # waiting for the pull
-            tokens = int(R[i, PROMPT] - R[i, KV_G1_HIT])
+        if R["kv_handoff"][i] == KVHandoff.PULLING:  # waiting for the pull
+            tokens = int(R["num_prompt_tokens"][i] - R["num_g1_hit_tokens"][i])
         self.transfers.submit(i, tokens, now)
         if tokens:
             self._pending[self._state[P_COUNT]] = i

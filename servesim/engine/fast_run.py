@@ -60,7 +60,6 @@ from servesim.engine.pricing import price_features
 from servesim.jit import njit
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import check, fast
-from servesim.scheduler.fast_queue import WQ_LEN
 from servesim.scheduler.fast import LIVELOCK_PREEMPTIONS
 
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
@@ -163,7 +162,7 @@ def _next_seq(ws):
 
 
 @njit
-def run_passes(R, F, idents, tables, cfg, client_ms, token_offsets, last_client, detokenize_ms,
+def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, detokenize_ms,
                blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, usage, counters,
                model, params, kv_capacity, num_gpu_blocks, launch,
                outs, feats, pidx, ptime, pseq, ws, wt, finished, taken,
@@ -175,7 +174,7 @@ def run_passes(R, F, idents, tables, cfg, client_ms, token_offsets, last_client,
     (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`)."""
     ranks = feats.shape[1]
     width = outs.shape[3]
-    priority = cfg[fast.C_PRIORITY]
+    priority = cfg[0].priority_scheduling
     n_fin = 0
     ws[W_NOUT] = 0
     while True:
@@ -220,7 +219,7 @@ def run_passes(R, F, idents, tables, cfg, client_ms, token_offsets, last_client,
                         continue
                     pscal = pscal_t[r]
                     n = fast.update_from_output(
-                        R, F, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
+                        R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
                         S_t[r], running_t[r], wq_t[r], outs[head, r],
                         feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
                         client_ms, token_offsets, last_client, finished[n_fin:])
@@ -235,7 +234,7 @@ def run_passes(R, F, idents, tables, cfg, client_ms, token_offsets, last_client,
                 if count == 1:
                     has_requests = False
                     for r in range(ranks):
-                        if S_t[r][fast.S_RUN_N] + S_t[r][WQ_LEN] > 0:
+                        if S_t[r][0].num_running + S_t[r][0].num_waiting > 0:
                             has_requests = True
                     if has_requests:  # an idle engine wakes (after arrivals at t)
                         ws[W_DECIDE] = DEC_WAKE
@@ -252,18 +251,18 @@ def run_passes(R, F, idents, tables, cfg, client_ms, token_offsets, last_client,
             for r in range(ranks):
                 S = S_t[r]
                 feats[tail, r, :] = 0
-                if S[fast.S_STALL] > LIVELOCK_PREEMPTIONS:
-                    n_taken += fast.take_out_all(R, F, tables, blocks_t[r], pscal_t[r], S,
+                if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
+                    n_taken += fast.take_out_all(R, tables, blocks_t[r], pscal_t[r], S,
                                                  running_t[r], wq_t[r], priority,
                                                  taken[n_taken:])
-                    if cfg[fast.C_CHECK]:  # the debug mode (FastScheduler.schedule's)
-                        fast.check_pass(R, F, idents, tables, blocks_t[r], idmap_t[r],
+                    if cfg[0].invariant_check:  # the debug mode (FastScheduler.schedule's)
+                        fast.check_pass(R, idents, tables, blocks_t[r], idmap_t[r],
                                         pscal_t[r], cfg, S, running_t[r], wq_t[r],
                                         fast._check_holders(S, running_t[r]), outs[tail, r],
                                         feats[tail, r, :0], check.AFTER_TAKE_OUT,
-                                        S[fast.S_CHECKED_PASSES])
+                                        S[0].num_checked_passes)
                     continue
-                fast.schedule(R, F, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg, S,
+                fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg, S,
                               running_t[r], wq_t[r], outs[tail, r], feats[tail, r])
                 for e in range(feats[tail, r, fast.N_UNFIN]):
                     taken[n_taken] = outs[tail, r, fast.O_UNFIN, e]
@@ -303,7 +302,7 @@ def run_passes(R, F, idents, tables, cfg, client_ms, token_offsets, last_client,
             prefill_tokens += f[fast.PREFILL_TOKENS]
             total_tokens += f[fast.TOTAL_TOKENS]
             duration = max(duration, price_features(model, params, f, kv_capacity))
-            fast.mark_started(F, outs[tail, r], n_sched, start)
+            fast.mark_started(R, outs[tail, r], n_sched, start)
         end = start + duration
         launch_end = launch_end_ms(launch, total_tokens, prefill_tokens, t, start, end)
         ptime[tail, P_DECIDED] = t
@@ -392,7 +391,7 @@ class CompiledWorker:
         table = s0.table
         tok = s0.tokens
         pricer = ranks[0].pricer
-        self._shared = (table.R, table.F, table.idents, table.tables, s0.cfg, tok.client_ms,
+        self._shared = (table.R, table.idents, table.tables, s0.cfg, tok.client_ms,
                         tok.offsets, tok.last_client, tok.detokenize_ms)
         self._ranks = (tuple(s.pool.blocks for s in schedulers),
                        tuple(s.pool.idmap for s in schedulers),

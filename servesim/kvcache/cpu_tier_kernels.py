@@ -62,7 +62,7 @@ State of one rank's tier (a :class:`TierArrays`):
   raise `store_done_ms` past "now" — the bound every caller takes a max with.
 
 A load's landing is reported to the compiled scheduler by setting its
-request's `R[i, KV_LOAD]` to KV_LANDED (`servesim.scheduler.fast_table`): the
+request's `R[i].kv_load` to KV_LANDED (`servesim.scheduler.fast_table`): the
 admission path that waits for it does not know where the KV comes from.
 """
 
@@ -387,12 +387,12 @@ def submit(lanes, storing, jobs, job_times, job_blocks, KS, KF, j, at_ms):
 
 
 @njit
-def get_finished(tier, slot_of, lanes, jobs, job_times, job_blocks, KS, KF, R, kv_load_field,
+def get_finished(tier, slot_of, lanes, jobs, job_times, job_blocks, KS, KF, R,
                  landed, now):
     """Let every transfer finished by `now` take effect, each lane in
     service order: stored blocks become ready (`complete_store`), loaded
     blocks are no longer read (`complete_load`) and the loading request's
-    `R[i, kv_load_field]` becomes `landed`. Returns how many jobs retired."""
+    `R[i].kv_load` becomes `landed`. Returns how many jobs retired."""
     retired = 0
     for lane in range(2):
         q = lanes[lane]
@@ -405,7 +405,7 @@ def get_finished(tier, slot_of, lanes, jobs, job_times, job_blocks, KS, KF, R, k
                 complete_store(tier, slot_of, job_blocks, jobs[j, J_OFF], jobs[j, J_N])
             else:
                 complete_load(tier, slot_of, job_blocks, jobs[j, J_OFF], jobs[j, J_N])
-                R[jobs[j, J_REQ], kv_load_field] = landed
+                R[jobs[j, J_REQ]].kv_load = landed
             head += 1
             n -= 1
             retired += 1

@@ -72,7 +72,7 @@ class _ArraySides:
         self.prefill = fast_table.RequestTable(w.request_ids, w.input_length,
                                                np.minimum(max_tokens, 1), w.priority,
                                                replay.idents, replay.ident_offsets)
-        self.prefill.R[:, fast_table.REMOTE_DECODE] = max_tokens > 1
+        self.prefill.R["do_remote_decode"] = max_tokens > 1
         self.decode = fast_table.RequestTable(w.request_ids, w.input_length, max_tokens,
                                               w.priority, replay.idents, replay.ident_offsets)
         self.handed = np.zeros(n, dtype=bool)
@@ -89,11 +89,11 @@ class _ArraySides:
         fast_disagg.connect(prefill_cores, decode_cores, self.transfers)
 
     def create_prefill(self, i, prompt, max_tokens):
-        self.prefill.F[i, fast_table.ARRIVAL] = self.replay.arrival_ms[i]
+        self.prefill.R["arrival_time"][i] = self.replay.arrival_ms[i]
         return i
 
     def remote_decode(self, i) -> bool:
-        return bool(self.prefill.R[i, fast_table.REMOTE_DECODE])
+        return bool(self.prefill.R["do_remote_decode"][i])
 
     def handoff(self, i, source_core, source_rank, decode_core, decode_rank):
         """The handoff: request i joins the decode rank's
@@ -102,12 +102,12 @@ class _ArraySides:
         (they are freed only once a transfer it submits there lands)."""
         sender = source_core.ranks[source_rank].transfers
         D = self.decode.R
-        prompt = int(D[i, fast_table.PROMPT])
-        D[i, fast_table.NUM_TOKENS] = prompt + 1  # the prompt and the first token
-        D[i, fast_table.MAX_COMPUTED] = prompt  # computed once, on the prefill worker
-        D[i, fast_table.KV_HANDOFF] = (fast_table.HANDOFF_HELD if sender.holds(i)
-                                       else fast_table.HANDOFF_NOTHING)
-        self.decode.F[i, fast_table.ARRIVAL] = self.replay.loop.now
+        prompt = int(D["num_prompt_tokens"][i])
+        D["num_tokens"][i] = prompt + 1  # the prompt and the first token
+        D["max_num_computed_tokens"][i] = prompt  # computed once, on the prefill worker
+        D["kv_handoff"][i] = (fast_table.KVHandoff.HELD if sender.holds(i)
+                              else fast_table.KVHandoff.NOTHING)
+        self.decode.R["arrival_time"][i] = self.replay.loop.now
         self.transfers.link_of[i] = sender.link
         self.handed[i] = True
         decode_core.add_request(decode_rank, i, prompt + 1)
@@ -117,10 +117,11 @@ class _ArraySides:
         P, D = self.prefill.R, self.decode.R
         handed = self.handed
         out = self.prefill.results()
-        out["output_tokens"] = np.where(handed, D[:, fast_table.NUM_TOKENS], P[:, fast_table.NUM_TOKENS]) - P[:, fast_table.PROMPT]
-        out["num_preemptions"] = out["num_preemptions"] + D[:, fast_table.PREEMPTIONS]
-        out["recomputed_tokens"] = out["recomputed_tokens"] + D[:, fast_table.RECOMPUTED]
-        decode_finish = D[:, fast_table.FINISH_PASS]
+        out["output_tokens"] = np.where(handed, D["num_tokens"],
+                                        P["num_tokens"]) - P["num_prompt_tokens"]
+        out["num_preemptions"] = out["num_preemptions"] + D["num_preemptions"]
+        out["recomputed_tokens"] = out["recomputed_tokens"] + D["num_recomputed_tokens"]
+        decode_finish = D["finish_pass"]
         out["finish_pass"] = np.where(handed & (decode_finish >= 0), decode_finish,
                                       out["finish_pass"])
         X = self.transfers
@@ -131,7 +132,7 @@ class _ArraySides:
         known = has & ((X.I[:, fast_disagg.X_DONE] != 0) | (tokens == 0))
         kv_transfer_ms = np.where(known, wait, math.nan)
         # admitted with nothing held to pull
-        nothing = handed & (tokens < 0) & (D[:, fast_table.KV_HANDOFF] == 0)
+        nothing = handed & (tokens < 0) & (D["kv_handoff"] == 0)
         transferred[nothing] = 0
         kv_transfer_ms[nothing] = 0.0
         return out, kv_transfer_ms, transferred
@@ -147,8 +148,8 @@ class _ArraySides:
 
     def blocks_of(self, pool, i) -> list:
         t = self.prefill if pool == "prefill" else self.decode
-        off = t.R[i, fast_table.OFFSET]
-        return t.tables[off:off + t.R[i, fast_table.NUM_BLOCKS]].tolist()
+        off = t.R["block_offset"][i]
+        return t.tables[off:off + t.R["num_held_blocks"][i]].tolist()
 
     def transfer(self, i):
         X = self.transfers

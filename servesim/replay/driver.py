@@ -45,7 +45,7 @@ class ArrayRequests:
                                   w.accepted_offsets, w.accepted_values)
 
     def create(self, i):
-        self.table.F[i, fast_table.ARRIVAL] = self.replay.arrival_ms[i]
+        self.table.R["arrival_time"][i] = self.replay.arrival_ms[i]
         return i
 
     def make_scheduler(self, config, pool):

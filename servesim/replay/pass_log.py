@@ -15,9 +15,10 @@ import numpy as np
 from servesim.engine import fast_run as fr
 from servesim.jit import njit
 from servesim.results.output import _ids
-from servesim.scheduler.fast import K_NEW, K_RESUMED, K_RUNNING, KIND_NAMES
+from servesim.scheduler.fast import KIND_NAMES, PassKind
 
-assert (K_NEW, K_RESUMED, K_RUNNING) == (0, 1, 2) and KIND_NAMES == ("new", "resumed", "running")
+assert (PassKind.NEW, PassKind.RESUMED, PassKind.RUNNING) == (0, 1, 2)
+assert KIND_NAMES == ("new", "resumed", "running")
 
 _POOLS = {0: "prefill", 1: "decode"}
 

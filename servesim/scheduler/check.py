@@ -63,9 +63,7 @@ from servesim.errors import InvariantError
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
 from servesim.scheduler.fast_queue import _before
-from servesim.scheduler.fast_table import (CAPACITY, COMPUTED, MAX_TOKENS, NUM_BLOCKS,
-                                           NUM_CACHED, NUM_TOKENS, OFFSET, PLACEHOLDERS,
-                                           PREEMPTED, PROMPT, RUNNING, STATUS, WAITING)
+from servesim.scheduler.request import RequestStatus
 
 # where in the pass the check ran
 AFTER_SCHEDULE, AFTER_OUTPUT, AFTER_TAKE_OUT = range(3)
@@ -209,23 +207,24 @@ def _check_pool(blocks, idmap, pscal, holders, where, pass_index):
 def _check_request(R, idents, tables, blocks, holders, seen, i, bs, spec_k, max_model_len,
                    where, pass_index):
     """One request's counters and block table; counts its blocks in `holders`."""
-    prompt = R[i, PROMPT]
-    num_tokens = R[i, NUM_TOKENS]
-    if num_tokens < prompt or num_tokens > prompt + R[i, MAX_TOKENS] or num_tokens > max_model_len:
+    prompt = R[i].num_prompt_tokens
+    num_tokens = R[i].num_tokens
+    if num_tokens < prompt or num_tokens > prompt + R[i].max_tokens or num_tokens > max_model_len:
         _fail(NUM_TOKENS_RANGE, where, pass_index, i, -1, num_tokens, prompt)
-    computed = R[i, COMPUTED]
-    bound = num_tokens + R[i, PLACEHOLDERS] + spec_k
-    if computed < 0 or computed > bound or computed >= max_model_len or R[i, PLACEHOLDERS] < 0:
+    computed = R[i].num_computed_tokens
+    bound = num_tokens + R[i].num_output_placeholders + spec_k
+    if (computed < 0 or computed > bound or computed >= max_model_len
+        or R[i].num_output_placeholders < 0):
         _fail(COMPUTED_RANGE, where, pass_index, i, -1, computed, bound)
-    num_held = R[i, NUM_BLOCKS]
-    num_cached = R[i, NUM_CACHED]
-    if (num_held > R[i, CAPACITY] or num_cached < 0 or num_cached > num_held
+    num_held = R[i].num_held_blocks
+    num_cached = R[i].num_cached_blocks
+    if (num_held > R[i].block_capacity or num_cached < 0 or num_cached > num_held
             or num_cached * bs > num_tokens):
-        _fail(TABLE_SIZE, where, pass_index, i, -1, num_held, R[i, CAPACITY])
+        _fail(TABLE_SIZE, where, pass_index, i, -1, num_held, R[i].block_capacity)
     if num_held * bs < computed:
         _fail(COVERAGE, where, pass_index, i, -1, num_held * bs, computed)
     num_blocks = blocks.shape[1] - 2
-    off = R[i, OFFSET]
+    off = R[i].block_offset
     for k in range(num_held):
         b = tables[off + k]
         if b <= 0 or b >= num_blocks:
@@ -241,7 +240,7 @@ def _check_request(R, idents, tables, blocks, holders, seen, i, bs, spec_k, max_
 
 
 @njit
-def check_rank(R, F, idents, tables, blocks, idmap, pscal, running, n_run, wq, wq_head, wq_len,
+def check_rank(R, idents, tables, blocks, idmap, pscal, running, n_run, wq, wq_head, wq_len,
                priority, others, n_others, sched_req, sched_tok, sched_capped, n_sched,
                total_tokens, max_seqs, budget, threshold, bs, spec_k, max_model_len,
                whole_table, where, pass_index):
@@ -261,8 +260,8 @@ def check_rank(R, F, idents, tables, blocks, idmap, pscal, running, n_run, wq, w
         if place[i] != 0:
             _fail(DUPLICATE, where, pass_index, i, -1, place[i], 1)
         place[i] = 1
-        if R[i, STATUS] != RUNNING:
-            _fail(RUNNING_STATUS, where, pass_index, i, -1, R[i, STATUS], RUNNING)
+        if R[i].status != RequestStatus.RUNNING:
+            _fail(RUNNING_STATUS, where, pass_index, i, -1, R[i].status, RequestStatus.RUNNING)
         _check_request(R, idents, tables, blocks, holders, seen, i, bs, spec_k, max_model_len,
                        where, pass_index)
     cap = len(wq)
@@ -271,31 +270,32 @@ def check_rank(R, F, idents, tables, blocks, idmap, pscal, running, n_run, wq, w
         if place[i] != 0:
             _fail(DUPLICATE, where, pass_index, i, -1, place[i], 2)
         place[i] = 2
-        status = R[i, STATUS]
-        if status != WAITING and status != PREEMPTED:
-            _fail(WAITING_STATUS, where, pass_index, i, -1, status, WAITING)
-        if R[i, COMPUTED] != 0 or R[i, PLACEHOLDERS] != 0 or R[i, NUM_BLOCKS] != 0:
-            _fail(WAITING_STATE, where, pass_index, i, -1, R[i, COMPUTED], 0)
-        if priority and k > 0 and _before(R, F, i, wq[(k - 1) // 2]):
+        status = R[i].status
+        if status != RequestStatus.WAITING and status != RequestStatus.PREEMPTED:
+            _fail(WAITING_STATUS, where, pass_index, i, -1, status, RequestStatus.WAITING)
+        if (R[i].num_computed_tokens != 0 or R[i].num_output_placeholders != 0
+            or R[i].num_held_blocks != 0):
+            _fail(WAITING_STATE, where, pass_index, i, -1, R[i].num_computed_tokens, 0)
+        if priority and k > 0 and _before(R, i, wq[(k - 1) // 2]):
             _fail(HEAP_ORDER, where, pass_index, i, -1, k, (k - 1) // 2)
     for k in range(n_others):
         i = others[k]
         if place[i] != 0:
             _fail(DUPLICATE, where, pass_index, i, -1, place[i], 3)
         place[i] = 3
-        for j in range(R[i, NUM_BLOCKS]):
-            b = tables[R[i, OFFSET] + j]
+        for j in range(R[i].num_held_blocks):
+            b = tables[R[i].block_offset + j]
             if b <= 0 or b >= num_blocks:
-                _fail(TABLE_BLOCK, where, pass_index, i, b, j, R[i, NUM_BLOCKS])
+                _fail(TABLE_BLOCK, where, pass_index, i, b, j, R[i].num_held_blocks)
             holders[b] += 1
     if whole_table:  # (another rank's requests are in its own queues)
         for i in range(n):
             if place[i] != 0:
                 continue
-            if R[i, NUM_BLOCKS] != 0:
-                _fail(HOLDS_BLOCKS, where, pass_index, i, -1, R[i, NUM_BLOCKS], 0)
-            status = R[i, STATUS]
-            if status == RUNNING or status == PREEMPTED:
+            if R[i].num_held_blocks != 0:
+                _fail(HOLDS_BLOCKS, where, pass_index, i, -1, R[i].num_held_blocks, 0)
+            status = R[i].status
+            if status == RequestStatus.RUNNING or status == RequestStatus.PREEMPTED:
                 _fail(LOST, where, pass_index, i, -1, status, -1)
     _check_pool(blocks, idmap, pscal, holders, where, pass_index)
     if n_sched < 0:
@@ -338,13 +338,16 @@ def check_table(table, where, pass_index):
         running[r] = True
         waiting[w] = True
         holding[o] = True
-    status = R[:, STATUS]
+    status = R["status"]
     for code, bad, expected in (
             (DUPLICATE, count > 1, 1),
-            (LOST, ((status == RUNNING) & ~running) | ((status == PREEMPTED) & ~waiting & ~holding), -1),
-            (HOLDS_BLOCKS, (R[:, NUM_BLOCKS] != 0) & ~running & ~holding, 0)):
+            (LOST,
+             ((status == RequestStatus.RUNNING) & ~running)
+             | ((status == RequestStatus.PREEMPTED) & ~waiting & ~holding), -1),
+            (HOLDS_BLOCKS, (R["num_held_blocks"] != 0) & ~running & ~holding, 0)):
         found = np.flatnonzero(bad)
         if len(found):
             i = int(found[0])
-            actual = {DUPLICATE: count[i], LOST: status[i], HOLDS_BLOCKS: R[i, NUM_BLOCKS]}[code]
+            actual = {DUPLICATE: count[i], LOST: status[i],
+                      HOLDS_BLOCKS: R["num_held_blocks"][i]}[code]
             raise InvariantError(code, where, pass_index, i, -1, int(actual), expected)

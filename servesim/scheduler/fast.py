@@ -17,8 +17,8 @@ scheduler calls its connector (`_schedule_waiting`, `_queue_load`, `_schedule_lo
 `_connector_request_finished`, the stop rule of the preemption loop).
 
 Disaggregated serving (docs/engine.md §13, servesim/engine/fast_disagg.py): a
-prefill worker holds a finished `REMOTE_DECODE` request's blocks (`S_HELD`)
-until `free_delayed`; a decode worker's handed-off requests (`KV_HANDOFF`)
+prefill worker holds a finished `do_remote_decode` request's blocks (`num_delayed_free_requests`)
+until `free_delayed`; a decode worker's handed-off requests (`kv_handoff`)
 are admitted as loads from the prefill rank holding their prompt's KV
 (`KV_SOURCE_REMOTE`: `_remote_lookup`, `_remote_prepare_load`,
 `_remote_admitted`), over the load path the CPU tier uses.
@@ -33,6 +33,8 @@ cached, kind, flags) plus the preempted and unfinishable requests, and
 `feats[...]` for its counts and pricing features.
 """
 
+import enum
+
 import numpy as np
 
 from servesim.scheduler.speculative import accepted_drafts
@@ -40,19 +42,9 @@ from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
 from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.scheduler import check
-from servesim.scheduler.fast_queue import (WQ_HEAD, WQ_LEN, wq_add, wq_peek, wq_pop,
-                                           wq_prepend, wq_remove)
-from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINISHED,
-                                           FIRST_CACHED, FIRST_SCHEDULED, FIRST_TOKEN_PASS,
-                                           MAX_COMPUTED, MAX_TOKENS, NUM_BLOCKS, NUM_CACHED,
-                                           NUM_TOKENS, OFFSET, CAPACITY, PLACEHOLDERS,
-                                           PREEMPTED, PREEMPTIONS, PREFILL_TARGET, PRIORITY,
-                                           PROMPT, RECOMPUTED, RUNNING, SPEC, SPEC_ACCEPTED,
-                                           SPEC_DRAFTED, SPEC_PASSES, STATUS, UNFINISHED,
-                                           KV_LOAD, KV_G1_HIT, KV_NONE, KV_IN_FLIGHT,
-                                           KV_LANDED, CPU_CURSOR, IN_FLIGHT, CPU_CACHED,
-                                           REMOTE_DECODE, KV_HANDOFF, HANDOFF_HELD,
-                                           HANDOFF_PULLING)
+from servesim.scheduler.fast_queue import wq_add, wq_peek, wq_pop, wq_prepend, wq_remove
+from servesim.scheduler.fast_table import KVHandoff, KVLoad
+from servesim.scheduler.request import RequestStatus
 
 # A rank that preempts this many times without sampling a single token is
 # livelocked (e.g. two prefills of equal priority preempting each other: vLLM
@@ -60,31 +52,54 @@ from servesim.scheduler.fast_table import (ARRIVAL, COMPUTED, FINISH_PASS, FINIS
 # has run longer): its requests are taken out as unfinished (`take_out_all`).
 LIVELOCK_PREEMPTIONS = 1000
 
-# cfg
-(C_MAX_SEQS, C_BUDGET, C_MAX_MODEL_LEN, C_CHUNKED, C_THRESHOLD, C_PRIORITY, C_RESERVE,
- C_WATERMARK_BLOCKS, C_ASYNC, C_BLOCK_SIZE, C_CACHING, C_USABLE,
- C_SPEC_K, C_LOOKAHEAD, C_HASH_LOOKAHEAD, C_SEED, C_KV_SOURCE, C_CHECK) = range(18)
-NUM_CFG = 18
-# C_KV_SOURCE: where admitted loads come from (KV_SOURCE_NONE: no `kv` state)
+# the kernels' configuration: one record, `cfg[0]`
+CONFIG_DTYPE = np.dtype([
+    ("max_num_seqs", np.int64),
+    ("max_num_batched_tokens", np.int64),
+    ("max_model_len", np.int64),
+    ("enable_chunked_prefill", np.int64),
+    ("long_prefill_token_threshold", np.int64),
+    ("priority_scheduling", np.int64),
+    ("reserve_full_isl", np.int64),
+    ("watermark_blocks", np.int64),
+    ("async_scheduling", np.int64),
+    ("block_size", np.int64),
+    ("enable_caching", np.int64),
+    ("num_usable_blocks", np.int64),
+    ("num_speculative_tokens", np.int64),
+    ("num_lookahead_tokens", np.int64),
+    ("num_hash_lookahead_tokens", np.int64),
+    ("spec_seed", np.int64),
+    ("kv_source", np.int64),
+    ("invariant_check", np.int64),
+])
 KV_SOURCE_NONE, KV_SOURCE_CPU, KV_SOURCE_REMOTE = range(3)
-# speculative decoding (docs/engine.md §12): C_SPEC_K drafts
-# per decode (0: off), C_LOOKAHEAD KV slots reserved beyond the scheduled
-# tokens, C_HASH_LOOKAHEAD tokens of the next block in a block's hash, C_SEED
-# keys acceptance draws; C_CHECK: the debug mode's invariant check after every
-# pass (servesim/scheduler/check.py; 0 off, 1 this rank, 2 this rank and the
-# whole table: the only scheduler on it)
-# S (after the waiting queue's two slots)
-(S_RUN_N, S_PREEMPTIONS, S_QUERIES, S_HITS, S_PQUERIES, S_PHITS, S_STALL,
- S_WFK_N, S_HELD, S_CHECKED_PASSES) = range(2, 12)
-NUM_SCALARS = 12  # S_WFK_N: requests in `waiting_for_kv`
-# S_HELD: disaggregated prefill worker, finished requests whose blocks are held
-# for a decode worker (vLLM frees them on `finished_sending`), listed in
-# the scheduler's `held[:S[S_HELD]]`; S_CHECKED_PASSES: passes decided with a
-# batch, counted by the check
-# out rows
+# one rank's scalar state: one record, `S[0]` (the waiting queue's head and length first)
+STATE_DTYPE = np.dtype([
+    ("waiting_head", np.int64),
+    ("num_waiting", np.int64),
+    ("num_running", np.int64),
+    ("num_preemptions", np.int64),
+    ("prefix_queries", np.int64),
+    ("prefix_hits", np.int64),
+    ("preempted_queries", np.int64),
+    ("preempted_hits", np.int64),
+    ("preemptions_since_token", np.int64),
+    ("num_waiting_for_kv", np.int64),
+    ("num_delayed_free_requests", np.int64),
+    ("num_checked_passes", np.int64),
+])
 O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_SPEC, O_PRE, O_UNFIN = range(8)
 NUM_OUT_ROWS = 8  # O_SPEC: draft tokens scheduled (included in O_TOK)
-K_NEW, K_RESUMED, K_RUNNING = 0, 1, 2
+
+
+class PassKind(enum.IntEnum):
+    """How a scheduled entry entered the pass (`out[O_KIND, e]`)."""
+    NEW = 0
+    RESUMED = 1
+    RUNNING = 2
+
+
 KIND_NAMES = ("new", "resumed", "running")  # the pass log's `kind`, by K_*
 F_SAMPLES = 1  # flags of an entry
 # feats
@@ -93,7 +108,7 @@ F_SAMPLES = 1  # flags of an entry
 NUM_FEATS = 11  # SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS)
 # `kv`, the optional last argument of `schedule` and `update_from_output`: the
 # state of loads that wait ahead of the queue and of the CPU tier, the tuple
-# (wfk, KO, KC, *TierArrays.arrays(), lanes, storing, KF) — `wfk[:S[S_WFK_N]]`
+# (wfk, KO, KC, *TierArrays.arrays(), lanes, storing, KF) — `wfk[:S[num_waiting_for_kv]]`
 # the requests waiting for their load (vLLM's WAITING_FOR_REMOTE_KVS) in the
 # order their loads were queued; `KO[row, :KC[row]]` what a call decided:
 (KO_LOADS, KO_LOAD_REQS, KO_PSTORES, KO_STORES, KO_FSTORES, KO_NEW_BLOCKS) = range(6)
@@ -121,30 +136,30 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     `watermark`), counting hit blocks nobody holds as used; when it does not
     fit it returns False, changing nothing. With `kv`, the blocks taken from
     the free queue for a pass (not for a load) are noted in KO_NEW_BLOCKS."""
-    bs = cfg[C_BLOCK_SIZE]
-    off = R[i, OFFSET]
-    end = off + R[i, CAPACITY]
-    held_before = R[i, NUM_BLOCKS]
-    total = R[i, COMPUTED] + num_hit * bs + num_new
-    needed = -(-min(total + cfg[C_LOOKAHEAD], cfg[C_MAX_MODEL_LEN]) // bs)
+    bs = cfg[0].block_size
+    off = R[i].block_offset
+    end = off + R[i].block_capacity
+    held_before = R[i].num_held_blocks
+    total = R[i].num_computed_tokens + num_hit * bs + num_new
+    needed = -(-min(total + cfg[0].num_lookahead_tokens, cfg[0].max_model_len) // bs)
     checked = max(needed, -(-reserve_tokens // bs)) + extra_blocks
-    if num_hit > 0 or checked > R[i, NUM_BLOCKS]:
-        held = bp.allocate_slots(blocks, idmap, pscal, tables[off:end], R[i, NUM_BLOCKS],
+    if num_hit > 0 or checked > R[i].num_held_blocks:
+        held = bp.allocate_slots(blocks, idmap, pscal, tables[off:end], R[i].num_held_blocks,
                                  hits, num_hit, needed, checked)
         if held < 0:
             return False
-        R[i, NUM_BLOCKS] = held
+        R[i].num_held_blocks = held
     # else: the blocks it holds cover the tokens and the check (most decodes)
     if num_hit > 0:
-        R[i, NUM_CACHED] = num_hit
+        R[i].num_cached_blocks = num_hit
     if kv is not None:
         if delay_cache:
             return True
         KO, KC = kv[1], kv[2]
         n = KC[KO_NEW_BLOCKS]
-        if n + R[i, NUM_BLOCKS] - held_before - num_hit > KO.shape[1]:
+        if n + R[i].num_held_blocks - held_before - num_hit > KO.shape[1]:
             raise RuntimeError("KO_NEW_BLOCKS overflows")
-        for k in range(off + held_before + num_hit, off + R[i, NUM_BLOCKS]):
+        for k in range(off + held_before + num_hit, off + R[i].num_held_blocks):
             KO[KO_NEW_BLOCKS, n] = tables[k]
             n += 1
         KC[KO_NEW_BLOCKS] = n
@@ -160,106 +175,107 @@ def cache_blocks(R, idents, tables, blocks, idmap, cfg, i, num_tokens):
     request whose sampled token arrives, by `update_from_output` with the
     tokens whose pass has completed. Most calls fill no new block: inlined,
     they cost the one compare before the out-of-line registration."""
-    bs = cfg[C_BLOCK_SIZE]
-    if cfg[C_CACHING] and num_tokens >= (R[i, NUM_CACHED] + 1) * bs:  # a block may be full
+    bs = cfg[0].block_size
+    # a block may be full
+    if cfg[0].enable_caching and num_tokens >= (R[i].num_cached_blocks + 1) * bs:
         # with a hash lookahead token, a block's hash exists once the next token does
-        num_full = min(num_tokens, R[i, NUM_TOKENS] - cfg[C_HASH_LOOKAHEAD]) // bs
-        if num_full > R[i, NUM_CACHED]:
+        num_full = min(num_tokens, R[i].num_tokens - cfg[0].num_hash_lookahead_tokens) // bs
+        if num_full > R[i].num_cached_blocks:
             _cache_full_blocks(R, idents, tables, blocks, idmap, i, num_full)
 
 
 @njit
 def _cache_full_blocks(R, idents, tables, blocks, idmap, i, num_full):
-    off = R[i, OFFSET]
-    end = off + R[i, CAPACITY]
+    off = R[i].block_offset
+    end = off + R[i].block_capacity
     bp.cache_full_blocks(blocks, idmap, tables[off:end], idents[off:end],
-                         R[i, NUM_CACHED], num_full)
-    R[i, NUM_CACHED] = num_full
+                         R[i].num_cached_blocks, num_full)
+    R[i].num_cached_blocks = num_full
 
 
 @njit
 def _free(R, tables, blocks, pscal, i):
-    off = R[i, OFFSET]
-    bp.free_blocks(blocks, pscal, tables[off:off + R[i, CAPACITY]], R[i, NUM_BLOCKS])
-    R[i, NUM_BLOCKS] = 0
-    R[i, NUM_CACHED] = 0
+    off = R[i].block_offset
+    bp.free_blocks(blocks, pscal, tables[off:off + R[i].block_capacity], R[i].num_held_blocks)
+    R[i].num_held_blocks = 0
+    R[i].num_cached_blocks = 0
 
 
 @njit
-def _victim_index(R, F, running, n, priority):
+def _victim_index(R, running, n, priority):
     if not priority:
         return n - 1
     best = 0
     for k in range(1, n):
         a, b = running[k], running[best]
-        if (R[a, PRIORITY] > R[b, PRIORITY]
-                or (R[a, PRIORITY] == R[b, PRIORITY] and F[a, ARRIVAL] > F[b, ARRIVAL])):
+        if (R[a].priority > R[b].priority
+                or (R[a].priority == R[b].priority and R[a].arrival_time > R[b].arrival_time)):
             best = k
     return best
 
 
 @njit
-def _preempt(R, F, tables, blocks, pscal, S, wq, priority, i, cfg, idents, kv=None):
+def _preempt(R, tables, blocks, pscal, S, wq, priority, i, cfg, idents, kv=None):
     """`_preempt_request`: free every block, back to the front of `waiting`
     (priority: back into the heap). With the `simple_cpu` connector its full
     computed blocks are stored first (docs/engine.md §9; KO_PSTORES)."""
     if kv is not None:
-        if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+        if cfg[0].kv_source == KV_SOURCE_CPU:
             j = _store_on_free(R, idents, tables, kv, i)
             if j >= 0:
                 KO, KC = kv[1], kv[2]
                 KO[KO_PSTORES, KC[KO_PSTORES]] = j
                 KC[KO_PSTORES] += 1
     _free(R, tables, blocks, pscal, i)
-    R[i, STATUS] = PREEMPTED
-    R[i, COMPUTED] = 0
-    R[i, PLACEHOLDERS] = 0
-    R[i, SPEC] = 0
-    R[i, PREEMPTIONS] += 1
-    S[S_PREEMPTIONS] += 1
-    S[S_STALL] += 1
-    wq_prepend(R, F, S, wq, priority, i)
+    R[i].status = RequestStatus.PREEMPTED
+    R[i].num_computed_tokens = 0
+    R[i].num_output_placeholders = 0
+    R[i].num_spec_tokens = 0
+    R[i].num_preemptions += 1
+    S[0].num_preemptions += 1
+    S[0].preemptions_since_token += 1
+    wq_prepend(R, S, wq, priority, i)
 
 
 @njit
-def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                       out, feats, budget, threshold, kv=None):
     """The running loop (docs/engine.md §3 steps 1-4, §6). With a CPU tier
     under async scheduling a victim that the pass in flight runs would free
     its blocks only after that pass: the preemption loop stops there and the
     request waits a pass (§7; priority goes on with the next request)."""
-    priority = cfg[C_PRIORITY]
+    priority = cfg[0].priority_scheduling
     index = 0
     no_hits = np.zeros(0, dtype=np.int64)
-    while index < S[S_RUN_N] and budget > 0:
+    while index < S[0].num_running and budget > 0:
         i = running[index]
-        placeholders = R[i, PLACEHOLDERS]
-        computed = R[i, COMPUTED]
+        placeholders = R[i].num_output_placeholders
+        computed = R[i].num_computed_tokens
         if (placeholders > 0 and computed + 2 - placeholders
-                >= R[i, PROMPT] + R[i, MAX_TOKENS]):
+                >= R[i].num_prompt_tokens + R[i].max_tokens):
             index += 1
             continue
-        num_new = R[i, NUM_TOKENS] + R[i, SPEC] + placeholders - computed
+        num_new = R[i].num_tokens + R[i].num_spec_tokens + placeholders - computed
         if 0 < threshold < num_new:
             num_new = threshold
-        num_new = min(num_new, budget, cfg[C_MAX_MODEL_LEN] - 1 - computed)
+        num_new = min(num_new, budget, cfg[0].max_model_len - 1 - computed)
         if num_new <= 0:
             index += 1
             continue
         scheduled = True
         while not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
                             no_hits, 0, 0, 0, False, kv):
-            n_run = S[S_RUN_N]
-            v = _victim_index(R, F, running, n_run, priority)
+            n_run = S[0].num_running
+            v = _victim_index(R, running, n_run, priority)
             victim = running[v]
             if kv is not None:
-                if R[victim, IN_FLIGHT] > 0:  # only counted with a CPU tier, async
+                if R[victim].num_passes_in_flight > 0:  # only counted with a CPU tier, async
                     index += 1
                     scheduled = False
                     break
             for k in range(v, n_run - 1):
                 running[k] = running[k + 1]
-            S[S_RUN_N] = n_run - 1
+            S[0].num_running = n_run - 1
             if v < index:
                 index -= 1
             for e in range(feats[N_SCHED]):  # the victim leaves this pass
@@ -271,16 +287,16 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
                             out[row, k] = out[row, k + 1]
                     feats[N_SCHED] = n - 1
                     break
-            _preempt(R, F, tables, blocks, pscal, S, wq, priority, victim, cfg, idents, kv)
+            _preempt(R, tables, blocks, pscal, S, wq, priority, victim, cfg, idents, kv)
             out[O_PRE, feats[N_PRE]] = victim
             feats[N_PRE] += 1
             if victim == i:
                 # alone and still too big: it never fits (blocks held for a
                 # load, or on a prefill worker for a transfer, come back)
-                if (S[S_RUN_N] == 0 and S[S_HELD] == 0
-                        and (kv is None or S[S_WFK_N] == 0)):
-                    wq_remove(R, F, S, wq, priority, i)
-                    R[i, STATUS] = UNFINISHED
+                if (S[0].num_running == 0 and S[0].num_delayed_free_requests == 0
+                        and (kv is None or S[0].num_waiting_for_kv == 0)):
+                    wq_remove(R, S, wq, priority, i)
+                    R[i].status = RequestStatus.UNFINISHED
                     out[O_UNFIN, feats[N_UNFIN]] = i
                     feats[N_UNFIN] += 1
                 scheduled = False
@@ -290,7 +306,7 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
             out[O_REQ, e] = i
             out[O_TOK, e] = num_new
             out[O_CACHED, e] = 0
-            out[O_KIND, e] = K_RUNNING
+            out[O_KIND, e] = PassKind.RUNNING
             out[O_SPEC, e] = scheduled_drafts(R, i, num_new)
             feats[N_SCHED] = e + 1
             budget -= num_new
@@ -301,7 +317,7 @@ def _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
 
 
 @njit
-def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                       out, feats, budget, threshold, kv=None):
     """Admission, strict head of line (docs/engine.md §3, waiting loop).
     With `kv`, requests whose loads were queued come first
@@ -309,55 +325,56 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
     its G1 hit queues a load instead (`_queue_load`, §9), and a head that
     must wait for a store or another load to finish is skipped this pass
     (put back at the front, in order, after the loop)."""
-    priority = cfg[C_PRIORITY]
-    bs = cfg[C_BLOCK_SIZE]
+    priority = cfg[0].priority_scheduling
+    bs = cfg[0].block_size
     num_skipped = 0
     skipped = np.zeros(0, dtype=np.int64)
     if kv is not None:
-        if S[S_WFK_N] > 0:
-            budget = _schedule_loaded(R, F, idents, tables, blocks, idmap, pscal, cfg, S,
+        if S[0].num_waiting_for_kv > 0:
+            budget = _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S,
                                       running, out, feats, budget, threshold, kv)
-        skipped = np.empty(S[WQ_LEN], dtype=np.int64)
-    while S[WQ_LEN] > 0 and budget > 0 and S[S_RUN_N] < cfg[C_MAX_SEQS]:
+        skipped = np.empty(S[0].num_waiting, dtype=np.int64)
+    while S[0].num_waiting > 0 and budget > 0 and S[0].num_running < cfg[0].max_num_seqs:
         i = wq_peek(S, wq, priority)
-        num_tokens = R[i, NUM_TOKENS]
+        num_tokens = R[i].num_tokens
         # its resume reserves the lookahead slots too (as `can_ever_fit` at arrival)
-        if -(-min(num_tokens + cfg[C_LOOKAHEAD], cfg[C_MAX_MODEL_LEN]) // bs) > cfg[C_USABLE]:
+        if (-(-min(num_tokens + cfg[0].num_lookahead_tokens, cfg[0].max_model_len) // bs)
+            > cfg[0].num_usable_blocks):
             # preempted after outgrowing the pool: it can never be admitted again
             if feats[N_UNFIN] == out.shape[1]:
                 break
-            wq_pop(R, F, S, wq, priority)
-            R[i, STATUS] = UNFINISHED
+            wq_pop(R, S, wq, priority)
+            R[i].status = RequestStatus.UNFINISHED
             out[O_UNFIN, feats[N_UNFIN]] = i
             feats[N_UNFIN] += 1
             continue
         num_hit = 0
         hits = np.zeros(0, dtype=np.int64)
-        if cfg[C_CACHING]:
+        if cfg[0].enable_caching:
             # `get_computed_blocks`: the leading blocks already cached, never
             # covering the last token (`min(cached run, (num_tokens - 1) // bs)`)
             max_blocks = (num_tokens - 1) // bs
             hits = np.empty(max_blocks, dtype=np.int64)
-            off = R[i, OFFSET]
-            num_hit = bp.find_cached_prefix(blocks, idmap, idents[off:off + R[i, CAPACITY]],
+            off = R[i].block_offset
+            num_hit = bp.find_cached_prefix(blocks, idmap, idents[off:off + R[i].block_capacity],
                                             max_blocks, hits)
         if kv is not None:
-            if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+            if cfg[0].kv_source == KV_SOURCE_CPU:
                 num_loaded = _connector_lookup(R, idents, kv, i, num_hit)
                 if num_loaded < 0:  # wait for a store or another load
-                    skipped[num_skipped] = wq_pop(R, F, S, wq, priority)
+                    skipped[num_skipped] = wq_pop(R, S, wq, priority)
                     num_skipped += 1
                     continue
                 if num_loaded > 0:
-                    if not _queue_load(R, F, idents, tables, blocks, idmap, pscal, cfg, S,
+                    if not _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S,
                                        wq, hits[:num_hit], num_hit, num_loaded * bs, kv, i):
                         break
                     _connector_prepare_load(R, idents, tables, kv, i, num_hit, num_loaded)
                     continue
-            elif cfg[C_KV_SOURCE] == KV_SOURCE_REMOTE and R[i, KV_HANDOFF] == HANDOFF_HELD:
+            elif cfg[0].kv_source == KV_SOURCE_REMOTE and R[i].kv_handoff == KVHandoff.HELD:
                 if _remote_lookup(R, cfg, i, num_hit) > 0:
                     # blocks for the whole sequence, the first token's slot too
-                    if not _queue_load(R, F, idents, tables, blocks, idmap, pscal, cfg, S,
+                    if not _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S,
                                        wq, hits[:num_hit], num_hit, num_tokens - num_hit * bs,
                                        kv, i):
                         break
@@ -367,25 +384,25 @@ def _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, runnin
         num_new = num_tokens - hit
         if 0 < threshold < num_new:
             num_new = threshold
-        if not cfg[C_CHUNKED] and num_new > budget:
+        if not cfg[0].enable_chunked_prefill and num_new > budget:
             break
         num_new = min(num_new, budget)
         drafts = 0
-        if num_new == 1 and cfg[C_SPEC_K] > 0 and num_tokens - hit == 1:
+        if num_new == 1 and cfg[0].num_speculative_tokens > 0 and num_tokens - hit == 1:
             drafts = _padding_drafts(R, cfg, out, feats, hit)
             if drafts > budget - 1:
                 break
             num_new += drafts
-        reserve = num_tokens if cfg[C_RESERVE] else 0
-        extra = cfg[C_WATERMARK_BLOCKS] if S[S_RUN_N] > 0 else 0
+        reserve = num_tokens if cfg[0].reserve_full_isl else 0
+        extra = cfg[0].watermark_blocks if S[0].num_running > 0 else 0
         if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
                          hits[:num_hit], num_hit, reserve, extra, False, kv):
             break
-        wq_pop(R, F, S, wq, priority)
+        wq_pop(R, S, wq, priority)
         _admit(R, S, running, out, feats, i, hit, num_new, hit, drafts, cfg, kv)
         budget -= num_new
     for k in range(num_skipped - 1, -1, -1):
-        wq_prepend(R, F, S, wq, priority, skipped[k])
+        wq_prepend(R, S, wq, priority, skipped[k])
 
 
 @njit
@@ -399,36 +416,36 @@ def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=N
     prefill is the prompt only, so the pass computing the first token's KV is
     a decode (docs/engine.md §10), and its source learns of the admission
     (`_remote_admitted`)."""
-    num_tokens = R[i, NUM_TOKENS]
-    resumed = R[i, STATUS] == PREEMPTED
+    num_tokens = R[i].num_tokens
+    resumed = R[i].status == RequestStatus.PREEMPTED
     if resumed:
-        S[S_PQUERIES] += num_tokens
-        S[S_PHITS] += g1_hit
+        S[0].preempted_queries += num_tokens
+        S[0].preempted_hits += g1_hit
     else:
-        S[S_QUERIES] += num_tokens
-        S[S_HITS] += g1_hit
-    if R[i, FIRST_CACHED] < 0:
-        R[i, FIRST_CACHED] = hit
+        S[0].prefix_queries += num_tokens
+        S[0].prefix_hits += g1_hit
+    if R[i].num_cached_tokens < 0:
+        R[i].num_cached_tokens = hit
     target = num_tokens
     if kv is not None:
-        if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+        if cfg[0].kv_source == KV_SOURCE_CPU:
             if hit > g1_hit:
-                R[i, CPU_CACHED] += hit - g1_hit
+                R[i].num_cpu_cached_tokens += hit - g1_hit
                 kv[9][ct.K_HIT_TOKENS] += hit - g1_hit
-            R[i, CPU_CURSOR] = 0
-        elif cfg[C_KV_SOURCE] == KV_SOURCE_REMOTE and R[i, KV_HANDOFF]:
-            target = R[i, PROMPT]  # its first admission: the prefill is the prompt only
+            R[i].cpu_store_cursor = 0
+        elif cfg[0].kv_source == KV_SOURCE_REMOTE and R[i].kv_handoff:
+            target = R[i].num_prompt_tokens  # its first admission: the prefill is the prompt only
             _remote_admitted(R, kv, i)
-    R[i, STATUS] = RUNNING
-    R[i, COMPUTED] = hit
-    R[i, PREFILL_TARGET] = target
-    running[S[S_RUN_N]] = i
-    S[S_RUN_N] += 1
+    R[i].status = RequestStatus.RUNNING
+    R[i].num_computed_tokens = hit
+    R[i].prefill_target_tokens = target
+    running[S[0].num_running] = i
+    S[0].num_running += 1
     e = feats[N_SCHED]
     out[O_REQ, e] = i
     out[O_TOK, e] = num_new
     out[O_CACHED, e] = hit
-    out[O_KIND, e] = K_RESUMED if resumed else K_NEW
+    out[O_KIND, e] = PassKind.RESUMED if resumed else PassKind.NEW
     out[O_SPEC, e] = drafts
     feats[N_SCHED] = e + 1
 
@@ -436,11 +453,11 @@ def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=N
 # -- loads that wait ahead of the queue (WAITING_FOR_REMOTE_KVS) ----------------
 # Shared by every source of KV (the CPU tier; a disaggregated decode worker's
 # prefill workers): `_queue_load` admits a head as a load, its source marks
-# the load landed (R[i, KV_LOAD] = KV_LANDED), `_schedule_loaded` admits it.
+# the load landed (R[i, kv_load] = KVLoad.LANDED), `_schedule_loaded` admits it.
 
 
 @njit
-def _queue_load(R, F, idents, tables, blocks, idmap, pscal, cfg, S, wq, hits, num_hit,
+def _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S, wq, hits, num_hit,
                 num_tokens, kv, i):
     """Admission of the waiting head i whose KV past its G1 hit of `num_hit`
     blocks comes from elsewhere (vLLM's `load_kv_async`;
@@ -451,24 +468,24 @@ def _queue_load(R, F, idents, tables, blocks, idmap, pscal, cfg, S, wq, hits, nu
     `waiting_for_kv`, using no budget, with R[i, KV_LOAD] = KV_IN_FLIGHT
     until its source sets KV_LANDED. Its source prepares the transfer
     (KO_LOAD_REQS lists it). False, changing nothing, if it does not fit."""
-    reserve = R[i, NUM_TOKENS] if cfg[C_RESERVE] else 0
-    extra = cfg[C_WATERMARK_BLOCKS] if S[S_RUN_N] > 0 else 0
+    reserve = R[i].num_tokens if cfg[0].reserve_full_isl else 0
+    extra = cfg[0].watermark_blocks if S[0].num_running > 0 else 0
     if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_tokens, hits,
                      num_hit, reserve, extra, True, kv):
         return False
-    wq_pop(R, F, S, wq, cfg[C_PRIORITY])
+    wq_pop(R, S, wq, cfg[0].priority_scheduling)
     wfk, KO, KC = kv[0], kv[1], kv[2]
-    wfk[S[S_WFK_N]] = i
-    S[S_WFK_N] += 1
-    R[i, KV_LOAD] = KV_IN_FLIGHT
-    R[i, KV_G1_HIT] = num_hit * cfg[C_BLOCK_SIZE]
+    wfk[S[0].num_waiting_for_kv] = i
+    S[0].num_waiting_for_kv += 1
+    R[i].kv_load = KVLoad.IN_FLIGHT
+    R[i].num_g1_hit_tokens = num_hit * cfg[0].block_size
     KO[KO_LOAD_REQS, KC[KO_LOAD_REQS]] = i
     KC[KO_LOAD_REQS] += 1
     return True
 
 
 @njit
-def _schedule_loaded(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, out, feats,
+def _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S, running, out, feats,
                      budget, threshold, kv):
     """Requests waiting for a load, in the order their loads were queued
     (vllm/v1/core/sched/scheduler.py, WAITING_FOR_REMOTE_KVS and
@@ -479,29 +496,30 @@ def _schedule_loaded(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running
     left, or 0 when a loaded request does not fit (strict head of line)."""
     wfk = kv[0]
     k = 0
-    while k < S[S_WFK_N] and budget > 0 and S[S_RUN_N] < cfg[C_MAX_SEQS]:
+    while k < S[0].num_waiting_for_kv and budget > 0 and S[0].num_running < cfg[0].max_num_seqs:
         i = wfk[k]
-        if R[i, KV_LOAD] == KV_IN_FLIGHT:
+        if R[i].kv_load == KVLoad.IN_FLIGHT:
             k += 1
             continue
-        if R[i, KV_LOAD] == KV_LANDED:
+        if R[i].kv_load == KVLoad.LANDED:
             _finish_load(R, idents, tables, blocks, idmap, cfg, i)
-        num_new = R[i, NUM_TOKENS] - R[i, COMPUTED]
+        num_new = R[i].num_tokens - R[i].num_computed_tokens
         if 0 < threshold < num_new:
             num_new = threshold
-        if not cfg[C_CHUNKED] and num_new > budget:
+        if not cfg[0].enable_chunked_prefill and num_new > budget:
             return 0
         num_new = min(num_new, budget)
-        reserve = R[i, NUM_TOKENS] if cfg[C_RESERVE] else 0
-        extra = cfg[C_WATERMARK_BLOCKS] if S[S_RUN_N] > 0 else 0
+        reserve = R[i].num_tokens if cfg[0].reserve_full_isl else 0
+        extra = cfg[0].watermark_blocks if S[0].num_running > 0 else 0
         if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
                          np.zeros(0, dtype=np.int64), 0, reserve, extra, False, kv):
             return 0
-        n = S[S_WFK_N] - 1
+        n = S[0].num_waiting_for_kv - 1
         for m in range(k, n):
             wfk[m] = wfk[m + 1]
-        S[S_WFK_N] = n
-        _admit(R, S, running, out, feats, i, R[i, COMPUTED], num_new, R[i, KV_G1_HIT], 0,
+        S[0].num_waiting_for_kv = n
+        _admit(R, S, running, out, feats, i, R[i].num_computed_tokens, num_new,
+               R[i].num_g1_hit_tokens, 0,
                cfg, kv)
         budget -= num_new
     return budget
@@ -512,19 +530,19 @@ def _finish_load(R, idents, tables, blocks, idmap, cfg, i):
     """A landed load (`_update_waiting_for_remote_kv`): the request's blocks
     count as computed, all but the last token (which is recomputed), and are
     registered in the prefix cache."""
-    computed = min(R[i, NUM_BLOCKS] * cfg[C_BLOCK_SIZE], R[i, NUM_TOKENS])
-    if computed == R[i, NUM_TOKENS]:
+    computed = min(R[i].num_held_blocks * cfg[0].block_size, R[i].num_tokens)
+    if computed == R[i].num_tokens:
         computed -= 1
     cache_blocks(R, idents, tables, blocks, idmap, cfg, i, computed)
-    R[i, COMPUTED] = computed
-    R[i, KV_LOAD] = KV_NONE
+    R[i].num_computed_tokens = computed
+    R[i].kv_load = KVLoad.NONE
 
 
 # -- a disaggregated decode worker's remote KV (docs/engine.md §13; engine/fast_disagg.py) --
 # The source of a handed-off request's KV is the prefill rank holding it
-# (R[i, KV_HANDOFF]); the transfers decided here (pulls, notices) are listed
+# (R[i, kv_handoff]); the transfers decided here (pulls, notices) are listed
 # in KO_LOADS as request indices, in decision order, for the rank's receiver
-# (engine/fast_disagg.py), which marks a landed pull KV_LANDED.
+# (engine/fast_disagg.py), which marks a landed pull KVLoad.LANDED.
 
 
 @njit
@@ -533,7 +551,7 @@ def _remote_lookup(R, cfg, i, num_hit):
     nixl_connector.py) for the handed-off head i past its G1 hit of
     `num_hit` blocks, its prompt's KV held by the prefill rank: the rest of
     the prompt's blocks, partial last block included (`P - hit` tokens)."""
-    return max(0, -(-R[i, PROMPT] // cfg[C_BLOCK_SIZE]) - num_hit)
+    return max(0, -(-R[i].num_prompt_tokens // cfg[0].block_size) - num_hit)
 
 
 @njit
@@ -542,7 +560,7 @@ def _remote_prepare_load(R, kv, i):
     the pull of request i's prompt past its G1 hit, which `_queue_load`
     admitted, goes out at this decision (KO_LOADS)."""
     KO, KC = kv[1], kv[2]
-    R[i, KV_HANDOFF] = HANDOFF_PULLING
+    R[i].kv_handoff = KVHandoff.PULLING
     KO[KO_LOADS, KC[KO_LOADS]] = i
     KC[KO_LOADS] += 1
 
@@ -552,11 +570,11 @@ def _remote_admitted(R, kv, i):
     """A decode rank admits a pulled request: handed-off request i is admitted; if it
     pulled nothing while the prefill rank still holds its blocks, a notice
     (no bytes, KO_LOADS) releases them, sent at this decision like a pull."""
-    if R[i, KV_HANDOFF] == HANDOFF_HELD:
+    if R[i].kv_handoff == KVHandoff.HELD:
         KO, KC = kv[1], kv[2]
         KO[KO_LOADS, KC[KO_LOADS]] = i
         KC[KO_LOADS] += 1
-    R[i, KV_HANDOFF] = 0
+    R[i].kv_handoff = 0
 
 
 # -- the CPU tier's connector hooks (docs/engine.md §9; cpu_tier_kernels.py) -------
@@ -567,9 +585,9 @@ def _connector_lookup(R, idents, kv, i, num_hit):
     """`get_num_new_matched_tokens` for the waiting head i past its G1 hit
     of `num_hit` blocks: blocks to load, or -1 when it must wait."""
     tier, slot_of, KS = kv[3], kv[4], kv[9]
-    off = R[i, OFFSET]
-    return ct.get_num_new_matched_tokens(tier, slot_of, idents[off:off + R[i, CAPACITY]],
-                                         R[i, NUM_TOKENS], KS[ct.K_BLOCK_SIZE], num_hit)
+    off = R[i].block_offset
+    return ct.get_num_new_matched_tokens(tier, slot_of, idents[off:off + R[i].block_capacity],
+                                         R[i].num_tokens, KS[ct.K_BLOCK_SIZE], num_hit)
 
 
 @njit
@@ -577,8 +595,8 @@ def _connector_prepare_load(R, idents, tables, kv, i, first_block, num_blocks):
     """The CPU-tier load of a request `_queue_load` admitted (KO_LOADS)."""
     KO, KC = kv[1], kv[2]
     tier, slot_of, jobs, job_times, job_blocks, KS = kv[3], kv[4], kv[6], kv[7], kv[8], kv[9]
-    off = R[i, OFFSET]
-    end = off + R[i, CAPACITY]
+    off = R[i].block_offset
+    end = off + R[i].block_capacity
     j = ct.update_state_after_alloc(tier, slot_of, jobs, job_times, job_blocks, KS, i,
                                     idents[off:end], tables[off:end], first_block, num_blocks)
     KO[KO_LOADS, KC[KO_LOADS]] = j
@@ -589,8 +607,8 @@ def _connector_prepare_load(R, idents, tables, kv, i, first_block, num_blocks):
 def _prepare_store(R, idents, tables, kv, i, first_block, stop_block):
     tier, slot_of, free_slots = kv[3], kv[4], kv[5]
     jobs, job_times, job_blocks, KS = kv[6], kv[7], kv[8], kv[9]
-    off = R[i, OFFSET]
-    end = off + R[i, CAPACITY]
+    off = R[i].block_offset
+    end = off + R[i].block_capacity
     return ct.prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS,
                             idents[off:end], tables[off:end], first_block, stop_block)
 
@@ -602,7 +620,7 @@ def _store_on_free(R, idents, tables, kv, i):
     room."""
     if kv[9][ct.K_FILL]:
         return ct.EMPTY_JOB
-    full = min(R[i, COMPUTED], R[i, NUM_TOKENS]) // kv[9][ct.K_BLOCK_SIZE]
+    full = min(R[i].num_computed_tokens, R[i].num_tokens) // kv[9][ct.K_BLOCK_SIZE]
     return _prepare_store(R, idents, tables, kv, i, 0, full)
 
 
@@ -615,18 +633,18 @@ def _connector_after_schedule(R, idents, tables, cfg, out, feats, kv):
     the pass end (OffloadingConnectorScheduler `_get_reqs_to_store`). A job
     the tier has no room for is dropped and tried again next pass."""
     KO, KC, KS = kv[1], kv[2], kv[9]
-    bs = cfg[C_BLOCK_SIZE]
+    bs = cfg[0].block_size
     for e in range(feats[N_SCHED]):
         i = out[O_REQ, e]
-        if cfg[C_ASYNC]:
-            R[i, IN_FLIGHT] += 1
+        if cfg[0].async_scheduling:
+            R[i].num_passes_in_flight += 1
         if not KS[ct.K_FILL]:
             continue
-        full = min(R[i, COMPUTED], R[i, NUM_TOKENS]) // bs
-        if full > R[i, CPU_CURSOR]:
-            j = _prepare_store(R, idents, tables, kv, i, R[i, CPU_CURSOR], full)
+        full = min(R[i].num_computed_tokens, R[i].num_tokens) // bs
+        if full > R[i].cpu_store_cursor:
+            j = _prepare_store(R, idents, tables, kv, i, R[i].cpu_store_cursor, full)
             if j != ct.NO_JOB:
-                R[i, CPU_CURSOR] = full
+                R[i].cpu_store_cursor = full
                 if j >= 0:
                     KO[KO_STORES, KC[KO_STORES]] = j
                     KC[KO_STORES] += 1
@@ -645,14 +663,14 @@ def _connector_request_finished(R, idents, tables, cfg, kv, i):
     end: nothing."""
     if not kv[9][ct.K_FILL]:
         return _store_on_free(R, idents, tables, kv, i)
-    if not cfg[C_ASYNC]:
+    if not cfg[0].async_scheduling:
         return ct.EMPTY_JOB
-    full = min(R[i, COMPUTED], R[i, NUM_TOKENS]) // cfg[C_BLOCK_SIZE]
-    if full <= R[i, CPU_CURSOR]:
+    full = min(R[i].num_computed_tokens, R[i].num_tokens) // cfg[0].block_size
+    if full <= R[i].cpu_store_cursor:
         return ct.EMPTY_JOB
-    j = _prepare_store(R, idents, tables, kv, i, R[i, CPU_CURSOR], full)
+    j = _prepare_store(R, idents, tables, kv, i, R[i].cpu_store_cursor, full)
     if j >= 0:
-        R[i, CPU_CURSOR] = full
+        R[i].cpu_store_cursor = full
     return j
 
 
@@ -663,8 +681,9 @@ def scheduled_drafts(R, i, num_new):
     its ask beyond its known tokens and placeholders, `num_new + computed -
     num_tokens - placeholders` (so b granted tokens keep b - 1 drafts); its
     draft list (`spec_token_ids`) is cleared once it is scheduled."""
-    drafts = max(0, num_new + R[i, COMPUTED] - R[i, NUM_TOKENS] - R[i, PLACEHOLDERS])
-    R[i, SPEC] = 0
+    drafts = max(0, num_new + R[i].num_computed_tokens - R[i].num_tokens
+                 - R[i].num_output_placeholders)
+    R[i].num_spec_tokens = 0
     return drafts
 
 
@@ -676,14 +695,15 @@ def _padding_drafts(R, cfg, out, feats, hit):
     in this pass is a prefill chunk, a request was already scheduled in this
     pass or the admission has cached tokens, and `hit + 1 + k + 1 <=
     max_model_len`. Returns the padding drafts (0: none)."""
-    k = cfg[C_SPEC_K]
-    if hit + k + 2 > cfg[C_MAX_MODEL_LEN]:
+    k = cfg[0].num_speculative_tokens
+    if hit + k + 2 > cfg[0].max_model_len:
         return 0
     if feats[N_SCHED] == 0 and hit == 0:
         return 0
     for e in range(feats[N_SCHED]):
         j = out[O_REQ, e]
-        if R[j, COMPUTED] + out[O_TOK, e] < R[j, NUM_TOKENS] + R[j, PLACEHOLDERS]:
+        if (R[j].num_computed_tokens + out[O_TOK, e] < R[j].num_tokens
+            + R[j].num_output_placeholders):
             return 0  # a prefill chunk
     return k
 
@@ -694,62 +714,63 @@ def _update_after_schedule(R, cfg, out, feats):
         i = out[O_REQ, e]
         n = out[O_TOK, e]
         drafts = out[O_SPEC, e]
-        before = R[i, COMPUTED]
+        before = R[i].num_computed_tokens
         after = before + n
-        R[i, COMPUTED] = after
-        high = R[i, MAX_COMPUTED]
+        R[i].num_computed_tokens = after
+        high = R[i].max_num_computed_tokens
         real = after - drafts  # draft positions are not counted as computed
         if before < high:
-            R[i, RECOMPUTED] += max(0, min(real, high) - before)
+            R[i].num_recomputed_tokens += max(0, min(real, high) - before)
         if real > high:
-            R[i, MAX_COMPUTED] = real
+            R[i].max_num_computed_tokens = real
         flags = 0
-        if after >= R[i, NUM_TOKENS] + R[i, PLACEHOLDERS]:
+        if after >= R[i].num_tokens + R[i].num_output_placeholders:
             flags |= F_SAMPLES
-            if cfg[C_ASYNC]:
-                R[i, PLACEHOLDERS] += 1 + drafts
-                R[i, SPEC] = cfg[C_SPEC_K]  # AsyncScheduler: k placeholder drafts
+            if cfg[0].async_scheduling:
+                R[i].num_output_placeholders += 1 + drafts
+                # AsyncScheduler: k placeholder drafts
+                R[i].num_spec_tokens = cfg[0].num_speculative_tokens
         feats[TOTAL_TOKENS] += n
         feats[SPEC_TOKENS] += drafts
-        if before < R[i, PREFILL_TARGET]:
+        if before < R[i].prefill_target_tokens:
             feats[PREFILL_TOKENS] += n
             feats[NUM_PREFILL] += 1
             feats[PREFILL_CTX] += before
         else:
             feats[DECODE_REQS] += 1
-            feats[DECODE_CTX] += R[i, NUM_TOKENS]
+            feats[DECODE_CTX] += R[i].num_tokens
         out[O_FLAGS, e] = flags
 
 
 @njit
-def schedule(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats,
+def schedule(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats,
              kv=None, held=None):
     """One `Scheduler.schedule()`; fills `out` and `feats` (and, with `kv`,
     the transfers it decided in `kv`'s KO rows, see above). `held`: the
-    requests whose blocks are held for a decode worker (`S_HELD`), for the
+    requests whose blocks are held for a decode worker (`num_delayed_free_requests`), for the
     debug mode's check."""
-    threshold = cfg[C_THRESHOLD]
-    waiting = S[WQ_LEN]
+    threshold = cfg[0].long_prefill_token_threshold
+    waiting = S[0].num_waiting
     if kv is not None:
-        waiting += S[S_WFK_N]
+        waiting += S[0].num_waiting_for_kv
         KC = kv[2]
         for row in range(NUM_KO_ROWS):
             if row != KO_FSTORES:
                 KC[row] = 0
-    if S[S_RUN_N] + waiting <= 1:
+    if S[0].num_running + waiting <= 1:
         threshold = 0
-    budget = _schedule_running(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running,
-                               wq, out, feats, cfg[C_BUDGET], threshold, kv)
+    budget = _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running,
+                               wq, out, feats, cfg[0].max_num_batched_tokens, threshold, kv)
     if feats[N_PRE] == 0:
-        _schedule_waiting(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+        _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                           out, feats, budget, threshold, kv)
     _update_after_schedule(R, cfg, out, feats)
     if kv is not None:
-        if cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+        if cfg[0].kv_source == KV_SOURCE_CPU:
             _connector_after_schedule(R, idents, tables, cfg, out, feats, kv)
     feats[FREE_BLOCKS] = pscal[bp.NUM_FREE]
-    if cfg[C_CHECK]:
-        check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+    if cfg[0].invariant_check:
+        check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                    _check_holders(S, running, kv, held), out, feats, check.AFTER_SCHEDULE, -1)
 
 
@@ -766,9 +787,9 @@ def _check_holders(S, running, kv=None, held=None):
     n_wfk = 0
     n_held = 0
     if kv is not None:
-        n_wfk = S[S_WFK_N]
+        n_wfk = S[0].num_waiting_for_kv
     if held is not None:
-        n_held = S[S_HELD]
+        n_held = S[0].num_delayed_free_requests
     others = np.zeros(n_wfk + n_held, dtype=np.int64)
     if kv is not None:
         others[:n_wfk] = kv[0][:n_wfk]
@@ -778,7 +799,7 @@ def _check_holders(S, running, kv=None, held=None):
 
 
 @njit
-def check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, others, out,
+def check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, others, out,
                feats, where, pass_index):
     """The debug mode's invariant check (servesim/scheduler/check.py) of this
     rank after a pass: after `schedule()` (`feats` given, its entries checked
@@ -792,20 +813,22 @@ def check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, 
     if len(feats):
         n_sched = feats[N_SCHED]
         total = feats[TOTAL_TOKENS]
-        pass_index = S[S_CHECKED_PASSES]
+        pass_index = S[0].num_checked_passes
         if n_sched > 0:
-            S[S_CHECKED_PASSES] += 1
+            S[0].num_checked_passes += 1
         # the threshold caps an admission before its padding drafts
         capped = out[O_TOK, :n_sched].copy()
         for e in range(n_sched):
-            if out[O_KIND, e] != K_RUNNING:
+            if out[O_KIND, e] != PassKind.RUNNING:
                 capped[e] -= out[O_SPEC, e]
-    priority = cfg[C_PRIORITY]
-    check.check_rank(R, F, idents, tables, blocks, idmap, pscal, running, S[S_RUN_N], wq,
-                     0 if priority else S[WQ_HEAD], S[WQ_LEN], priority, others, len(others),
-                     out[O_REQ], out[O_TOK], capped, n_sched, total, cfg[C_MAX_SEQS],
-                     cfg[C_BUDGET], cfg[C_THRESHOLD], cfg[C_BLOCK_SIZE], cfg[C_SPEC_K],
-                     cfg[C_MAX_MODEL_LEN], cfg[C_CHECK] == 2, where, pass_index)
+    priority = cfg[0].priority_scheduling
+    check.check_rank(R, idents, tables, blocks, idmap, pscal, running, S[0].num_running, wq,
+                     0 if priority else S[0].waiting_head, S[0].num_waiting, priority, others,
+                     len(others),
+                     out[O_REQ], out[O_TOK], capped, n_sched, total, cfg[0].max_num_seqs,
+                     cfg[0].max_num_batched_tokens, cfg[0].long_prefill_token_threshold,
+                     cfg[0].block_size, cfg[0].num_speculative_tokens,
+                     cfg[0].max_model_len, cfg[0].invariant_check == 2, where, pass_index)
 
 
 @njit(inline="always")
@@ -813,17 +836,17 @@ def _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms, token_
                   last_client, max_model_len):
     """Append one sampled token; True when the request stops on it (`check_stop`:
     max_tokens, then max_model_len)."""
-    R[i, NUM_TOKENS] += 1
-    if R[i, PLACEHOLDERS] > 0:
-        R[i, PLACEHOLDERS] -= 1
-    produced = R[i, NUM_TOKENS] - R[i, PROMPT]
+    R[i].num_tokens += 1
+    if R[i].num_output_placeholders > 0:
+        R[i].num_output_placeholders -= 1
+    produced = R[i].num_tokens - R[i].num_prompt_tokens
     client = max(release_ms, last_client[i]) + detokenize_ms
     last_client[i] = client
     client_ms[token_offsets[i] + produced - 1] = client
-    if R[i, FIRST_TOKEN_PASS] < 0:
-        R[i, FIRST_TOKEN_PASS] = pass_index
-    R[i, FINISH_PASS] = pass_index
-    return produced >= R[i, MAX_TOKENS] or R[i, NUM_TOKENS] >= max_model_len
+    if R[i].first_token_pass < 0:
+        R[i].first_token_pass = pass_index
+    R[i].finish_pass = pass_index
+    return produced >= R[i].max_tokens or R[i].num_tokens >= max_model_len
 
 
 @njit(inline="always")
@@ -838,15 +861,15 @@ def _append_verified(R, cfg, spec, out, e, i, stale, release_ms, pass_index, det
     drafts = out[O_SPEC, e]
     tokens = 1
     if drafts > 0:
-        tokens = _verify_drafts(R, cfg, spec, i, drafts, out[O_KIND, e] == K_RUNNING, stale)
+        tokens = _verify_drafts(R, cfg, spec, i, drafts, out[O_KIND, e] == PassKind.RUNNING, stale)
     for t in range(tokens):
         if _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
-                         token_offsets, last_client, cfg[C_MAX_MODEL_LEN]):
+                         token_offsets, last_client, cfg[0].max_model_len):
             if not stale:
                 trimmed = tokens - 1 - t
-                R[i, COMPUTED] -= trimmed
-                if cfg[C_ASYNC]:
-                    R[i, PLACEHOLDERS] -= trimmed
+                R[i].num_computed_tokens -= trimmed
+                if cfg[0].async_scheduling:
+                    R[i].num_output_placeholders -= trimmed
             return True
     return False
 
@@ -865,28 +888,29 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
     acc_offsets, acc_values, rates, pos_counts, keys = spec
     accepted = 0
     if real:
-        draw = R[i, SPEC_PASSES]
-        accepted = accepted_drafts(cfg[C_SEED], rates, acc_offsets, acc_values, i, keys[i],
+        draw = R[i].num_drafts
+        accepted = accepted_drafts(cfg[0].spec_seed, rates, acc_offsets, acc_values, i, keys[i],
                                    draw, drafts)
-        R[i, SPEC_PASSES] = draw + 1
-        R[i, SPEC_DRAFTED] += drafts
-        R[i, SPEC_ACCEPTED] += accepted
+        R[i].num_drafts = draw + 1
+        R[i].num_draft_tokens += drafts
+        R[i].num_accepted_tokens += accepted
         for pos in range(drafts):
             pos_counts[0, pos] += 1
             if pos < accepted:
                 pos_counts[1, pos] += 1
     if not stale:
         rejected = drafts - accepted
-        R[i, COMPUTED] -= rejected
-        if cfg[C_ASYNC]:
-            R[i, PLACEHOLDERS] -= rejected
+        R[i].num_computed_tokens -= rejected
+        if cfg[0].async_scheduling:
+            R[i].num_output_placeholders -= rejected
         # accepted drafts are computed tokens: a recompute after preemption counts them
-        R[i, MAX_COMPUTED] = max(R[i, MAX_COMPUTED], R[i, COMPUTED] - R[i, PLACEHOLDERS])
+        R[i].max_num_computed_tokens = max(R[i].max_num_computed_tokens,
+                                           R[i].num_computed_tokens - R[i].num_output_placeholders)
     return 1 + accepted
 
 
 @njit
-def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
+def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
                        out, n_sched, release_ms, pass_index, detokenize_ms, client_ms,
                        token_offsets, last_client, finished, kv=None, held=None):
     """`Scheduler.update_from_output`: append sampled tokens (released at
@@ -905,20 +929,20 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
     num_finished = 0
     cpu = False
     if kv is not None:
-        cpu = cfg[C_KV_SOURCE] == KV_SOURCE_CPU
-        if cpu and cfg[C_ASYNC]:
+        cpu = cfg[0].kv_source == KV_SOURCE_CPU
+        if cpu and cfg[0].async_scheduling:
             for e in range(n_sched):
-                R[out[O_REQ, e], IN_FLIGHT] -= 1
-    max_model_len = cfg[C_MAX_MODEL_LEN]
-    k = cfg[C_SPEC_K]
+                R[out[O_REQ, e]].num_passes_in_flight -= 1
+    max_model_len = cfg[0].max_model_len
+    k = cfg[0].num_speculative_tokens
     for e in range(n_sched):
         if not out[O_FLAGS, e] & F_SAMPLES:
             continue
         i = out[O_REQ, e]
-        if R[i, STATUS] >= FINISHED:
+        if R[i].status >= RequestStatus.FINISHED:
             continue
-        S[S_STALL] = 0
-        was_running = R[i, STATUS] == RUNNING
+        S[0].preemptions_since_token = 0
+        was_running = R[i].status == RequestStatus.RUNNING
         if k == 0:
             stopped = _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
                                     token_offsets, last_client, max_model_len)
@@ -928,16 +952,17 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                                        last_client)
         if was_running:
             # cache_blocks(request, num_computed_tokens - num_in_flight_tokens)
-            cache_blocks(R, idents, tables, blocks, idmap, cfg, i, R[i, COMPUTED] - R[i, PLACEHOLDERS])
+            cache_blocks(R, idents, tables, blocks, idmap, cfg, i,
+                         R[i].num_computed_tokens - R[i].num_output_placeholders)
         if stopped:
             finished[num_finished] = i
             num_finished += 1
-        elif k and was_running and not cfg[C_ASYNC]:
-            R[i, SPEC] = k  # EngineCore.post_step: update_draft_token_ids
+        elif k and was_running and not cfg[0].async_scheduling:
+            R[i].num_spec_tokens = k  # EngineCore.post_step: update_draft_token_ids
     if num_finished:
         for j in range(num_finished):
             i = finished[j]
-            if R[i, STATUS] == RUNNING:
+            if R[i].status == RequestStatus.RUNNING:
                 if kv is not None:
                     if cpu:
                         job = _connector_request_finished(R, idents, tables, cfg, kv, i)
@@ -945,24 +970,24 @@ def update_from_output(R, F, idents, tables, blocks, idmap, pscal, cfg, spec, S,
                             KO, KC = kv[1], kv[2]
                             KO[KO_FSTORES, KC[KO_FSTORES]] = job
                             KC[KO_FSTORES] += 1
-                if R[i, REMOTE_DECODE]:  # held for the decode worker (`_finish`)
+                if R[i].do_remote_decode:  # held for the decode worker (`_finish`)
                     if held is not None:
-                        held[S[S_HELD]] = i
-                    S[S_HELD] += 1
+                        held[S[0].num_delayed_free_requests] = i
+                    S[0].num_delayed_free_requests += 1
                 else:
                     _free(R, tables, blocks, pscal, i)
             else:  # preempted with its last token in flight
-                wq_remove(R, F, S, wq, cfg[C_PRIORITY], i)
-            R[i, STATUS] = FINISHED
+                wq_remove(R, S, wq, cfg[0].priority_scheduling, i)
+            R[i].status = RequestStatus.FINISHED
         kept = 0
-        for j in range(S[S_RUN_N]):
+        for j in range(S[0].num_running):
             i = running[j]
-            if R[i, STATUS] != FINISHED:
+            if R[i].status != RequestStatus.FINISHED:
                 running[kept] = i
                 kept += 1
-        S[S_RUN_N] = kept
-    if cfg[C_CHECK]:
-        check_pass(R, F, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+        S[0].num_running = kept
+    if cfg[0].invariant_check:
+        check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                    _check_holders(S, running, kv, held), out, out[0, :0], check.AFTER_OUTPUT,
                    pass_index)
     return num_finished
@@ -975,58 +1000,58 @@ def free_delayed(R, tables, blocks, pscal, S, held, i):
     for `finished_sending`; docs/engine.md §13) and it leaves `held`."""
     _free(R, tables, blocks, pscal, i)
     kept = 0
-    for k in range(S[S_HELD]):
+    for k in range(S[0].num_delayed_free_requests):
         if held[k] != i:
             held[kept] = held[k]
             kept += 1
-    S[S_HELD] -= 1
+    S[0].num_delayed_free_requests -= 1
 
 
 @njit
-def mark_started(F, out, n_sched, start_ms):
+def mark_started(R, out, n_sched, start_ms):
     for e in range(n_sched):
-        if out[O_KIND, e] == K_NEW:
-            F[out[O_REQ, e], FIRST_SCHEDULED] = start_ms
+        if out[O_KIND, e] == PassKind.NEW:
+            R[out[O_REQ, e]].first_scheduled_time = start_ms
 
 
 @njit
-def add_request(R, F, S, wq, priority, i):
-    wq_add(R, F, S, wq, priority, i)
+def add_request(R, S, wq, priority, i):
+    wq_add(R, S, wq, priority, i)
 
 
 @njit
 def pending_prefill_tokens(R, S, running, wq, priority):
     """`Scheduler.pending_prefill_tokens` over the table."""
     total = 0
-    for k in range(S[S_RUN_N]):
+    for k in range(S[0].num_running):
         i = running[k]
-        if R[i, PREFILL_TARGET] > R[i, COMPUTED]:
-            total += R[i, PREFILL_TARGET] - R[i, COMPUTED]
-    head = 0 if priority else S[0]
-    for k in range(S[WQ_LEN]):
-        total += R[wq[(head + k) % len(wq)], NUM_TOKENS]
+        if R[i].prefill_target_tokens > R[i].num_computed_tokens:
+            total += R[i].prefill_target_tokens - R[i].num_computed_tokens
+    head = 0 if priority else S[0].waiting_head
+    for k in range(S[0].num_waiting):
+        total += R[wq[(head + k) % len(wq)]].num_tokens
     return total
 
 
 @njit
-def take_out_all(R, F, tables, blocks, pscal, S, running, wq, priority, taken):
+def take_out_all(R, tables, blocks, pscal, S, running, wq, priority, taken):
     """Take every running and waiting request out as unfinished (a livelock:
     more than LIVELOCK_PREEMPTIONS preemptions since a token was sampled).
     Returns how many."""
     n = 0
-    for k in range(S[S_RUN_N]):
+    for k in range(S[0].num_running):
         i = running[k]
         _free(R, tables, blocks, pscal, i)
-        R[i, STATUS] = UNFINISHED
+        R[i].status = RequestStatus.UNFINISHED
         taken[n] = i
         n += 1
-    S[S_RUN_N] = 0
-    while S[WQ_LEN] > 0:
-        i = wq_pop(R, F, S, wq, priority)
-        R[i, STATUS] = UNFINISHED
+    S[0].num_running = 0
+    while S[0].num_waiting > 0:
+        i = wq_pop(R, S, wq, priority)
+        R[i].status = RequestStatus.UNFINISHED
         taken[n] = i
         n += 1
-    S[S_STALL] = 0
+    S[0].preemptions_since_token = 0
     return n
 
 
@@ -1094,10 +1119,10 @@ class _PrefixCacheStats:
     def __init__(self, S):
         self._S = S
 
-    queries = property(lambda self: int(self._S[S_QUERIES]))
-    hits = property(lambda self: int(self._S[S_HITS]))
-    preempted_queries = property(lambda self: int(self._S[S_PQUERIES]))
-    preempted_hits = property(lambda self: int(self._S[S_PHITS]))
+    queries = property(lambda self: int(self._S[0]["prefix_queries"]))
+    hits = property(lambda self: int(self._S[0]["prefix_hits"]))
+    preempted_queries = property(lambda self: int(self._S[0]["preempted_queries"]))
+    preempted_hits = property(lambda self: int(self._S[0]["preempted_hits"]))
 
 
 class FastScheduler:
@@ -1113,33 +1138,33 @@ class FastScheduler:
         self.num_gpu_blocks = pool.num_gpu_blocks
         self.max_model_len = config.max_model_len or (1 << 62)
         self.priority = config.scheduling_policy == "priority"
-        self.cfg = np.zeros(NUM_CFG, dtype=np.int64)
-        self.cfg[C_USABLE] = pool.num_gpu_blocks - 1
-        self.cfg[C_MAX_SEQS] = config.max_num_seqs
-        self.cfg[C_BUDGET] = config.max_num_batched_tokens
-        self.cfg[C_MAX_MODEL_LEN] = self.max_model_len
-        self.cfg[C_CHUNKED] = config.enable_chunked_prefill
-        self.cfg[C_THRESHOLD] = config.long_prefill_token_threshold
-        self.cfg[C_PRIORITY] = self.priority
-        self.cfg[C_RESERVE] = config.reserve_full_isl
-        self.cfg[C_WATERMARK_BLOCKS] = int(config.watermark * pool.num_gpu_blocks)
-        self.cfg[C_ASYNC] = config.async_scheduling
-        self.cfg[C_BLOCK_SIZE] = pool.block_size
-        self.cfg[C_CACHING] = pool.enable_caching
+        self.cfg = np.zeros(1, dtype=CONFIG_DTYPE)
+        self.cfg[0]["num_usable_blocks"] = pool.num_gpu_blocks - 1
+        self.cfg[0]["max_num_seqs"] = config.max_num_seqs
+        self.cfg[0]["max_num_batched_tokens"] = config.max_num_batched_tokens
+        self.cfg[0]["max_model_len"] = self.max_model_len
+        self.cfg[0]["enable_chunked_prefill"] = config.enable_chunked_prefill
+        self.cfg[0]["long_prefill_token_threshold"] = config.long_prefill_token_threshold
+        self.cfg[0]["priority_scheduling"] = self.priority
+        self.cfg[0]["reserve_full_isl"] = config.reserve_full_isl
+        self.cfg[0]["watermark_blocks"] = int(config.watermark * pool.num_gpu_blocks)
+        self.cfg[0]["async_scheduling"] = config.async_scheduling
+        self.cfg[0]["block_size"] = pool.block_size
+        self.cfg[0]["enable_caching"] = pool.enable_caching
         self.speculative = speculative
         k = 0 if speculative is None else speculative.num_speculative_tokens
         rates = np.zeros(max(k, 1), dtype=np.float64)
         if k:
-            self.cfg[C_SPEC_K] = k
-            self.cfg[C_LOOKAHEAD] = k  # num_lookahead_tokens for mtp / eagle / ngram
-            self.cfg[C_HASH_LOOKAHEAD] = int(pool.enable_caching)
-            self.cfg[C_SEED] = speculative.seed
+            self.cfg[0]["num_speculative_tokens"] = k
+            self.cfg[0]["num_lookahead_tokens"] = k  # num_lookahead_tokens for mtp / eagle / ngram
+            self.cfg[0]["num_hash_lookahead_tokens"] = int(pool.enable_caching)
+            self.cfg[0]["spec_seed"] = speculative.seed
             rates[:] = speculative.acceptance_rates
         # (accepted-list offsets, values, rates, per-position [drafted, accepted],
         # each request's key for its acceptance draws)
         self.spec = (table.accepted_offsets, table.accepted_values, rates,
                      np.zeros((2, max(k, 1)), dtype=np.int64), table.request_keys())
-        self.S = np.zeros(NUM_SCALARS, dtype=np.int64)
+        self.S = np.zeros(1, dtype=STATE_DTYPE)
         self.running = np.zeros(config.max_num_seqs + 1, dtype=np.int64)
         self.wq = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
         self._out_width = config.max_num_seqs + 1
@@ -1151,14 +1176,15 @@ class FastScheduler:
         self.kv_state = None  # (wfk, KO, KC): loads waiting ahead of the queue
         self.finished_stores = []  # CPU-tier store jobs of finished requests, for the engine
 
-        self.held = np.zeros(len(table.request_ids) + 1, dtype=np.int64)  # S_HELD's
+        # num_delayed_free_requests's
+        self.held = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
         if check.enabled():
             # the debug mode; the whole table is checked while this is the only
             # scheduler on it (other ranks' requests are in their own queues)
             table.checked_schedulers.append(self)
             mode = 2 if len(table.checked_schedulers) == 1 else 1
             for peer in table.checked_schedulers:
-                peer.cfg[C_CHECK] = mode
+                peer.cfg[0]["invariant_check"] = mode
 
     def new_connector(self, offloading_config):
         """This rank's CPU tier (docs/engine.md §9) as arrays, attached."""
@@ -1180,7 +1206,7 @@ class FastScheduler:
         `waiting_for_kv` and the per-call outputs `KO`/`KC`."""
         from servesim.kvcache.cpu_tier_kernels import TierArrays
 
-        self.cfg[C_KV_SOURCE] = source
+        self.cfg[0]["kv_source"] = source
         self._tier = tier if tier is not None else TierArrays.empty()
         n = len(self.table.request_ids) + 1
         width = max(n, self.num_gpu_blocks) + self._out_width
@@ -1197,8 +1223,8 @@ class FastScheduler:
         pool each for loads, preemption stores and stores."""
         t = self._tier
         grown = False
-        if self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
-            jobs = 2 * self._out_width + min(int(self.S[WQ_LEN]), self.num_gpu_blocks)
+        if self.cfg[0]["kv_source"] == KV_SOURCE_CPU:
+            jobs = 2 * self._out_width + min(int(self.S[0]["num_waiting"]), self.num_gpu_blocks)
             grown = t.ensure_room(jobs, 3 * self.num_gpu_blocks)
         if grown or self._kv_tuple is None:
             self._kv_tuple = self.kv_state + t.arrays() + (t.lanes, t.storing, t.KF)
@@ -1209,7 +1235,7 @@ class FastScheduler:
         """Requests waiting for their load, in the order they were queued."""
         if self.kv_state is None:
             return []
-        return self.kv_state[0][:self.S[S_WFK_N]].tolist()
+        return self.kv_state[0][:self.S[0]["num_waiting_for_kv"]].tolist()
 
     # -- requests in ---------------------------------------------------------
 
@@ -1221,24 +1247,27 @@ class FastScheduler:
         vllm/v1/core/kv_cache_manager.py), capped at max_model_len like every
         allocation, so those count too: such a request could never be admitted
         and would hold the queue behind it forever."""
-        slots = min(num_prompt_tokens + int(self.cfg[C_LOOKAHEAD]), self.max_model_len)
+        slots = min(num_prompt_tokens + int(self.cfg[0]["num_lookahead_tokens"]),
+                    self.max_model_len)
         return (-(-slots // self.block_size) <= self.num_gpu_blocks - 1
                 and num_prompt_tokens < self.max_model_len)
 
     def add_request(self, i):
-        add_request(self.table.R, self.table.F, self.S, self.wq, self.priority, i)
+        add_request(self.table.R, self.S, self.wq, self.priority, i)
 
     def has_requests(self) -> bool:
         """Anything to run or wait for — including loads waiting ahead of the
         queue and, on a disaggregated prefill worker, finished requests whose
         blocks wait for their transfer."""
-        return bool(self.S[S_RUN_N] or self.S[WQ_LEN] or self.S[S_WFK_N] or self.S[S_HELD])
+        return bool(self.S[0]["num_running"] or self.S[0]["num_waiting"]
+                    or self.S[0]["num_waiting_for_kv"] or self.S[0]["num_delayed_free_requests"])
 
     def holds(self, i) -> bool:
         """Disaggregated prefill worker: whether request i's blocks are held
         for a decode worker."""
         R = self.table.R
-        return bool(R[i, STATUS] == FINISHED and R[i, REMOTE_DECODE] and R[i, NUM_BLOCKS])
+        return bool(R["status"][i] == RequestStatus.FINISHED and R["do_remote_decode"][i]
+                    and R["num_held_blocks"][i])
 
 
     def pending_prefill_tokens(self) -> int:
@@ -1250,17 +1279,18 @@ class FastScheduler:
         being those holding blocks outside the two (loads in flight, blocks
         held for a decode worker: `_check_holders`), for the debug mode's
         check across schedulers (servesim/scheduler/check.py)."""
-        head = 0 if self.priority else self.S[WQ_HEAD]
-        waiting = self.wq[(head + np.arange(self.S[WQ_LEN])) % len(self.wq)]
-        return self.running[:self.S[S_RUN_N]].copy(), waiting, self._check_holders()
+        head = 0 if self.priority else self.S[0]["waiting_head"]
+        waiting = self.wq[(head + np.arange(self.S[0]["num_waiting"])) % len(self.wq)]
+        return self.running[:self.S[0]["num_running"]].copy(), waiting, self._check_holders()
 
     def _check_holders(self):
         return _check_holders(self.S, self.running,
                               self._kv() if self.kv_state is not None else None, self.held)
 
-    num_running = property(lambda self: int(self.S[S_RUN_N]))
-    num_waiting = property(lambda self: int(self.S[WQ_LEN] + self.S[S_WFK_N]))
-    num_preemptions = property(lambda self: int(self.S[S_PREEMPTIONS]))
+    num_running = property(lambda self: int(self.S[0]["num_running"]))
+    num_waiting = property(lambda self: int(self.S[0]["num_waiting"]
+                                            + self.S[0]["num_waiting_for_kv"]))
+    num_preemptions = property(lambda self: int(self.S[0]["num_preemptions"]))
 
     # -- passes --------------------------------------------------------------
 
@@ -1269,14 +1299,14 @@ class FastScheduler:
         p = self.pool
         out = np.empty((NUM_OUT_ROWS, self._out_width), dtype=np.int64)
         feats = np.zeros(NUM_FEATS, dtype=np.int64)
-        if self.S[S_STALL] > LIVELOCK_PREEMPTIONS:
-            n = take_out_all(t.R, t.F, t.tables, p.blocks, p.scalars, self.S, self.running,
+        if self.S[0]["preemptions_since_token"] > LIVELOCK_PREEMPTIONS:
+            n = take_out_all(t.R, t.tables, p.blocks, p.scalars, self.S, self.running,
                              self.wq, self.priority, self.finished_buffer)
             self.unfinishable.extend(self.finished_buffer[:n].tolist())
-            if self.cfg[C_CHECK]:
-                check_pass(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
+            if self.cfg[0]["invariant_check"]:
+                check_pass(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
                            self.S, self.running, self.wq, self._check_holders(), out, feats[:0],
-                           check.AFTER_TAKE_OUT, int(self.S[S_CHECKED_PASSES]))
+                           check.AFTER_TAKE_OUT, int(self.S[0]["num_checked_passes"]))
             if self.kv_state is not None:
                 KC = self.kv_state[2]
                 fstores = KC[KO_FSTORES]
@@ -1285,11 +1315,11 @@ class FastScheduler:
                 return self._kv_output(out, feats)
             return FastOutput(out, feats)
         if self.kv_state is None:
-            schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
+            schedule(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
                      self.S, self.running, self.wq, out, feats, None, self.held)
             result = FastOutput(out, feats)
         else:
-            schedule(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
+            schedule(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
                      self.S, self.running, self.wq, out, feats, self._kv(), self.held)
             result = self._kv_output(out, feats)
         self.note_unfinishable(result)
@@ -1297,7 +1327,7 @@ class FastScheduler:
 
     def _kv_output(self, out, feats):
         KO, KC = self.kv_state[1], self.kv_state[2]
-        if self.cfg[C_KV_SOURCE] == KV_SOURCE_CPU:
+        if self.cfg[0]["kv_source"] == KV_SOURCE_CPU:
             return FastKVOutput(out, feats, KO, KC)
         return FastRemoteOutput(out, feats, KO, KC)
 
@@ -1307,13 +1337,13 @@ class FastScheduler:
             self.unfinishable.extend(int(i) for i in out.out[O_UNFIN, :n])
 
     def mark_started(self, out: FastOutput, start_ms: float):
-        mark_started(self.table.F, out.out, out.feats[N_SCHED], start_ms)
+        mark_started(self.table.R, out.out, out.feats[N_SCHED], start_ms)
 
     def update_from_output(self, out: FastOutput, release_ms: float, pass_index: int):
         t = self.table
         tok = self.tokens
         p = self.pool
-        n = update_from_output(t.R, t.F, t.idents, t.tables, p.blocks, p.idmap, p.scalars,
+        n = update_from_output(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars,
                                self.cfg, self.spec, self.S, self.running, self.wq, out.out,
                                out.feats[N_SCHED], release_ms, pass_index,
                                tok.detokenize_ms, tok.client_ms, tok.offsets,

@@ -14,7 +14,7 @@ core's pass-by-pass path.
 import numpy as np
 
 from servesim.kvcache import cpu_tier_kernels as ct
-from servesim.scheduler.fast_table import KV_LANDED, KV_LOAD
+from servesim.scheduler.fast_table import KVLoad
 
 
 class JobView:
@@ -79,7 +79,7 @@ class FastCPUConnector:
         t = self.tier
         if t.KS[ct.K_LEN + ct.STORE] or t.KS[ct.K_LEN + ct.LOAD]:
             ct.get_finished(t.tier, t.slot_of, t.lanes, t.jobs, t.job_times, t.job_blocks,
-                            t.KS, t.KF, self.table.R, KV_LOAD, KV_LANDED, now)
+                            t.KS, t.KF, self.table.R, KVLoad.LANDED, now)
 
     def store_done_ms(self, gpu_blocks) -> float:
         """The instant from which these G1 blocks may be overwritten."""

@@ -4,32 +4,29 @@ to the front (a ring buffer). Priority: ordered by `(priority, arrival,
 request id)`, ids compared as strings, a preempted request pushed back in
 that order (a binary heap).
 
-Queue state lives in the scheduler's scalar array `S` at `WQ_HEAD`, `WQ_LEN`.
+Queue state lives in the scheduler's state record `S[0]`: `waiting_head`, `num_waiting`.
 """
 
 from servesim.jit import njit
-from servesim.scheduler.fast_table import ARRIVAL, ID_RANK, PRIORITY
-
-WQ_HEAD, WQ_LEN = 0, 1
 
 
 @njit
-def _before(R, F, a, b):
-    pa, pb = R[a, PRIORITY], R[b, PRIORITY]
+def _before(R, a, b):
+    pa, pb = R[a].priority, R[b].priority
     if pa != pb:
         return pa < pb
-    ta, tb = F[a, ARRIVAL], F[b, ARRIVAL]
+    ta, tb = R[a].arrival_time, R[b].arrival_time
     if ta != tb:
         return ta < tb
-    return R[a, ID_RANK] < R[b, ID_RANK]
+    return R[a].request_id_rank < R[b].request_id_rank
 
 
 @njit
-def _sift_up(R, F, heap, pos):
+def _sift_up(R, heap, pos):
     item = heap[pos]
     while pos > 0:
         parent = (pos - 1) // 2
-        if _before(R, F, item, heap[parent]):
+        if _before(R, item, heap[parent]):
             heap[pos] = heap[parent]
             pos = parent
         else:
@@ -38,15 +35,15 @@ def _sift_up(R, F, heap, pos):
 
 
 @njit
-def _sift_down(R, F, heap, pos, n):
+def _sift_down(R, heap, pos, n):
     item = heap[pos]
     while True:
         child = 2 * pos + 1
         if child >= n:
             break
-        if child + 1 < n and _before(R, F, heap[child + 1], heap[child]):
+        if child + 1 < n and _before(R, heap[child + 1], heap[child]):
             child += 1
-        if _before(R, F, heap[child], item):
+        if _before(R, heap[child], item):
             heap[pos] = heap[child]
             pos = child
         else:
@@ -55,70 +52,70 @@ def _sift_down(R, F, heap, pos, n):
 
 
 @njit
-def wq_add(R, F, S, wq, priority, i):
+def wq_add(R, S, wq, priority, i):
     """A new arrival (FCFS: at the back)."""
-    n = S[WQ_LEN]
+    n = S[0].num_waiting
     if priority:
         wq[n] = i
-        S[WQ_LEN] = n + 1
-        _sift_up(R, F, wq, n)
+        S[0].num_waiting = n + 1
+        _sift_up(R, wq, n)
     else:
-        wq[(S[WQ_HEAD] + n) % len(wq)] = i
-        S[WQ_LEN] = n + 1
+        wq[(S[0].waiting_head + n) % len(wq)] = i
+        S[0].num_waiting = n + 1
 
 
 @njit
-def wq_prepend(R, F, S, wq, priority, i):
+def wq_prepend(R, S, wq, priority, i):
     """A preempted request (FCFS: at the front; priority: back in the heap)."""
     if priority:
-        wq_add(R, F, S, wq, priority, i)
+        wq_add(R, S, wq, priority, i)
     else:
-        S[WQ_HEAD] = (S[WQ_HEAD] - 1) % len(wq)
-        wq[S[WQ_HEAD]] = i
-        S[WQ_LEN] += 1
+        S[0].waiting_head = (S[0].waiting_head - 1) % len(wq)
+        wq[S[0].waiting_head] = i
+        S[0].num_waiting += 1
 
 
 @njit
 def wq_peek(S, wq, priority):
-    return wq[0] if priority else wq[S[WQ_HEAD]]
+    return wq[0] if priority else wq[S[0].waiting_head]
 
 
 @njit
-def wq_pop(R, F, S, wq, priority):
+def wq_pop(R, S, wq, priority):
     if priority:
         top = wq[0]
-        n = S[WQ_LEN] - 1
-        S[WQ_LEN] = n
+        n = S[0].num_waiting - 1
+        S[0].num_waiting = n
         if n > 0:
             wq[0] = wq[n]
-            _sift_down(R, F, wq, 0, n)
+            _sift_down(R, wq, 0, n)
         return top
-    top = wq[S[WQ_HEAD]]
-    S[WQ_HEAD] = (S[WQ_HEAD] + 1) % len(wq)
-    S[WQ_LEN] -= 1
+    top = wq[S[0].waiting_head]
+    S[0].waiting_head = (S[0].waiting_head + 1) % len(wq)
+    S[0].num_waiting -= 1
     return top
 
 
 @njit
-def wq_remove(R, F, S, wq, priority, i):
+def wq_remove(R, S, wq, priority, i):
     """Take request i out from anywhere in the queue."""
-    n = S[WQ_LEN]
+    n = S[0].num_waiting
     if priority:
         for pos in range(n):
             if wq[pos] == i:
                 n -= 1
-                S[WQ_LEN] = n
+                S[0].num_waiting = n
                 if pos < n:
                     wq[pos] = wq[n]
-                    _sift_down(R, F, wq, pos, n)
-                    _sift_up(R, F, wq, pos)
+                    _sift_down(R, wq, pos, n)
+                    _sift_up(R, wq, pos)
                 return
         return
     cap = len(wq)
-    head = S[WQ_HEAD]
+    head = S[0].waiting_head
     for k in range(n):
         if wq[(head + k) % cap] == i:
             for j in range(k, n - 1):
                 wq[(head + j) % cap] = wq[(head + j + 1) % cap]
-            S[WQ_LEN] = n - 1
+            S[0].num_waiting = n - 1
             return
