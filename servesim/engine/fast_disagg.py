@@ -137,7 +137,7 @@ def poll_sender(R, tables, blocks, pscal, S, held, pending, state, log, XF, now)
 @njit
 def poll_receiver(R, pending, state, XI, XF, now):
     """A decode rank's poll: pulls landed by `now` are done, their requests
-    KV_LANDED (the compiled scheduler then admits them)."""
+    `KVLoad.LANDED` (the compiled scheduler then admits them)."""
     kept = 0
     for k in range(state[P_COUNT]):
         i = pending[k]
@@ -191,7 +191,7 @@ class Transfers:
 
 
 class ArraySender:
-    """A prefill rank's side of the handoffs (`PrefillSender` over arrays):
+    """A prefill rank's side of the handoffs:
     the requests whose transfer was submitted and whose blocks it holds.
     `poll`, `next_completion_ms` and `submit` are what the engine core asks
     of a rank's transfers; `freed` is `(request index, instant)` of every
@@ -237,7 +237,7 @@ class ArraySender:
 
 
 class ArrayReceiver:
-    """A decode rank's side of the handoffs (`DecodeReceiver` over arrays):
+    """A decode rank's side of the handoffs:
     the pulls it waits for. What to pull at admission is decided in the
     compiled waiting loop (`kv_handoff`); the engine core submits each
     decided pull or notice here (`submit`) and polls landed pulls (`poll`)."""

@@ -21,7 +21,7 @@ Rules:
 - A store job covers the given blocks not in the tier yet (pending ones
   included). It makes room by evicting least-recently-used ready blocks that
   no load is reading; when that is not enough the whole job is dropped
-  (`prepare_store` returns None) and nothing changes.
+  (`prepare_store` returns NO_JOB) and nothing changes.
 - A lookup walks the request's consecutive full blocks from the first one past
   its G1 hit (up to the block of its last token) and touches all of its blocks
   in the tier, the first block last (so the deepest blocks of a prefix are
@@ -62,7 +62,7 @@ State of one rank's tier (a :class:`TierArrays`):
   raise `store_done_ms` past "now" — the bound every caller takes a max with.
 
 A load's landing is reported to the compiled scheduler by setting its
-request's `R[i].kv_load` to KV_LANDED (`servesim.scheduler.fast_table`): the
+request's `R[i].kv_load` to `KVLoad.LANDED` (`servesim.scheduler.fast_table`): the
 admission path that waits for it does not know where the KV comes from.
 """
 

@@ -63,19 +63,6 @@ class ArrayRequests:
         return out
 
 
-_INT_RESULTS = ("output_tokens", "num_preemptions", "first_admission_cached_tokens",
-                "cpu_tier_cached_tokens", "recomputed_tokens")
-
-
-def empty_results(n: int) -> dict:
-    """Per-request result columns for n requests that never ran."""
-    out = {name: np.zeros(n, dtype=np.int64) for name in _INT_RESULTS}
-    out["first_scheduled_ms"] = np.full(n, math.nan)
-    out["first_token_pass"] = np.full(n, -1, dtype=np.int64)
-    out["finish_pass"] = np.full(n, -1, dtype=np.int64)
-    return out
-
-
 class Replay:
     """One simulation run; `run()` returns its :class:`SimulationResult`."""
 

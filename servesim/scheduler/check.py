@@ -15,7 +15,7 @@ a remote pull into the blocks a request took at admission, `waiting_for_kv` —
 and blocks a disaggregated prefill worker holds for the decode side; a
 CPU-tier store in flight holds no block: it reads G1 blocks without a
 reference) and, after `schedule()`, the pass's scheduled entries. The compiled
-scheduler calls it from its own kernels when `cfg[C_CHECK]` is set
+scheduler calls it from its own kernels when `cfg[0].invariant_check` is set
 (`servesim.scheduler.fast`). Several
 compiled schedulers share one table (workers, DP ranks): each checks its own
 requests, and `check_table` checks across them.

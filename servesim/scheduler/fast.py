@@ -100,7 +100,7 @@ class PassKind(enum.IntEnum):
     RUNNING = 2
 
 
-KIND_NAMES = ("new", "resumed", "running")  # the pass log's `kind`, by K_*
+KIND_NAMES = ("new", "resumed", "running")  # the pass log's `kind`, by `PassKind`
 F_SAMPLES = 1  # flags of an entry
 # feats
 (N_SCHED, N_PRE, N_UNFIN, PREFILL_TOKENS, NUM_PREFILL, DECODE_REQS, DECODE_CTX,
@@ -108,7 +108,7 @@ F_SAMPLES = 1  # flags of an entry
 NUM_FEATS = 11  # SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS)
 # `kv`, the optional last argument of `schedule` and `update_from_output`: the
 # state of loads that wait ahead of the queue and of the CPU tier, the tuple
-# (wfk, KO, KC, *TierArrays.arrays(), lanes, storing, KF) — `wfk[:S[num_waiting_for_kv]]`
+# (wfk, KO, KC, *TierArrays.arrays(), lanes, storing, KF) — `wfk[:S[0].num_waiting_for_kv]`
 # the requests waiting for their load (vLLM's WAITING_FOR_REMOTE_KVS) in the
 # order their loads were queued; `KO[row, :KC[row]]` what a call decided:
 (KO_LOADS, KO_LOAD_REQS, KO_PSTORES, KO_STORES, KO_FSTORES, KO_NEW_BLOCKS) = range(6)
@@ -316,6 +316,30 @@ def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
     return budget
 
 
+@njit(inline="always")
+def _admission_reserve(R, cfg, S, i):
+    """What an admission's `allocate_slots` checks beyond its own slots
+    (docs/engine.md §3-4): with `reserve_full_isl` the whole prompt's blocks,
+    and, when requests are already running, the watermark's free blocks.
+    Returns `(reserve_tokens, extra_blocks)`."""
+    reserve = R[i].num_tokens if cfg[0].reserve_full_isl else 0
+    extra = cfg[0].watermark_blocks if S[0].num_running > 0 else 0
+    return reserve, extra
+
+
+@njit(inline="always")
+def _admission_tokens(cfg, num_new, threshold, budget):
+    """An admission's tokens this pass (docs/engine.md §3, waiting loop): at
+    most `long_prefill_token_threshold` (when set) and the budget; without
+    chunked prefill a prompt that does not fit the budget whole stops the
+    loop (-1)."""
+    if 0 < threshold < num_new:
+        num_new = threshold
+    if not cfg[0].enable_chunked_prefill and num_new > budget:
+        return -1
+    return min(num_new, budget)
+
+
 @njit
 def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                       out, feats, budget, threshold, kv=None):
@@ -381,20 +405,16 @@ def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
                     _remote_prepare_load(R, kv, i)
                     continue
         hit = num_hit * bs
-        num_new = num_tokens - hit
-        if 0 < threshold < num_new:
-            num_new = threshold
-        if not cfg[0].enable_chunked_prefill and num_new > budget:
+        num_new = _admission_tokens(cfg, num_tokens - hit, threshold, budget)
+        if num_new < 0:
             break
-        num_new = min(num_new, budget)
         drafts = 0
         if num_new == 1 and cfg[0].num_speculative_tokens > 0 and num_tokens - hit == 1:
             drafts = _padding_drafts(R, cfg, out, feats, hit)
             if drafts > budget - 1:
                 break
             num_new += drafts
-        reserve = num_tokens if cfg[0].reserve_full_isl else 0
-        extra = cfg[0].watermark_blocks if S[0].num_running > 0 else 0
+        reserve, extra = _admission_reserve(R, cfg, S, i)
         if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
                          hits[:num_hit], num_hit, reserve, extra, False, kv):
             break
@@ -453,7 +473,7 @@ def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=N
 # -- loads that wait ahead of the queue (WAITING_FOR_REMOTE_KVS) ----------------
 # Shared by every source of KV (the CPU tier; a disaggregated decode worker's
 # prefill workers): `_queue_load` admits a head as a load, its source marks
-# the load landed (R[i, kv_load] = KVLoad.LANDED), `_schedule_loaded` admits it.
+# the load landed (R[i].kv_load = KVLoad.LANDED), `_schedule_loaded` admits it.
 
 
 @njit
@@ -465,11 +485,10 @@ def _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S, wq, hits, num_h
     (`reserve_full_isl`, watermark) it takes its G1 blocks for the hit and
     for `num_tokens` more tokens (registered in the prefix cache only once
     loaded: `delay_cache`), leaves the waiting queue and waits in
-    `waiting_for_kv`, using no budget, with R[i, KV_LOAD] = KV_IN_FLIGHT
-    until its source sets KV_LANDED. Its source prepares the transfer
+    `waiting_for_kv`, using no budget, with R[i].kv_load = KVLoad.IN_FLIGHT
+    until its source sets KVLoad.LANDED. Its source prepares the transfer
     (KO_LOAD_REQS lists it). False, changing nothing, if it does not fit."""
-    reserve = R[i].num_tokens if cfg[0].reserve_full_isl else 0
-    extra = cfg[0].watermark_blocks if S[0].num_running > 0 else 0
+    reserve, extra = _admission_reserve(R, cfg, S, i)
     if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_tokens, hits,
                      num_hit, reserve, extra, True, kv):
         return False
@@ -503,14 +522,11 @@ def _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S, running, o
             continue
         if R[i].kv_load == KVLoad.LANDED:
             _finish_load(R, idents, tables, blocks, idmap, cfg, i)
-        num_new = R[i].num_tokens - R[i].num_computed_tokens
-        if 0 < threshold < num_new:
-            num_new = threshold
-        if not cfg[0].enable_chunked_prefill and num_new > budget:
+        num_new = _admission_tokens(cfg, R[i].num_tokens - R[i].num_computed_tokens,
+                                    threshold, budget)
+        if num_new < 0:
             return 0
-        num_new = min(num_new, budget)
-        reserve = R[i].num_tokens if cfg[0].reserve_full_isl else 0
-        extra = cfg[0].watermark_blocks if S[0].num_running > 0 else 0
+        reserve, extra = _admission_reserve(R, cfg, S, i)
         if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
                          np.zeros(0, dtype=np.int64), 0, reserve, extra, False, kv):
             return 0
@@ -540,7 +556,7 @@ def _finish_load(R, idents, tables, blocks, idmap, cfg, i):
 
 # -- a disaggregated decode worker's remote KV (docs/engine.md §13; engine/fast_disagg.py) --
 # The source of a handed-off request's KV is the prefill rank holding it
-# (R[i, kv_handoff]); the transfers decided here (pulls, notices) are listed
+# (R[i].kv_handoff); the transfers decided here (pulls, notices) are listed
 # in KO_LOADS as request indices, in decision order, for the rank's receiver
 # (engine/fast_disagg.py), which marks a landed pull KVLoad.LANDED.
 
@@ -779,9 +795,9 @@ def _check_holders(S, running, kv=None, held=None):
     """The requests that hold G1 blocks outside `running` and the waiting
     queue, for the debug mode's check: those in `waiting_for_kv` (a CPU-tier
     load or a remote pull in flight into blocks they took at admission,
-    `_queue_load`; `kv[0][:S[S_WFK_N]]`) and, on a disaggregated prefill
+    `_queue_load`; `kv[0][:S[0].num_waiting_for_kv]`) and, on a disaggregated prefill
     worker, the finished requests whose blocks are held for the decode side
-    (`held[:S[S_HELD]]`). CPU-tier stores in flight hold none: they read G1
+    (`held[:S[0].num_delayed_free_requests]`). CPU-tier stores in flight hold none: they read G1
     blocks without a reference (`storing`, cpu_tier_kernels.py), like vLLM's
     offloading connector."""
     n_wfk = 0
@@ -1004,7 +1020,7 @@ def free_delayed(R, tables, blocks, pscal, S, held, i):
         if held[k] != i:
             held[kept] = held[k]
             kept += 1
-    S[0].num_delayed_free_requests -= 1
+    S[0].num_delayed_free_requests = kept
 
 
 @njit
@@ -1081,7 +1097,8 @@ class FastOutput:
 
 class FastKVOutput(FastOutput):
     """A pass decided with `kv` state: also the transfers it decided, as the
-    the engine core reads them (engine/core.py) — CPU-tier job ids in `loads`, `preemption_stores` and `stores`
+    engine core reads them (engine/core.py) — CPU-tier job ids in `loads`,
+    `preemption_stores` and `stores`
     (a remote source's: FastRemoteOutput),
     the G1 blocks the pass writes in `new_blocks`, and the requests whose
     loads were queued in `load_requests` (for a source other than the tier)."""

@@ -75,7 +75,7 @@ class FastCPUConnector:
 
     def poll(self, now: float):
         """Let every transfer finished by `now` take effect; a landed load
-        marks its request KV_LANDED."""
+        marks its request `KVLoad.LANDED`."""
         t = self.tier
         if t.KS[ct.K_LEN + ct.STORE] or t.KS[ct.K_LEN + ct.LOAD]:
             ct.get_finished(t.tier, t.slot_of, t.lanes, t.jobs, t.job_times, t.job_blocks,

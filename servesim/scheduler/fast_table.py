@@ -62,7 +62,7 @@ REQUEST_DTYPE = np.dtype([
 # its source (the CPU tier, or a remote worker) sets KVLoad.LANDED; num_g1_hit_tokens the G1
 # hit (tokens) when it was queued. CPU tier: cpu_store_cursor the blocks the
 # `offloading` connector has considered for storing since the admission,
-# SyncRunState.IN_FLIGHT the passes in flight that schedule it (async scheduling),
+# num_passes_in_flight the passes in flight that schedule it (async scheduling),
 # num_cpu_cached_tokens the tokens it got from the tier
 # disaggregated serving (servesim/engine/fast_disagg.py, docs/engine.md §13): on a
 # prefill worker do_remote_decode marks a request handed off after its first token
