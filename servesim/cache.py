@@ -46,7 +46,7 @@ def sources_key() -> str:
         h = hashlib.sha1()
         for path in sorted(PACKAGE_DIR.rglob("*.py")):
             data = path.read_bytes()
-            if b"servesim.jit" in data:
+            if b"servesim.jit" in data or path.name == "jit.py":  # jit.py: the options
                 h.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0" + data + b"\0")
         _key = h.hexdigest()[:16]
     return _key

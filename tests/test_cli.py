@@ -208,3 +208,19 @@ def test_run_check_runs_clean(monkeypatch, tiny_config, tmp_path):
     monkeypatch.setenv("SERVESIM_CHECK", "0")
     result = invoke("run", "--check", "-q", "-o", tmp_path / "out", tiny_config)
     assert result.exit_code == 0, result.output
+
+
+def test_a_reader_that_goes_away_gets_no_traceback():
+    """`servesim example | head -1`-style pipes: the closed pipe ends the
+    command quietly (exit 1, nothing on stderr), not with a BrokenPipeError
+    traceback."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    proc = subprocess.run([sys.executable, "-m", "servesim", "example", "disaggregated"],
+                          stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(write)
+    assert proc.returncode == 1 and proc.stderr == ""

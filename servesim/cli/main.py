@@ -42,6 +42,11 @@ class ServesimGroup(click.Group):
             if traceback_wanted():
                 click.echo(traceback.format_exc(), err=True, nl=False)
             ctx.exit(1)
+        except BrokenPipeError:  # the reader of our output went away (`| head`): no traceback
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(1)
         except Exception as exc:
             click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
             click.echo(traceback.format_exc(), err=True, nl=False)

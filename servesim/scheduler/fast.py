@@ -1011,7 +1011,7 @@ def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, ru
 
 @njit
 def free_delayed(R, tables, blocks, pscal, S, held, i):
-    """`Scheduler.free_delayed`: the transfer of handed-off request i's KV is
+    """A prefill rank's delayed free: the transfer of handed-off request i's KV is
     done, its held blocks are freed (vLLM's `_update_from_kv_xfer_finished`
     for `finished_sending`; docs/engine.md §13) and it leaves `held`."""
     _free(R, tables, blocks, pscal, i)
@@ -1037,7 +1037,8 @@ def add_request(R, S, wq, priority, i):
 
 @njit
 def pending_prefill_tokens(R, S, running, wq, priority):
-    """`Scheduler.pending_prefill_tokens` over the table."""
+    """The prefill tokens a rank has still to compute (its running requests'
+    rest of prefill plus its waiting prompts), for the routers."""
     total = 0
     for k in range(S[0].num_running):
         i = running[k]
