@@ -59,7 +59,7 @@ from servesim.engine.pricing import price_features
 # change; edit this line with them. Table layout 3.)
 from servesim.jit import njit
 from servesim.kvcache.block_pool import NUM_FREE
-from servesim.scheduler import check, fast
+from servesim.scheduler import fast
 from servesim.scheduler.fast import LIVELOCK_PREEMPTIONS
 
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
@@ -252,15 +252,10 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 S = S_t[r]
                 feats[tail, r, :] = 0
                 if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
-                    n_taken += fast.take_out_all(R, tables, blocks_t[r], pscal_t[r], S,
-                                                 running_t[r], wq_t[r], priority,
-                                                 taken[n_taken:])
-                    if cfg[0].invariant_check:  # the debug mode (FastScheduler.schedule's)
-                        fast.check_pass(R, idents, tables, blocks_t[r], idmap_t[r],
-                                        pscal_t[r], cfg, S, running_t[r], wq_t[r],
-                                        fast._check_holders(S, running_t[r]), outs[tail, r],
-                                        feats[tail, r, :0], check.AFTER_TAKE_OUT,
-                                        S[0].num_checked_passes)
+                    n_taken += fast.take_out_all(R, idents, tables, blocks_t[r], idmap_t[r],
+                                                 pscal_t[r], cfg, S, running_t[r], wq_t[r],
+                                                 priority, fast._check_holders(S, running_t[r]),
+                                                 outs[tail, r], feats[tail, r], taken[n_taken:])
                     continue
                 fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg, S,
                               running_t[r], wq_t[r], outs[tail, r], feats[tail, r])

@@ -317,6 +317,18 @@ def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
 
 
 @njit(inline="always")
+def fits_the_pool(cfg, num_tokens):
+    """Whether `num_tokens` tokens' slots, with the lookahead slots of
+    speculative decoding (`allocate_slots`' `num_lookahead_tokens`,
+    vllm/v1/core/kv_cache_manager.py) and capped at max_model_len like every
+    allocation, fit in the usable blocks (docs/engine.md §3): a request that
+    does not can never be admitted (at arrival: `can_ever_fit`; on resume
+    after outgrowing the pool: the waiting loop takes it out)."""
+    slots = min(num_tokens + cfg[0].num_lookahead_tokens, cfg[0].max_model_len)
+    return -(-slots // cfg[0].block_size) <= cfg[0].num_usable_blocks
+
+
+@njit(inline="always")
 def _admission_reserve(R, cfg, S, i):
     """What an admission's `allocate_slots` checks beyond its own slots
     (docs/engine.md §3-4): with `reserve_full_isl` the whole prompt's blocks,
@@ -361,9 +373,7 @@ def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
     while S[0].num_waiting > 0 and budget > 0 and S[0].num_running < cfg[0].max_num_seqs:
         i = wq_peek(S, wq, priority)
         num_tokens = R[i].num_tokens
-        # its resume reserves the lookahead slots too (as `can_ever_fit` at arrival)
-        if (-(-min(num_tokens + cfg[0].num_lookahead_tokens, cfg[0].max_model_len) // bs)
-            > cfg[0].num_usable_blocks):
+        if not fits_the_pool(cfg, num_tokens):
             # preempted after outgrowing the pool: it can never be admitted again
             if feats[N_UNFIN] == out.shape[1]:
                 break
@@ -1051,10 +1061,12 @@ def pending_prefill_tokens(R, S, running, wq, priority):
 
 
 @njit
-def take_out_all(R, tables, blocks, pscal, S, running, wq, priority, taken):
+def take_out_all(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, priority,
+                 holders, out, feats, taken):
     """Take every running and waiting request out as unfinished (a livelock:
-    more than LIVELOCK_PREEMPTIONS preemptions since a token was sampled).
-    Returns how many."""
+    more than LIVELOCK_PREEMPTIONS preemptions since a token was sampled),
+    then, in the debug mode, check the rank (`holders`: the requests holding
+    blocks outside the queues). Returns how many."""
     n = 0
     for k in range(S[0].num_running):
         i = running[k]
@@ -1069,6 +1081,9 @@ def take_out_all(R, tables, blocks, pscal, S, running, wq, priority, taken):
         taken[n] = i
         n += 1
     S[0].preemptions_since_token = 0
+    if cfg[0].invariant_check:
+        check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, holders, out,
+                   feats[:0], check.AFTER_TAKE_OUT, S[0].num_checked_passes)
     return n
 
 
@@ -1265,10 +1280,8 @@ class FastScheduler:
         vllm/v1/core/kv_cache_manager.py), capped at max_model_len like every
         allocation, so those count too: such a request could never be admitted
         and would hold the queue behind it forever."""
-        slots = min(num_prompt_tokens + int(self.cfg[0]["num_lookahead_tokens"]),
-                    self.max_model_len)
-        return (-(-slots // self.block_size) <= self.num_gpu_blocks - 1
-                and num_prompt_tokens < self.max_model_len)
+        return (num_prompt_tokens < self.max_model_len
+                and bool(fits_the_pool(self.cfg, num_prompt_tokens)))
 
     def add_request(self, i):
         add_request(self.table.R, self.S, self.wq, self.priority, i)
@@ -1318,13 +1331,10 @@ class FastScheduler:
         out = np.empty((NUM_OUT_ROWS, self._out_width), dtype=np.int64)
         feats = np.zeros(NUM_FEATS, dtype=np.int64)
         if self.S[0]["preemptions_since_token"] > LIVELOCK_PREEMPTIONS:
-            n = take_out_all(t.R, t.tables, p.blocks, p.scalars, self.S, self.running,
-                             self.wq, self.priority, self.finished_buffer)
+            n = take_out_all(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
+                             self.S, self.running, self.wq, self.priority,
+                             self._check_holders(), out, feats, self.finished_buffer)
             self.unfinishable.extend(self.finished_buffer[:n].tolist())
-            if self.cfg[0]["invariant_check"]:
-                check_pass(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
-                           self.S, self.running, self.wq, self._check_holders(), out, feats[:0],
-                           check.AFTER_TAKE_OUT, int(self.S[0]["num_checked_passes"]))
             if self.kv_state is not None:
                 KC = self.kv_state[2]
                 fstores = KC[KO_FSTORES]
