@@ -37,6 +37,12 @@ if TESTS not in sys.path:
 from helpers import TINY  # noqa: E402  (tests/ is on sys.path from here)
 
 
+def pytest_collection_modifyitems(items):
+    """The cold-compile test (tests/test_faults.py, marked `cold_compile`)
+    runs first: on a cold cache its compile fills the suite's cache."""
+    items.sort(key=lambda item: item.get_closest_marker("cold_compile") is None)
+
+
 @pytest.fixture
 def tiny_config(tmp_path):
     """The CLI's tiny synthetic run (helpers.TINY) as a config file."""
