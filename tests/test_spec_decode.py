@@ -188,6 +188,32 @@ def test_a_one_token_admission_is_padded_with_k_drafts_next_to_a_running_request
     assert spec_counts(records, "b") == (0, 0)  # padding is not a real draft
 
 
+def test_only_the_running_loop_makes_an_admission_padded():
+    # vLLM 0.33 pads when `not prefill_scheduled and (scheduled_running_reqs or
+    # num_computed_tokens > 0)`: both flags come from the running loop only.
+    # k = 2; a, b: P=1, O=1, both at t=0.
+    # pass 0: nothing running; a (1 token, nothing cached): not padded; b likewise,
+    #         though a was admitted before it in the same pass
+    cfg = spec_config(2)
+    _, log = run(cfg, [dict(id="a", t=0, P=1, O=1), dict(id="b", t=0, P=1, O=1)])
+    assert [spec_sched(p) for p in log] == [[("a", 1, 0, "new", 0), ("b", 1, 0, "new", 0)]]
+
+
+def test_a_running_request_finishing_its_prompt_stops_padding():
+    # k = 1, budget 32; a: P=40 ids [1, 2, 3], O=2, accepted [0]; b: P=17 ids [1, 2],
+    # O=1 at t=5 (b's block 0 is a's: its hash covers token 16, which b shares).
+    # pass 0 [0,10]:  a 32 of 40 (a prefill chunk)
+    # pass 1 [10,20]: a 8, its last prompt tokens: it entered the pass a prefill
+    #                 chunk (`is_prefill_chunk`), so `prefill_scheduled`; b hits 16,
+    #                 1 token to compute, not padded (spec 0)
+    cfg = spec_config(1, max_num_batched_tokens=32)
+    rows = [dict(id="a", t=0, P=40, O=2, accepted=[0], hash_ids=[1, 2, 3]),
+            dict(id="b", t=5, P=17, O=1, hash_ids=[1, 2])]
+    _, log = run(cfg, rows)
+    assert [spec_sched(p) for p in log][:2] == [
+        [("a", 32, 0, "new", 0)], [("a", 8, 0, "running", 0), ("b", 1, 16, "new", 0)]]
+
+
 def test_padding_that_does_not_fit_the_budget_stops_admission():
     # k = 2, budget 4, max_num_seqs 4; a: P=2, O=3, accepted [0]; b: P=1, O=1 at t=5.
     # pass 0: a 2

@@ -717,20 +717,26 @@ def scheduled_drafts(R, i, num_new):
 def _padding_drafts(R, cfg, out, feats, hit):
     """`Scheduler.schedule`, waiting loop (vllm/v1/core/sched/scheduler.py):
     an admission with one token to compute is padded with k never-accepted
-    drafts when no request scheduled
-    in this pass is a prefill chunk, a request was already scheduled in this
-    pass or the admission has cached tokens, and `hit + 1 + k + 1 <=
-    max_model_len`. Returns the padding drafts (0: none)."""
+    drafts when no request the running loop scheduled in this pass entered
+    it as a prefill chunk (`prefill_scheduled`, from `is_prefill_chunk`: its
+    computed tokens below its prefill target, docs/engine.md §10), a request
+    of the running loop was scheduled (`scheduled_running_reqs`) or the
+    admission has cached tokens, and `hit + 1 + k + 1 <= max_model_len`.
+    Admissions earlier in the waiting loop count for neither. Returns the
+    padding drafts (0: none)."""
     k = cfg[0].num_speculative_tokens
     if hit + k + 2 > cfg[0].max_model_len:
         return 0
-    if feats[N_SCHED] == 0 and hit == 0:
-        return 0
+    running_scheduled = False
     for e in range(feats[N_SCHED]):
+        if out[O_KIND, e] != PassKind.RUNNING:
+            continue
+        running_scheduled = True
         j = out[O_REQ, e]
-        if (R[j].num_computed_tokens + out[O_TOK, e] < R[j].num_tokens
-            + R[j].num_output_placeholders):
+        if R[j].num_computed_tokens < R[j].prefill_target_tokens:
             return 0  # a prefill chunk
+    if not running_scheduled and hit == 0:
+        return 0
     return k
 
 
