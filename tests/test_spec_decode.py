@@ -345,6 +345,26 @@ def test_pricing_counts_draft_tokens_and_a_fitted_model_prices_them():
     assert price_pass(FITTED, params, 0, 0, 1, 10, 3, 1, 1.0, 2) == 4.0
 
 
+def test_a_fitted_model_prices_padding_drafts_once_as_draft_tokens(tmp_path):
+    # A record's features are disjoint (tokens = sum_prefill_tokens +
+    # num_decode_requests + sum_draft_tokens, servesim/fitting/records.py), so a
+    # padded admission's drafts are draft tokens, not prefill tokens as well.
+    # k = 2; the padding timeline above: pass 1 holds a (decode, context 41, 2
+    # drafts) and b (prefill of 1 token padded with 2 drafts).
+    from servesim.fitting import write_model
+
+    c = [1.0, 2.0, 0.5, 3.0, 0.01, 0.25]
+    model = tmp_path / "m.yaml"
+    write_model(model, c, 10, 0.9, 0.1, {"source": ["r.jsonl"], "launch_stall": None,
+                                         "window": None})
+    cfg = spec_config(2, timing={"type": "fitted", "model": str(model)})
+    rows = [dict(id="a", t=0, P=40, O=3, accepted=[0]), dict(id="b", t=5, P=1, O=1)]
+    _, log = run(cfg, rows)
+    assert spec_sched(log[1]) == [("a", 3, 0, "running", 2), ("b", 3, 0, "new", 2)]
+    assert log[1]["end_ms"] - log[1]["start_ms"] == pytest.approx(
+        c[0] + c[1] * 1 + c[2] * 1 + c[3] * 1 + c[4] * 41 + c[5] * 4)
+
+
 def test_launch_classifies_a_pass_by_its_tokens_drafts_included():
     # async, k = 3, capture size 8; a, b, c: P=4, O=3, accepted [0].
     # pass 0, decided at 0: three prompts of 4 (12 tokens > 8): eager, so its launch

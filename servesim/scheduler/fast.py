@@ -104,8 +104,10 @@ KIND_NAMES = ("new", "resumed", "running")  # the pass log's `kind`, by `PassKin
 F_SAMPLES = 1  # flags of an entry
 # feats
 (N_SCHED, N_PRE, N_UNFIN, PREFILL_TOKENS, NUM_PREFILL, DECODE_REQS, DECODE_CTX,
- TOTAL_TOKENS, FREE_BLOCKS, SPEC_TOKENS, PREFILL_CTX) = range(11)
-NUM_FEATS = 11  # SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS)
+ TOTAL_TOKENS, FREE_BLOCKS, SPEC_TOKENS, PREFILL_CTX, PREFILL_SPEC) = range(12)
+# SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS); PREFILL_SPEC:
+# those of prefill requests (an admission's padding, included in PREFILL_TOKENS)
+NUM_FEATS = 12
 # `kv`, the optional last argument of `schedule` and `update_from_output`: the
 # state of loads that wait ahead of the queue and of the CPU tier, the tuple
 # (wfk, KO, KC, *TierArrays.arrays(), lanes, storing, KF) — `wfk[:S[0].num_waiting_for_kv]`
@@ -766,6 +768,7 @@ def _update_after_schedule(R, cfg, out, feats):
         feats[SPEC_TOKENS] += drafts
         if before < R[i].prefill_target_tokens:
             feats[PREFILL_TOKENS] += n
+            feats[PREFILL_SPEC] += drafts
             feats[NUM_PREFILL] += 1
             feats[PREFILL_CTX] += before
         else:
@@ -1114,6 +1117,7 @@ class FastOutput:
     prefill_context = property(lambda self: int(self.feats[PREFILL_CTX]))
     total_tokens = property(lambda self: int(self.feats[TOTAL_TOKENS]))
     spec_tokens = property(lambda self: int(self.feats[SPEC_TOKENS]))
+    prefill_spec_tokens = property(lambda self: int(self.feats[PREFILL_SPEC]))
     free_blocks_after_schedule = property(lambda self: int(self.feats[FREE_BLOCKS]))
 
 
