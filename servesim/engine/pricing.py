@@ -66,9 +66,8 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
     # model with a draft coefficient prices padding drafts as draft tokens only.
     if params[5] != 0.0:
         prefill_tokens = prefill_tokens - prefill_draft_tokens
-    t = fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context)
-    if draft_tokens:
-        t += params[5] * draft_tokens
+    t = fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context,
+                  draft_tokens)
     return max(t, 0.0)
 
 
