@@ -560,6 +560,31 @@ def test_baseline_reports_the_plain_runs_tpot_and_the_speedup(tmp_path):
     assert no_spec.exit_code == 2 and "--baseline" in no_spec.output
 
 
+def test_baseline_passes_on_the_plain_runs_warnings(tmp_path):
+    # 8 usable blocks, k = 2: a (P=127) needs 127 + 2 lookahead slots, 9 blocks, so
+    # the speculative run rejects it at arrival (no warning: b runs). The plain run
+    # admits it (8 blocks), and it outgrows the pool at its 129th token: it could
+    # never finish, which the baseline's TPOT leaves out, so the run says so.
+    from click.testing import CliRunner
+
+    from servesim.cli.main import main
+
+    (tmp_path / "trace.jsonl").write_text(
+        '{"request_id": "a", "timestamp": 0, "input_length": 127, "output_length": 4, '
+        '"hash_ids": [1, 2, 3, 4, 5, 6, 7, 8]}\n'
+        '{"request_id": "b", "timestamp": 0, "input_length": 10, "output_length": 2, '
+        '"hash_ids": [9]}\n')
+    (tmp_path / "c.yaml").write_text((SPEC_CONFIG % ("false", "mtp", "2", "[0.5, 0.5]"))
+                                     .replace("num_gpu_blocks: 64", "num_gpu_blocks: 9"))
+    args = ["run", str(tmp_path / "c.yaml"), "-q", "-o", str(tmp_path / "out")]
+    alone = CliRunner().invoke(main, args)
+    assert alone.exit_code == 0 and "warning" not in alone.output
+    result = CliRunner().invoke(main, args + ["--baseline"])
+    assert result.exit_code == 0, result.output
+    assert ("warning: --baseline (the run without engine.speculative): 1 request(s) could "
+            "never finish" in result.output)
+
+
 def test_a_prompt_whose_lookahead_slots_never_fit_is_rejected_at_arrival():
     # k = 2, block 16, 8 usable blocks (128 slots). The prefill that completes a
     # prompt also reserves k lookahead slots: a (P=127) needs 129 slots = 9 blocks,
