@@ -307,6 +307,39 @@ def test_bad_session_input_exits_2_naming_file_and_line(tmp_path, fmt, rows, lin
     assert not out.exists()
 
 
+def test_session_rows_carry_their_accepted_lists(tmp_path):
+    # k = 2 with acceptance rates 1: without a list every draft is accepted.
+    # t0 (P=16, O=3, accepted [2]): pass 1 verifies 2 drafts, accepts 2 (3 tokens,
+    # trimmed to its last); t1 (accepted [0]) and t2 (O=3, none) follow: t1's two
+    # verifications accept none, t2's first accepts 2.
+    rows = [row(16, 3, [1], session_id="s", timestamp=0, request_id="t0", accepted=[2]),
+            row(32, 3, [1, 2], session_id="s", delay=5, request_id="t1", accepted=[0]),
+            row(48, 3, [1, 2, 3], session_id="s", delay=5, request_id="t2")]
+    w = trace(tmp_path, rows)
+    assert w.accepted_values.tolist() == [2, 0] and w.accepted_offsets.tolist() == [0, 1, 2, 2]
+    cfg = make_config(speculative={"method": "mtp", "num_speculative_tokens": 2,
+                                   "acceptance_rates": [1.0, 1.0]})
+    records, _ = run(cfg, w)
+    assert records.spec_accepted.tolist() == [2, 0, 2]
+
+
+def test_an_agent_graph_after_a_header_names_the_line_of_a_bad_accepted_list(tmp_path):
+    from servesim.errors import InputError
+
+    rows = [{"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 16},
+            dict(row(16, 1, [1], request_id="a", not_before_ms=0), session_id="g"),
+            dict(row(16, 1, [2], request_id="b", session_id="g", accepted=[-1]),
+                 dependencies=[{"request_id": "a", "trigger": "completion", "delay_ms": 0,
+                                "relation": "sequence"}])]
+    with pytest.raises(InputError, match=r"t.jsonl:3: accepted must be a non-empty list"):
+        trace(tmp_path, rows, fmt="agentic_mooncake")
+    from servesim.config.speculative_config import check_accepted
+
+    rows[2]["accepted"] = [3]  # over k = 2: checked against the config, same line
+    with pytest.raises(InputError, match=r"t.jsonl:3: accepted: entries must be in 0..2"):
+        check_accepted(trace(tmp_path, rows, fmt="agentic_mooncake"), 2)
+
+
 def test_sessions_need_an_aggregated_cluster(tmp_path):
     from servesim.errors import InputError
 

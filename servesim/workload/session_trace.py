@@ -68,6 +68,8 @@ def load_session_trace(path, fmt: str, tbs: int, limit=None) -> wl.Workload:
         wl._apply_optional_fields(dict(enumerate(rows)), path, request_ids, priority, dp_rank)
     else:
         _v2_fields(rows, path, request_ids, priority)
+    # speculative decoding's per-pass acceptance, as the plain reader takes it
+    accepted = wl._accepted_lists(dict(enumerate(rows)), path, n, base)
     arrival = np.full(n, math.nan)
     if fmt == "agentic_mooncake":
         plan = _graph(rows, path, request_ids, arrival, base)
@@ -85,7 +87,7 @@ def load_session_trace(path, fmt: str, tbs: int, limit=None) -> wl.Workload:
         request_ids=request_ids, arrival_ms=arrival, input_length=input_length,
         output_length=output_length, priority=priority, dp_rank=dp_rank,
         hash_flat=wl._hash_array(flat, offsets, path), hash_offsets=offsets,
-        trace_block_size=tbs, source=path, sessions=plan)
+        trace_block_size=tbs, source=path, sessions=plan, first_line=base, **accepted)
 
 
 def _read_rows(f, path: str, limit) -> list:
