@@ -201,6 +201,57 @@ def test_synthetic_sessions_share_a_prefix_within_a_group():
     assert w.hash_flat[w.hash_offsets[0] + 1] != w.hash_flat[w.hash_offsets[2] + 1]
 
 
+def _limited_summary(data, limit):
+    from servesim.replay.api import run as api_run
+
+    report = api_run(data, limit=limit)
+    return report.summary["sessions"], report.result.warnings
+
+
+def test_a_limit_that_cuts_a_session_reports_it_cut_not_completed():
+    # 3 sessions of 3 turns, session by session: --limit 7 keeps s0 and s1 whole
+    # and s2's first turn only. s2 is not completed (its later turns never run):
+    # completed 2 of 3, 1 truncated, and the run says so. --limit 6 cuts none.
+    data = synthetic_sessions(count=3, turns=3, new_input_tokens=100, output_tokens=4,
+                              think_time=10)
+    sessions, warnings = _limited_summary(data, 7)
+    assert (sessions["sessions"], sessions["completed_sessions"],
+            sessions["truncated_sessions"]) == (3, 2, 1)
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "workload.limit=7 cuts 1 session(s) short (2): their later turns are not replayed")
+    sessions, warnings = _limited_summary(data, 6)
+    assert (sessions["sessions"], sessions["completed_sessions"]) == (2, 2)
+    assert "truncated_sessions" not in sessions and warnings == []
+
+
+@pytest.mark.parametrize("fmt, rows, limit, cut", [
+    # interleaved chat sessions: a's second turn is row 3, beyond --limit 2
+    ("mooncake", [row(16, 1, [1], session_id="a", timestamp=0),
+                  row(16, 1, [2], session_id="b", timestamp=1),
+                  row(32, 1, [1, 3], session_id="a", delay=1)], 2, ["a"]),
+    ("mooncake", [row(16, 1, [1], session_id="a", timestamp=0),
+                  row(16, 1, [2], timestamp=1),  # a one-turn request: never cut
+                  row(32, 1, [1, 3], session_id="b", timestamp=2)], 2, []),
+    ("mooncake-delta", [row(16, 1, [1], session_id="a", timestamp=0),
+                        row(16, 1, [2], session_id="a", delay=1)], 1, ["a"]),
+    # an agent graph: c (row 3, no session_id) waits for a, so a's graph is cut
+    ("agentic_mooncake", [row(16, 1, [1], request_id="a", timestamp=0),
+                          row(16, 1, [2], request_id="b", timestamp=0),
+                          row(16, 1, [3], request_id="c", wait_for=["a"])], 2, ["a"]),
+])
+def test_a_limited_session_trace_marks_the_sessions_it_cuts(tmp_path, fmt, rows, limit, cut):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = load_workload(WorkloadConfig(trace=str(path), format=fmt, trace_block_size=16,
+                                     limit=limit), 16)
+    plan = w.sessions
+    truncated = [] if plan.truncated is None else [
+        name for name, t in zip(plan.session_ids, plan.truncated.tolist()) if t]
+    assert truncated == cut
+    s = summarize(simulate(make_config(), w), {}, 0.0)["sessions"]
+    assert s["completed_sessions"] == len(plan.session_ids) - len(cut)
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("cluster", [None, {"workers": 3, "router": "kv_aware"},
                                      {"workers": 3, "router": "session_affinity"}])

@@ -194,6 +194,13 @@ def check_run(cfg, workload, limit: int | None = None) -> list:
         where = SYNTHETIC_PLACES
     check_memory(parts, limit, where)
     warnings = []
+    cut = workload.sessions.truncated if workload.sessions is not None else None
+    if cut is not None and cut.any():
+        names = [workload.sessions.session_ids[k] for k in np.flatnonzero(cut)[:5].tolist()]
+        more = ", ..." if int(cut.sum()) > len(names) else ""
+        warnings.append(f"workload.limit={cfg.workload.limit} cuts {int(cut.sum())} session(s) short "
+                        f"({', '.join(names)}{more}): their later turns are not replayed, so the "
+                        "summary counts them as truncated_sessions, not completed_sessions")
     if samples > TELEMETRY_WARN_SAMPLES:
         warnings.append(f"output.telemetry_interval_ms: {interval:g} ms over at least "
                         f"{float(np.nanmax(workload.arrival_ms)) / 1000:.0f} s of simulated time gives more than "
