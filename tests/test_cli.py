@@ -204,6 +204,37 @@ def test_a_broken_invariant_exits_1_with_one_message(monkeypatch, tiny_config):
     assert result.exit_code == 1 and "Traceback" in result.stderr
 
 
+@pytest.mark.parametrize("command, target", [
+    (["run"], "servesim.replay.api.run"),
+    (["sweep", "--grid", "GRID"], "servesim.sweep.sweep.sweep"),
+    (["capacity", "--slo", "ttft_p99_ms=100", "--set", "workload.synthetic.arrival=constant",
+      "--set", "workload.synthetic.rate=10"], "servesim.capacity.capacity.capacity"),
+    (["search", "--grid", "GRID", "--rate", "1", "--slo", "ttft_p99_ms=100"],
+     "servesim.capacity.search.search"),
+])
+def test_every_command_that_simulates_takes_check(monkeypatch, tiny_config, tmp_path, command,
+                                                  target):
+    # --check turns the debug mode on for the simulations the command runs
+    import importlib
+    import os
+
+    seen = {}
+
+    def stop(*args, **kwargs):
+        seen["check"] = os.environ.get("SERVESIM_CHECK")
+        raise InputError("stopped here")
+
+    module, name = target.rsplit(".", 1)
+    monkeypatch.setattr(importlib.import_module(module), name, stop)
+    monkeypatch.setenv("SERVESIM_CHECK", "0")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("engine.max_num_seqs: [1, 2]\n")
+    args = [str(grid) if a == "GRID" else a for a in command]
+    result = invoke(args[0], tiny_config, *args[1:], "--check", "-o", tmp_path / "out")
+    assert seen.get("check") == "1", result.output
+    assert result.exit_code == 2 and "stopped here" in result.stderr
+
+
 def test_run_check_runs_clean(monkeypatch, tiny_config, tmp_path):
     monkeypatch.setenv("SERVESIM_CHECK", "0")
     result = invoke("run", "--check", "-q", "-o", tmp_path / "out", tiny_config)

@@ -423,6 +423,20 @@ def test_invalid_disaggregated_configs_name_the_key(change, expected):
     assert expected in _error(data)
 
 
+@pytest.mark.parametrize("pool, key, meant", [
+    ("decode", "data_parallel_sise", "data_parallel_size"),  # a pool key, not an engine key
+    ("prefill", "dataparallel_size", "data_parallel_size"),
+    ("decode", "tensor_paralel_size", "tensor_parallel_size"),
+    ("prefill", "max_num_seq", "max_num_seqs"),
+    ("decode", "pipline_parallel_size", "pipeline_parallel_size"),
+])
+def test_a_misspelt_pool_key_suggests_the_closest_key_of_the_pool(pool, key, meant):
+    # a pool's mapping takes the engine keys and its own data_parallel_size
+    data = disagg()
+    data["cluster"][pool] = {key: 2}
+    assert f"cluster.{pool}.{key}: unknown key (did you mean {meant!r}?)" in _error(data)
+
+
 def test_errors_in_a_yaml_file_name_the_line_and_the_pool_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(

@@ -232,6 +232,47 @@ def test_the_cheapest_corner_of_a_plane_is_its_minimum():
     assert corner == PassShape(4, 4, 0, 0)  # 10 - 12 + 2 = 0
 
 
+def test_the_cheapest_pass_with_drafts_is_the_minimum_over_every_pass():
+    # 10 - 3·p + 0.5·T - 1·d + 0.01·C - 0.8·D with k = 2 drafts per request over
+    # the shape above (T + d + D <= 10, D <= 2 (p + d)): brute force agrees.
+    c = (10.0, -3.0, 0.5, -1.0, 0.01, -0.8)
+    timing = TimingConfig(type="fitted", coefficients_ms=c)
+    scheduler = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=10, max_model_len=50)
+    kv = KVCacheConfig(block_size=16, num_gpu_blocks=6)
+    shape, corner, price = cheapest_pass(timing, scheduler, kv, 2)
+    assert shape.drafts_per_request == 2
+    brute = min(c[0] + c[1] * p + c[2] * t + c[3] * d + c[4] * x + c[5] * k
+                for p in range(5) for d in range(5 - p) if p + d
+                for k in range(0, 2 * (p + d) + 1) if d + k + (p > 0) * p <= 10
+                for t in (range(p, 11 - d - k) if p else [0]) for x in range(d, 50 * d + 1))
+    assert price == pytest.approx(brute)
+    assert corner.draft_tokens > 0
+    # without speculative decoding the draft coefficient prices nothing
+    assert cheapest_pass(timing, scheduler, kv)[2] == cheapest_pass(
+        TimingConfig(type="fitted", coefficients_ms=c[:5]), scheduler, kv)[2]
+
+
+def test_a_draft_coefficient_below_0_is_refused_with_speculative_decoding(tmp_path):
+    # [5, 2, 0.01, 1, 0, -0.5], budget 64, 4 seqs, k = 3 (at most 3 drafts a
+    # request): the cheapest pass is 4 decodes of 1 + 3 tokens, 5 + 4 - 0.5·12 =
+    # 3 ms (1 prefill of 1 token + 3 decodes, 12 drafts: 4.01; 1 decode: 4.5):
+    # accepted. With -1 per draft the same pass prices 5 + 4 - 12 = -3 ms: refused.
+    fine = _model(tmp_path, [5.0, 2.0, 0.01, 1.0, 0.0, -0.5], "fine.yaml")
+    spec = {"speculative": {"method": "mtp", "num_speculative_tokens": 3}}
+    _config(fine, **spec)
+    bad = _model(tmp_path, [5.0, 2.0, 0.01, 1.0, 0.0, -1.0], "bad.yaml")
+    _config(bad)  # no drafts without speculative decoding: every pass >= 5 ms
+    with pytest.raises(InputError) as info:
+        _config(bad, **spec)
+    assert str(info.value).startswith(
+        f"c.yaml: engine.timing: the fitted model {bad} prices a pass this run can schedule at "
+        "-3 ms (below 0): 4 decode request(s) holding 4 context tokens in all, with 12 draft "
+        "tokens (= intercept 5 + num_decode_requests 4 x 1 + sum_draft_tokens 12 x -1). The "
+        "run's passes have up to 4 requests (max_num_seqs) and 64 tokens "
+        "(max_num_batched_tokens) a pass, decode contexts of 1 to 1024 tokens each "
+        "(num_gpu_blocks), up to 3 draft tokens per request (num_speculative_tokens)")
+
+
 def test_a_model_that_prices_a_pass_below_0_is_refused_at_load(tmp_path):
     # Coefficients [5, 2, -0.1, 1, 0], budget 64 tokens, 4 seqs. Corners:
     # decode only >= 5 + 1 = 6; 4 prefills of 64 tokens 5 + 8 - 6.4 = 6.6;

@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -117,11 +118,37 @@ def test_a_telemetry_interval_giving_millions_of_samples_is_warned_by_validate(c
 def test_num_cpu_blocks_counts_the_blocks_the_tier_can_hold():
     pools = [PoolSize("engine", 2, 100, 10**15, 16)]
     parts = estimate_memory(pools, requests=10, request_blocks=1000, output_tokens=100)
-    # the tier never holds more blocks than there are identities
-    assert parts["engine.kv_offloading.num_cpu_blocks"][0] == 2 * 1000 * 200
+    # the tier never holds more blocks than there are identities: 1000 slots of
+    # 48 bytes, 1000 identities of 4, 100 G1 blocks of 8, on each of 2 ranks
+    assert parts["engine.kv_offloading.num_cpu_blocks"][0] == 2 * (1000 * 48 + 1000 * 4 + 100 * 8)
     with pytest.raises(InputError, match=r"^engine.kv_offloading.num_cpu_blocks: the run would need"):
-        check_memory(parts, limit=300_000)
+        check_memory(parts, limit=110_000)
     check_memory(parts, limit=10 * GiB)
+
+
+def test_the_cpu_tier_estimate_is_what_its_arrays_take():
+    # TierArrays measured: what grows with the slots held, the identities and
+    # the G1 blocks is the estimate's per-unit bytes exactly; the rest (two
+    # sentinel slots, counters, the job arrays) is a fixed few kB
+    import types
+
+    from servesim.config.preflight import CPU_GPU_BLOCK_BYTES, CPU_IDENTITY_BYTES, CPU_SLOT_BYTES
+    from servesim.kvcache.cpu_tier_kernels import TierArrays
+
+    def measured(capacity, identities, gpu_blocks):
+        config = types.SimpleNamespace(num_cpu_blocks=capacity, bytes_per_token=1,
+                                       connector="offloading", d2h_gbps=1.0, h2d_gbps=1.0)
+        t = TierArrays(config, 16, identities, gpu_blocks)
+        arrays = [v for v in vars(t).values() if isinstance(v, np.ndarray)]
+        return sum(a.nbytes for a in arrays)
+
+    base = measured(100, 1000, 50)
+    assert measured(200, 1000, 50) - base == 100 * CPU_SLOT_BYTES
+    assert measured(10**9, 1000, 50) - base == 900 * CPU_SLOT_BYTES  # held <= identities
+    assert measured(100, 3000, 50) - base == 2000 * CPU_IDENTITY_BYTES
+    assert measured(100, 1000, 550) - base == 500 * CPU_GPU_BLOCK_BYTES
+    estimate = 100 * CPU_SLOT_BYTES + 1000 * CPU_IDENTITY_BYTES + 50 * CPU_GPU_BLOCK_BYTES
+    assert 0 <= base - estimate < 16_384
 
 
 def test_a_valid_run_is_not_refused(config):

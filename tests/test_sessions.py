@@ -201,6 +201,57 @@ def test_synthetic_sessions_share_a_prefix_within_a_group():
     assert w.hash_flat[w.hash_offsets[0] + 1] != w.hash_flat[w.hash_offsets[2] + 1]
 
 
+def _limited_summary(data, limit):
+    from servesim.replay.api import run as api_run
+
+    report = api_run(data, limit=limit)
+    return report.summary["sessions"], report.result.warnings
+
+
+def test_a_limit_that_cuts_a_session_reports_it_cut_not_completed():
+    # 3 sessions of 3 turns, session by session: --limit 7 keeps s0 and s1 whole
+    # and s2's first turn only. s2 is not completed (its later turns never run):
+    # completed 2 of 3, 1 truncated, and the run says so. --limit 6 cuts none.
+    data = synthetic_sessions(count=3, turns=3, new_input_tokens=100, output_tokens=4,
+                              think_time=10)
+    sessions, warnings = _limited_summary(data, 7)
+    assert (sessions["sessions"], sessions["completed_sessions"],
+            sessions["truncated_sessions"]) == (3, 2, 1)
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "workload.limit=7 cuts 1 session(s) short (2): their later turns are not replayed")
+    sessions, warnings = _limited_summary(data, 6)
+    assert (sessions["sessions"], sessions["completed_sessions"]) == (2, 2)
+    assert "truncated_sessions" not in sessions and warnings == []
+
+
+@pytest.mark.parametrize("fmt, rows, limit, cut", [
+    # interleaved chat sessions: a's second turn is row 3, beyond --limit 2
+    ("mooncake", [row(16, 1, [1], session_id="a", timestamp=0),
+                  row(16, 1, [2], session_id="b", timestamp=1),
+                  row(32, 1, [1, 3], session_id="a", delay=1)], 2, ["a"]),
+    ("mooncake", [row(16, 1, [1], session_id="a", timestamp=0),
+                  row(16, 1, [2], timestamp=1),  # a one-turn request: never cut
+                  row(32, 1, [1, 3], session_id="b", timestamp=2)], 2, []),
+    ("mooncake-delta", [row(16, 1, [1], session_id="a", timestamp=0),
+                        row(16, 1, [2], session_id="a", delay=1)], 1, ["a"]),
+    # an agent graph: c (row 3, no session_id) waits for a, so a's graph is cut
+    ("agentic_mooncake", [row(16, 1, [1], request_id="a", timestamp=0),
+                          row(16, 1, [2], request_id="b", timestamp=0),
+                          row(16, 1, [3], request_id="c", wait_for=["a"])], 2, ["a"]),
+])
+def test_a_limited_session_trace_marks_the_sessions_it_cuts(tmp_path, fmt, rows, limit, cut):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = load_workload(WorkloadConfig(trace=str(path), format=fmt, trace_block_size=16,
+                                     limit=limit), 16)
+    plan = w.sessions
+    truncated = [] if plan.truncated is None else [
+        name for name, t in zip(plan.session_ids, plan.truncated.tolist()) if t]
+    assert truncated == cut
+    s = summarize(simulate(make_config(), w), {}, 0.0)["sessions"]
+    assert s["completed_sessions"] == len(plan.session_ids) - len(cut)
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("cluster", [None, {"workers": 3, "router": "kv_aware"},
                                      {"workers": 3, "router": "session_affinity"}])
@@ -305,6 +356,39 @@ def test_bad_session_input_exits_2_naming_file_and_line(tmp_path, fmt, rows, lin
     assert words in result.output
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_session_rows_carry_their_accepted_lists(tmp_path):
+    # k = 2 with acceptance rates 1: without a list every draft is accepted.
+    # t0 (P=16, O=3, accepted [2]): pass 1 verifies 2 drafts, accepts 2 (3 tokens,
+    # trimmed to its last); t1 (accepted [0]) and t2 (O=3, none) follow: t1's two
+    # verifications accept none, t2's first accepts 2.
+    rows = [row(16, 3, [1], session_id="s", timestamp=0, request_id="t0", accepted=[2]),
+            row(32, 3, [1, 2], session_id="s", delay=5, request_id="t1", accepted=[0]),
+            row(48, 3, [1, 2, 3], session_id="s", delay=5, request_id="t2")]
+    w = trace(tmp_path, rows)
+    assert w.accepted_values.tolist() == [2, 0] and w.accepted_offsets.tolist() == [0, 1, 2, 2]
+    cfg = make_config(speculative={"method": "mtp", "num_speculative_tokens": 2,
+                                   "acceptance_rates": [1.0, 1.0]})
+    records, _ = run(cfg, w)
+    assert records.spec_accepted.tolist() == [2, 0, 2]
+
+
+def test_an_agent_graph_after_a_header_names_the_line_of_a_bad_accepted_list(tmp_path):
+    from servesim.errors import InputError
+
+    rows = [{"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 16},
+            dict(row(16, 1, [1], request_id="a", not_before_ms=0), session_id="g"),
+            dict(row(16, 1, [2], request_id="b", session_id="g", accepted=[-1]),
+                 dependencies=[{"request_id": "a", "trigger": "completion", "delay_ms": 0,
+                                "relation": "sequence"}])]
+    with pytest.raises(InputError, match=r"t.jsonl:3: accepted must be a non-empty list"):
+        trace(tmp_path, rows, fmt="agentic_mooncake")
+    from servesim.config.speculative_config import check_accepted
+
+    rows[2]["accepted"] = [3]  # over k = 2: checked against the config, same line
+    with pytest.raises(InputError, match=r"t.jsonl:3: accepted: entries must be in 0..2"):
+        check_accepted(trace(tmp_path, rows, fmt="agentic_mooncake"), 2)
 
 
 def test_sessions_need_an_aggregated_cluster(tmp_path):

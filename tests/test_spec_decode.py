@@ -188,6 +188,32 @@ def test_a_one_token_admission_is_padded_with_k_drafts_next_to_a_running_request
     assert spec_counts(records, "b") == (0, 0)  # padding is not a real draft
 
 
+def test_only_the_running_loop_makes_an_admission_padded():
+    # vLLM 0.33 pads when `not prefill_scheduled and (scheduled_running_reqs or
+    # num_computed_tokens > 0)`: both flags come from the running loop only.
+    # k = 2; a, b: P=1, O=1, both at t=0.
+    # pass 0: nothing running; a (1 token, nothing cached): not padded; b likewise,
+    #         though a was admitted before it in the same pass
+    cfg = spec_config(2)
+    _, log = run(cfg, [dict(id="a", t=0, P=1, O=1), dict(id="b", t=0, P=1, O=1)])
+    assert [spec_sched(p) for p in log] == [[("a", 1, 0, "new", 0), ("b", 1, 0, "new", 0)]]
+
+
+def test_a_running_request_finishing_its_prompt_stops_padding():
+    # k = 1, budget 32; a: P=40 ids [1, 2, 3], O=2, accepted [0]; b: P=17 ids [1, 2],
+    # O=1 at t=5 (b's block 0 is a's: its hash covers token 16, which b shares).
+    # pass 0 [0,10]:  a 32 of 40 (a prefill chunk)
+    # pass 1 [10,20]: a 8, its last prompt tokens: it entered the pass a prefill
+    #                 chunk (`is_prefill_chunk`), so `prefill_scheduled`; b hits 16,
+    #                 1 token to compute, not padded (spec 0)
+    cfg = spec_config(1, max_num_batched_tokens=32)
+    rows = [dict(id="a", t=0, P=40, O=2, accepted=[0], hash_ids=[1, 2, 3]),
+            dict(id="b", t=5, P=17, O=1, hash_ids=[1, 2])]
+    _, log = run(cfg, rows)
+    assert [spec_sched(p) for p in log][:2] == [
+        [("a", 32, 0, "new", 0)], [("a", 8, 0, "running", 0), ("b", 1, 16, "new", 0)]]
+
+
 def test_padding_that_does_not_fit_the_budget_stops_admission():
     # k = 2, budget 4, max_num_seqs 4; a: P=2, O=3, accepted [0]; b: P=1, O=1 at t=5.
     # pass 0: a 2
@@ -317,6 +343,26 @@ def test_pricing_counts_draft_tokens_and_a_fitted_model_prices_them():
     params = np.array([1.0, 0.0, 0.0, 2.0, 0.0, 0.5])
     # one decode request with 2 drafts: 1 + 2 * 1 + 0.5 * 2
     assert price_pass(FITTED, params, 0, 0, 1, 10, 3, 1, 1.0, 2) == 4.0
+
+
+def test_a_fitted_model_prices_padding_drafts_once_as_draft_tokens(tmp_path):
+    # A record's features are disjoint (tokens = sum_prefill_tokens +
+    # num_decode_requests + sum_draft_tokens, servesim/fitting/records.py), so a
+    # padded admission's drafts are draft tokens, not prefill tokens as well.
+    # k = 2; the padding timeline above: pass 1 holds a (decode, context 41, 2
+    # drafts) and b (prefill of 1 token padded with 2 drafts).
+    from servesim.fitting import write_model
+
+    c = [1.0, 2.0, 0.5, 3.0, 0.01, 0.25]
+    model = tmp_path / "m.yaml"
+    write_model(model, c, 10, 0.9, 0.1, {"source": ["r.jsonl"], "launch_stall": None,
+                                         "window": None})
+    cfg = spec_config(2, timing={"type": "fitted", "model": str(model)})
+    rows = [dict(id="a", t=0, P=40, O=3, accepted=[0]), dict(id="b", t=5, P=1, O=1)]
+    _, log = run(cfg, rows)
+    assert spec_sched(log[1]) == [("a", 3, 0, "running", 2), ("b", 3, 0, "new", 2)]
+    assert log[1]["end_ms"] - log[1]["start_ms"] == pytest.approx(
+        c[0] + c[1] * 1 + c[2] * 1 + c[3] * 1 + c[4] * 41 + c[5] * 4)
 
 
 def test_launch_classifies_a_pass_by_its_tokens_drafts_included():
@@ -512,6 +558,31 @@ def test_baseline_reports_the_plain_runs_tpot_and_the_speedup(tmp_path):
                                                   rel=1e-5)
     no_spec = _cli(tmp_path, extra=["--baseline", "--set", "engine.speculative=null"])
     assert no_spec.exit_code == 2 and "--baseline" in no_spec.output
+
+
+def test_baseline_passes_on_the_plain_runs_warnings(tmp_path):
+    # 8 usable blocks, k = 2: a (P=127) needs 127 + 2 lookahead slots, 9 blocks, so
+    # the speculative run rejects it at arrival (no warning: b runs). The plain run
+    # admits it (8 blocks), and it outgrows the pool at its 129th token: it could
+    # never finish, which the baseline's TPOT leaves out, so the run says so.
+    from click.testing import CliRunner
+
+    from servesim.cli.main import main
+
+    (tmp_path / "trace.jsonl").write_text(
+        '{"request_id": "a", "timestamp": 0, "input_length": 127, "output_length": 4, '
+        '"hash_ids": [1, 2, 3, 4, 5, 6, 7, 8]}\n'
+        '{"request_id": "b", "timestamp": 0, "input_length": 10, "output_length": 2, '
+        '"hash_ids": [9]}\n')
+    (tmp_path / "c.yaml").write_text((SPEC_CONFIG % ("false", "mtp", "2", "[0.5, 0.5]"))
+                                     .replace("num_gpu_blocks: 64", "num_gpu_blocks: 9"))
+    args = ["run", str(tmp_path / "c.yaml"), "-q", "-o", str(tmp_path / "out")]
+    alone = CliRunner().invoke(main, args)
+    assert alone.exit_code == 0 and "warning" not in alone.output
+    result = CliRunner().invoke(main, args + ["--baseline"])
+    assert result.exit_code == 0, result.output
+    assert ("warning: --baseline (the run without engine.speculative): 1 request(s) could "
+            "never finish" in result.output)
 
 
 def test_a_prompt_whose_lookahead_slots_never_fit_is_rejected_at_arrival():

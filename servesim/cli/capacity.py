@@ -111,6 +111,7 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--ray-address", metavar="ADDR", help="Ray cluster to use, e.g. auto.")
 @click.option("--report", "html_report", is_flag=True, help="Also write report.html (needs servesim[report]).")
+@check_option
 def search_command(config, slo_options, grid, rate, capacity_mode, output_dir, limit, precision, min_rate,
                    max_rate, no_skip, jobs, executor, ray_address, html_report):
     """The deployments of a grid that meet the SLOs, fewest GPUs first.

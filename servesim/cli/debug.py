@@ -1,6 +1,6 @@
 """The debug switches of the command line (README, "Debugging"):
 
-- `--check` (`run`, `sweep`, `capacity`) or SERVESIM_CHECK=1: check the
+- `--check` (`run`, `sweep`, `capacity`, `search`) or SERVESIM_CHECK=1: check the
   scheduler's invariants after every pass (servesim/scheduler/check.py). A
   violation is a bug in servesim: the command prints one message naming the
   pass, the request and the invariant, and exits 1.

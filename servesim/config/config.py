@@ -654,6 +654,10 @@ def _pool_engine(ctx: Ctx, s: Section, pool: str, engine_data, engine: EngineCon
     if not isinstance(overrides, dict):
         ctx.fail(path, f"must be a mapping of engine keys (overrides of engine for the {pool} "
                  f"workers) and data_parallel_size, got {show(overrides)}")
+    pool_keys = (*_ENGINE_KEYS, "data_parallel_size")
+    for key in overrides:  # the did-you-mean knows the pool's own key too
+        if key not in pool_keys:
+            ctx.fail(join(path, key), "unknown key" + did_you_mean(key, pool_keys, list_all=True))
     overrides = {key: value for key, value in overrides.items() if key != "data_parallel_size"}
     merged = {**(engine_data if isinstance(engine_data, dict) else {}), **overrides}
 

@@ -76,7 +76,8 @@ def check_engine_pricing(ctx: Ctx, sub, engine: EngineConfig) -> None:
 
     if timing.type in NEVER_NEGATIVE or timing.type == "aic":  # aic: measured, positive times
         return
-    shape, corner, price = cheapest_pass(timing, engine.scheduler, engine.kv_cache)
+    k = engine.speculative.num_speculative_tokens if engine.speculative is not None else 0
+    shape, corner, price = cheapest_pass(timing, engine.scheduler, engine.kv_cache, k)
     if not price < 0 and not math.isnan(price):
         return
     ctx.fail(sub("timing"),
@@ -117,15 +118,16 @@ def _model_name(engine: EngineConfig) -> str:
 def _terms(engine: EngineConfig, corner) -> str:
     """' = intercept 5.2 + num_decode_requests 256 x -0.07 + ...' for a
     fitted model (the coefficients that make the price), else ''."""
-    from servesim.config.config import FITTED_FEATURES
+    from servesim.config.config import FITTED_FEATURES, FITTED_SPEC_FEATURE
 
     timing = engine.timing
     if timing.type != "fitted":
         return ""
     values = (1, corner.num_prefill_requests, corner.prefill_tokens, corner.decode_requests,
-              corner.decode_context)
+              corner.decode_context, corner.draft_tokens)
     terms = [f"intercept {timing.coefficients_ms[0]:.6g}"]
-    for name, value, c in zip(FITTED_FEATURES[1:], values[1:], timing.coefficients_ms[1:]):
+    names = FITTED_FEATURES + (FITTED_SPEC_FEATURE,)
+    for name, value, c in zip(names[1:], values[1:], timing.coefficients_ms[1:]):
         if value and c:
             terms.append(f"{name} {value} x {c:.6g}")
     return " (= " + " + ".join(terms) + ")"

@@ -29,7 +29,11 @@ from servesim.errors import InputError
 # Bytes, from the arrays a run allocates (rounded up).
 GPU_BLOCK_BYTES = 48  # kvcache/block_pool.py: 6 int64 fields per block, per rank
 IDENTITY_BYTES = 4  # the block pool's identity -> block map (int32), per rank
-CPU_ENTRY_BYTES = 200  # kvcache/cpu_tier.py: one OrderedDict entry per CPU block held
+# kvcache/cpu_tier_kernels.py `TierArrays`, per rank with a CPU tier (its job
+# arrays grow with the jobs in flight, not with a config key):
+CPU_SLOT_BYTES = 48  # per slot held: the tier's NUM_TIER_ROWS (5) int64 rows + a free-slot entry (int64)
+CPU_IDENTITY_BYTES = 4  # `slot_of`: each block identity's slot (int32)
+CPU_GPU_BLOCK_BYTES = 8  # `storing`: the latest store reading each G1 block (int64)
 TOKEN_BYTES = 16  # engine/release.py: a client time per output token, then its compact copy
 REQUEST_BLOCK_BYTES = 16  # block identities (int64) and block tables (int32) per request block
 REQUEST_BYTES = 1024  # per-request state, records and output rows
@@ -91,9 +95,11 @@ def estimate_memory(pools, requests: int, request_blocks: int, output_tokens: in
             p.ranks * (p.num_gpu_blocks * GPU_BLOCK_BYTES + identities * IDENTITY_BYTES),
             f"{p.ranks} rank(s) x {p.num_gpu_blocks} blocks")
         if p.num_cpu_blocks:
-            held = min(p.num_cpu_blocks, identities)
+            held = min(p.num_cpu_blocks, identities)  # TierArrays' slots: it never holds more
             parts[f"{p.key}.kv_offloading.num_cpu_blocks"] = (
-                p.ranks * held * CPU_ENTRY_BYTES, f"{p.ranks} rank(s) x up to {held} CPU blocks")
+                p.ranks * (held * CPU_SLOT_BYTES + identities * CPU_IDENTITY_BYTES
+                           + p.num_gpu_blocks * CPU_GPU_BLOCK_BYTES),
+                f"{p.ranks} rank(s) x up to {held} CPU blocks")
     parts["output_length"] = (output_tokens * TOKEN_BYTES, f"{output_tokens} output tokens")
     parts["input_length"] = (request_blocks * REQUEST_BLOCK_BYTES + requests * REQUEST_BYTES,
                              f"{requests} requests, {request_blocks} KV blocks")
@@ -188,6 +194,13 @@ def check_run(cfg, workload, limit: int | None = None) -> list:
         where = SYNTHETIC_PLACES
     check_memory(parts, limit, where)
     warnings = []
+    cut = workload.sessions.truncated if workload.sessions is not None else None
+    if cut is not None and cut.any():
+        names = [workload.sessions.session_ids[k] for k in np.flatnonzero(cut)[:5].tolist()]
+        more = ", ..." if int(cut.sum()) > len(names) else ""
+        warnings.append(f"workload.limit={cfg.workload.limit} cuts {int(cut.sum())} session(s) short "
+                        f"({', '.join(names)}{more}): their later turns are not replayed, so the "
+                        "summary counts them as truncated_sessions, not completed_sessions")
     if samples > TELEMETRY_WARN_SAMPLES:
         warnings.append(f"output.telemetry_interval_ms: {interval:g} ms over at least "
                         f"{float(np.nanmax(workload.arrival_ms)) / 1000:.0f} s of simulated time gives more than "

@@ -60,6 +60,7 @@ def check_accepted(workload, k: int):
 
         pos = int(np.flatnonzero(bad)[0])
         row = int(np.searchsorted(workload.accepted_offsets, pos, side="right")) - 1
-        where = f"{workload.source}:{row + 1}" if workload.source else f"request {workload.request_ids[row]}"
+        where = (f"{workload.source}:{row + workload.first_line}" if workload.source
+                 else f"request {workload.request_ids[row]}")
         raise InputError(f"{where}: accepted: entries must be in 0..{k} "
                          f"(engine.speculative.num_speculative_tokens), got {int(values[pos])}")

@@ -6,8 +6,14 @@ config never imports Numba.
 """
 
 
-def fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context):
+def fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context,
+              draft_tokens=0):
     """A `fitted` model's price before the clamp at 0: the intercept plus
-    each forward-pass-record feature times its coefficient."""
-    return (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
-            + params[3] * decode_requests + params[4] * decode_context)
+    each forward-pass-record feature times its coefficient (the sixth,
+    `sum_draft_tokens`, only when there are draft tokens: a five-feature
+    model has none)."""
+    t = (params[0] + params[1] * num_prefill_requests + params[2] * prefill_tokens
+         + params[3] * decode_requests + params[4] * decode_context)
+    if draft_tokens:
+        t += params[5] * draft_tokens
+    return t

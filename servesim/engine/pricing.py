@@ -8,7 +8,9 @@ scheduled tokens, draft tokens included), `requests` (scheduled requests),
 `draft_tokens` (speculative decoding's draft tokens, 0 without it; the
 `fitted` model's optional sixth feature `sum_draft_tokens` prices them),
 `prefill_context` (computed tokens of the prefill requests before the pass;
-the `aic` tables use it).
+the `aic` tables use it), `prefill_draft_tokens` (the draft tokens of prefill
+requests, an admission's padding: counted in both `prefill_tokens` and
+`draft_tokens`).
 """
 
 import numpy as np
@@ -31,7 +33,7 @@ _TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": 
 @njit
 def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_requests,
                decode_context, tokens, requests, kv_capacity_tokens, draft_tokens=0,
-               prefill_context=0):
+               prefill_context=0, prefill_draft_tokens=0):
     """Milliseconds of GPU time for one pass of one rank."""
     if model == TABLE:
         return table_pass_ms(params, prefill_tokens, num_prefill_requests, prefill_context,
@@ -59,9 +61,13 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
     # FITTED: intercept + the four forward-pass-record features (+ draft
     # tokens, 0 for a five-feature model), clamped at 0 (a run whose passes
     # could price below 0 is refused at config load: servesim/engine/price_floor.py).
-    t = fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context)
-    if draft_tokens:
-        t += params[5] * draft_tokens
+    # A record's features are disjoint (tokens = sum_prefill_tokens +
+    # num_decode_requests + sum_draft_tokens, servesim/fitting/records.py): a
+    # model with a draft coefficient prices padding drafts as draft tokens only.
+    if params[5] != 0.0:
+        prefill_tokens = prefill_tokens - prefill_draft_tokens
+    t = fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context,
+                  draft_tokens)
     return max(t, 0.0)
 
 
@@ -71,7 +77,8 @@ def price_features(model, params, feats, kv_capacity_tokens):
     return price_pass(model, params, feats[fast.PREFILL_TOKENS], feats[fast.NUM_PREFILL],
                       feats[fast.DECODE_REQS], feats[fast.DECODE_CTX],
                       feats[fast.TOTAL_TOKENS], feats[fast.N_SCHED], kv_capacity_tokens,
-                      feats[fast.SPEC_TOKENS], feats[fast.PREFILL_CTX])
+                      feats[fast.SPEC_TOKENS], feats[fast.PREFILL_CTX],
+                      feats[fast.PREFILL_SPEC])
 
 
 class PassPricer:
@@ -105,4 +112,5 @@ class PassPricer:
         return price_pass(self.model, self.params, out.prefill_tokens,
                           out.num_prefill_requests, out.decode_requests,
                           out.decode_context, out.total_tokens, out.num_scheduled,
-                          self.kv_capacity_tokens, out.spec_tokens, out.prefill_context)
+                          self.kv_capacity_tokens, out.spec_tokens, out.prefill_context,
+                          out.prefill_spec_tokens)

@@ -168,7 +168,11 @@ def run(
         plain = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, speculative=None),
                              output=attrs.evolve(cfg.output, pass_log=False,
                                                  telemetry_interval_ms=None))
-        summary = with_baseline(summary, simulate(plain, workload))
+        plain_result = simulate(plain, workload)
+        summary = with_baseline(summary, plain_result)
+        # the baseline's own warnings (its TPOT is over its finished requests)
+        result.warnings.extend(f"--baseline (the run without engine.speculative): {w}"
+                               for w in plain_result.warnings if w not in result.warnings)
     if cfg.engine.deployment is not None:
         from servesim.deployment.summary import deployment_summary
 

@@ -330,7 +330,7 @@ class Replay:
         finish_ms[has_tokens] = client[offsets[1:][has_tokens] - 1]
         if w.sessions is not None:
             extra = dict(extra, session_ids=w.sessions.session_ids, session=w.sessions.session,
-                         turn=w.sessions.turn)
+                         turn=w.sessions.turn, session_truncated=w.sessions.truncated)
         return RequestRecords(
             ids=list(w.request_ids), arrival_ms=self.arrival_ms,
             first_token_ms=first_token_ms, finish_ms=finish_ms,

@@ -34,7 +34,9 @@ class RequestRecords:
     off). `worker` / `dp_rank` are then the decode worker's.
 
     Session workloads (servesim/workload/sessions.py) add `session` (index into
-    `session_ids`) and `turn` per request (None otherwise).
+    `session_ids`) and `turn` per request (None otherwise), and
+    `session_truncated` per session (None: no session cut short by
+    `workload.limit`).
     """
 
     ids: list
@@ -64,6 +66,7 @@ class RequestRecords:
     session_ids: list | None = None
     session: np.ndarray | None = None
     turn: np.ndarray | None = None
+    session_truncated: np.ndarray | None = None
 
     # speculative decoding (None without it): real drafts scheduled / accepted
     spec_drafted: np.ndarray | None = None

@@ -11,13 +11,17 @@ from servesim.results.records import STATUS_FINISHED
 def session_summary(rec) -> dict:
     """`sessions` of summary.json. A session's duration runs from its first
     arrival to its last token at the client, over sessions whose requests all
-    finished. Hit rates are cached prompt tokens at first admission (G1 and
+    finished and that `workload.limit` did not cut short (those are counted
+    in `truncated_sessions`, present only when there are some). Hit rates are cached prompt tokens at first admission (G1 and
     CPU tier) over the prompt tokens of the requests admitted, per turn."""
     session, turn = rec.session, rec.turn
     num_sessions = len(rec.session_ids)
     finished = rec.status == STATUS_FINISHED
     turns = np.bincount(session, minlength=num_sessions)
     done = np.bincount(session, weights=finished, minlength=num_sessions) == turns
+    cut = rec.session_truncated
+    if cut is not None:
+        done &= ~cut
     start = np.full(num_sessions, np.inf)
     np.minimum.at(start, session, np.where(np.isfinite(rec.arrival_ms), rec.arrival_ms, np.inf))
     end = np.full(num_sessions, -np.inf)
@@ -38,7 +42,7 @@ def session_summary(rec) -> dict:
     for k in range(depth):
         m = finished & (turn == k)
         means.append(_round(float(ttft[m].mean())) if m.any() else None)
-    return {
+    out = {
         "sessions": num_sessions,
         "completed_sessions": int(done.sum()),
         "turns_mean": _round(float(turns.mean())) if num_sessions else 0.0,
@@ -52,6 +56,10 @@ def session_summary(rec) -> dict:
         "prefix_cache_hit_rate_by_turn": [
             _round(h / q) if q else 0.0 for h, q in zip(by_turn_hits.tolist(), by_turn_queries.tolist())],
     }
+    if cut is not None and cut.any():
+        out = {key: out[key] for key in ("sessions", "completed_sessions")} | {
+            "truncated_sessions": int(cut.sum())} | out
+    return out
 
 
 def with_sessions(summary: dict, rec) -> dict:

@@ -104,8 +104,10 @@ KIND_NAMES = ("new", "resumed", "running")  # the pass log's `kind`, by `PassKin
 F_SAMPLES = 1  # flags of an entry
 # feats
 (N_SCHED, N_PRE, N_UNFIN, PREFILL_TOKENS, NUM_PREFILL, DECODE_REQS, DECODE_CTX,
- TOTAL_TOKENS, FREE_BLOCKS, SPEC_TOKENS, PREFILL_CTX) = range(11)
-NUM_FEATS = 11  # SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS)
+ TOTAL_TOKENS, FREE_BLOCKS, SPEC_TOKENS, PREFILL_CTX, PREFILL_SPEC) = range(12)
+# SPEC_TOKENS: draft tokens scheduled (included in TOTAL_TOKENS); PREFILL_SPEC:
+# those of prefill requests (an admission's padding, included in PREFILL_TOKENS)
+NUM_FEATS = 12
 # `kv`, the optional last argument of `schedule` and `update_from_output`: the
 # state of loads that wait ahead of the queue and of the CPU tier, the tuple
 # (wfk, KO, KC, *TierArrays.arrays(), lanes, storing, KF) — `wfk[:S[0].num_waiting_for_kv]`
@@ -717,20 +719,26 @@ def scheduled_drafts(R, i, num_new):
 def _padding_drafts(R, cfg, out, feats, hit):
     """`Scheduler.schedule`, waiting loop (vllm/v1/core/sched/scheduler.py):
     an admission with one token to compute is padded with k never-accepted
-    drafts when no request scheduled
-    in this pass is a prefill chunk, a request was already scheduled in this
-    pass or the admission has cached tokens, and `hit + 1 + k + 1 <=
-    max_model_len`. Returns the padding drafts (0: none)."""
+    drafts when no request the running loop scheduled in this pass entered
+    it as a prefill chunk (`prefill_scheduled`, from `is_prefill_chunk`: its
+    computed tokens below its prefill target, docs/engine.md §10), a request
+    of the running loop was scheduled (`scheduled_running_reqs`) or the
+    admission has cached tokens, and `hit + 1 + k + 1 <= max_model_len`.
+    Admissions earlier in the waiting loop count for neither. Returns the
+    padding drafts (0: none)."""
     k = cfg[0].num_speculative_tokens
     if hit + k + 2 > cfg[0].max_model_len:
         return 0
-    if feats[N_SCHED] == 0 and hit == 0:
-        return 0
+    running_scheduled = False
     for e in range(feats[N_SCHED]):
+        if out[O_KIND, e] != PassKind.RUNNING:
+            continue
+        running_scheduled = True
         j = out[O_REQ, e]
-        if (R[j].num_computed_tokens + out[O_TOK, e] < R[j].num_tokens
-            + R[j].num_output_placeholders):
+        if R[j].num_computed_tokens < R[j].prefill_target_tokens:
             return 0  # a prefill chunk
+    if not running_scheduled and hit == 0:
+        return 0
     return k
 
 
@@ -760,6 +768,7 @@ def _update_after_schedule(R, cfg, out, feats):
         feats[SPEC_TOKENS] += drafts
         if before < R[i].prefill_target_tokens:
             feats[PREFILL_TOKENS] += n
+            feats[PREFILL_SPEC] += drafts
             feats[NUM_PREFILL] += 1
             feats[PREFILL_CTX] += before
         else:
@@ -1108,6 +1117,7 @@ class FastOutput:
     prefill_context = property(lambda self: int(self.feats[PREFILL_CTX]))
     total_tokens = property(lambda self: int(self.feats[TOTAL_TOKENS]))
     spec_tokens = property(lambda self: int(self.feats[SPEC_TOKENS]))
+    prefill_spec_tokens = property(lambda self: int(self.feats[PREFILL_SPEC]))
     free_blocks_after_schedule = property(lambda self: int(self.feats[FREE_BLOCKS]))
 
 

@@ -21,9 +21,11 @@
 Every error names the file and line.
 """
 
+import itertools
 import json
 import math
 
+import attrs
 import numpy as np
 
 from servesim.errors import InputError
@@ -40,7 +42,7 @@ def load_session_trace(path, fmt: str, tbs: int, limit=None) -> wl.Workload:
     wl._check_block_size(tbs)
     with wl._open_text(path) as f:
         try:
-            rows = _read_rows(f, str(path), limit)
+            rows, beyond = _read_rows(f, str(path), limit)
         except wl._READ_ERRORS as e:
             raise wl._corrupt(path, e) from None
     path = str(path)
@@ -68,6 +70,8 @@ def load_session_trace(path, fmt: str, tbs: int, limit=None) -> wl.Workload:
         wl._apply_optional_fields(dict(enumerate(rows)), path, request_ids, priority, dp_rank)
     else:
         _v2_fields(rows, path, request_ids, priority)
+    # speculative decoding's per-pass acceptance, as the plain reader takes it
+    accepted = wl._accepted_lists(dict(enumerate(rows)), path, n, base)
     arrival = np.full(n, math.nan)
     if fmt == "agentic_mooncake":
         plan = _graph(rows, path, request_ids, arrival, base)
@@ -78,6 +82,8 @@ def load_session_trace(path, fmt: str, tbs: int, limit=None) -> wl.Workload:
             plan.session.tolist(), input_length, output_length, hashes, tbs, path,
             list(range(1, n + 1)))
         plan = ss.chain_plan(plan.session_ids, plan.session, plan.turn, plan.delay_ms, start)
+    if beyond is not None:
+        plan = _mark_truncated(plan, rows, request_ids, fmt, *beyond)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum([len(h) for h in hashes], out=offsets[1:])
     flat = [x for h in hashes for x in h]
@@ -85,16 +91,19 @@ def load_session_trace(path, fmt: str, tbs: int, limit=None) -> wl.Workload:
         request_ids=request_ids, arrival_ms=arrival, input_length=input_length,
         output_length=output_length, priority=priority, dp_rank=dp_rank,
         hash_flat=wl._hash_array(flat, offsets, path), hash_offsets=offsets,
-        trace_block_size=tbs, source=path, sessions=plan)
+        trace_block_size=tbs, source=path, sessions=plan, first_line=base, **accepted)
 
 
-def _read_rows(f, path: str, limit) -> list:
-    """The JSON objects of the trace, one per line (trailing blank lines only)."""
+def _read_rows(f, path: str, limit) -> tuple:
+    """`(rows, beyond)`: the JSON objects of the trace, one per line
+    (trailing blank lines only), and when `limit` stopped the reading before
+    the end, what the rows after it say of sessions (`_beyond_the_limit`),
+    else None."""
     rows = []
     blank = 0
     for line in f:
         if limit is not None and len(rows) == limit:
-            break
+            return rows, _beyond_the_limit(line, f)
         if not line.strip():
             blank = blank or len(rows) + 1
             continue
@@ -109,7 +118,52 @@ def _read_rows(f, path: str, limit) -> list:
             raise InputError(f"{path}:{len(rows) + 1}: a row must be a JSON object, "
                              f"got {type(obj).__name__}")
         rows.append(obj)
-    return rows
+    return rows, None
+
+
+def _beyond_the_limit(first, f) -> tuple:
+    """`(session ids, request ids waited for)` of the rows after the limit,
+    from `first` (the first such line) on: all that tells whether a session
+    replayed goes on past the limit. The rows are not replayed, so they are
+    not checked either (a line that does not parse says nothing)."""
+    sessions, waited = set(), set()
+    for line in itertools.chain((first,), f):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        sid = obj.get("session_id")
+        if type(sid) in (str, int):
+            sessions.add(str(sid))
+        deps = obj.get("wait_for")
+        if type(deps) is list:
+            waited.update(d for d in deps if type(d) is str)
+        deps = obj.get("dependencies")
+        if type(deps) is list:
+            waited.update(d.get("request_id") for d in deps if isinstance(d, dict))
+    return sessions, waited
+
+
+def _mark_truncated(plan, rows, request_ids, fmt, later_sessions, waited) -> ss.SessionPlan:
+    """`plan` with the sessions that go on past the limit marked `truncated`:
+    a later row carries their session_id or (an agent graph) waits for one of
+    their requests. A row without a session_id is a session of its own in a
+    chat trace: nothing continues it."""
+    cut = np.zeros(len(plan.session_ids), dtype=bool)
+    if fmt == "agentic_mooncake":
+        for k, name in enumerate(plan.session_ids):
+            cut[k] = name in later_sessions
+        for i, rid in enumerate(request_ids):
+            if rid in waited:
+                cut[plan.session[i]] = True
+    else:
+        for i, obj in enumerate(rows):
+            sid = obj.get("session_id")
+            if sid is not None and str(sid) in later_sessions:
+                cut[plan.session[i]] = True
+    return attrs.evolve(plan, truncated=cut) if cut.any() else plan
 
 
 def _lengths(obj, path, line, tbs, delta):

@@ -42,7 +42,9 @@ class SessionPlan:
     come from the trace's hash ids; -1 otherwise. `dep_delay_ms` (per entry
     of `dep_flat`, None: all 0) delays each dependency's finish on its own
     (Dynamo's versioned agentic rows): a request is ready at the latest
-    `finish + dep_delay_ms` among its dependencies, plus `delay_ms`."""
+    `finish + dep_delay_ms` among its dependencies, plus `delay_ms`.
+    `truncated` (per session, None: none) marks the sessions `workload.limit`
+    cut short: requests of theirs beyond the limit are not replayed."""
 
     session_ids: list
     session: np.ndarray  # int64
@@ -52,6 +54,7 @@ class SessionPlan:
     dep_flat: np.ndarray  # int64
     stream_start: np.ndarray  # int64
     dep_delay_ms: np.ndarray | None = None  # float64, len(dep_flat)
+    truncated: np.ndarray | None = None  # bool, per session
 
     def roots(self) -> np.ndarray:
         return np.flatnonzero(np.diff(self.dep_offsets) == 0)
@@ -89,9 +92,13 @@ def scale_delays(plan: SessionPlan, speedup: float) -> SessionPlan:
 
 def head_plan(plan: SessionPlan, n: int) -> SessionPlan:
     """The plan of the first `n` requests (a chain's dependencies come before
-    it, so they stay within the first `n`; sessions left empty are dropped)."""
+    it, so they stay within the first `n`; sessions left empty are dropped,
+    those with requests beyond `n` marked `truncated`)."""
     end = int(plan.dep_offsets[n])
     kept, session = np.unique(plan.session[:n], return_inverse=True)
+    truncated = np.isin(kept, plan.session[n:])
+    if plan.truncated is not None:
+        truncated |= plan.truncated[kept]
     return SessionPlan(session_ids=[plan.session_ids[k] for k in kept.tolist()],
                        session=session.astype(np.int64), turn=plan.turn[:n].copy(),
                        delay_ms=plan.delay_ms[:n].copy(),
@@ -99,7 +106,8 @@ def head_plan(plan: SessionPlan, n: int) -> SessionPlan:
                        dep_flat=plan.dep_flat[:end].copy(),
                        stream_start=plan.stream_start[:n].copy(),
                        dep_delay_ms=None if plan.dep_delay_ms is None
-                       else plan.dep_delay_ms[:end].copy())
+                       else plan.dep_delay_ms[:end].copy(),
+                       truncated=truncated if truncated.any() else None)
 
 
 # ----------------------------------------------------------------- delta prompts

@@ -30,8 +30,8 @@ class Workload:
     block may be partial); two requests share a prefix of k trace blocks iff
     their first k hash ids are equal. `priority` defaults to 0, `dp_rank` to -1
     (not pinned). `concurrency` is the closed-loop bound (None: open loop).
-    `source` and `lines` name the file and line of each row for messages
-    (lines are 1-based; synthetic workloads have source None).
+    `source` and `first_line` name the file and the line of request 0 for
+    messages (rows follow one a line; synthetic workloads have source None).
     `sessions` (a `servesim.workload.sessions.SessionPlan`, None for independent
     requests): requests in file order whose arrivals wait for others'
     finishes; their `arrival_ms` is NaN except for roots.
@@ -54,6 +54,7 @@ class Workload:
     # accepted_values[accepted_offsets[i]:accepted_offsets[i+1]] (None: no row has one)
     accepted_values: np.ndarray | None = None  # int64
     accepted_offsets: np.ndarray | None = None  # int64, len n + 1
+    first_line: int = 1  # the line of request 0 in `source` (2 after a header line)
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -410,10 +411,11 @@ def _mooncake_workload(rows, path: str, tbs: int) -> Workload:
     )
 
 
-def _accepted_lists(extras: dict, path: str, n: int) -> dict:
+def _accepted_lists(extras: dict, path: str, n: int, base: int = 1) -> dict:
     """The `accepted` lists of speculative decoding (lists of integers >= 0;
     their upper bound, num_speculative_tokens, is checked against the config
-    in servesim/config/speculative_config.py)."""
+    in servesim/config/speculative_config.py). `extras` maps a row index to
+    its fields; row 0 is on line `base`."""
     counts = np.zeros(n, dtype=np.int64)
     values = []
     for row in sorted(extras):
@@ -421,7 +423,7 @@ def _accepted_lists(extras: dict, path: str, n: int) -> dict:
         if a is None:
             continue
         if type(a) is not list or not a or any(type(v) is not int or v < 0 for v in a):
-            raise InputError(f"{path}:{row + 1}: accepted must be a non-empty list of integers "
+            raise InputError(f"{path}:{row + base}: accepted must be a non-empty list of integers "
                              f">= 0 (drafts accepted per verification pass), got {a!r}")
         counts[row] = len(a)
         values.extend(a)
