@@ -88,6 +88,27 @@ MAX_NUM_BATCHED_TOKENS = 8192
 # --concurrency CONC --request-count CONC*10.
 PROTOCOLS = ("benchmark_serving", "genai_perf")
 
+# The rows of NVIDIA's Dynamo node jobs (`gtl_job_id=... image=...ai-dynamo/
+# ...-runtime`) measure one 8-GPU node serving the row's deployment as
+# 8 / (TP x PP) aggregated replicas behind Dynamo's frontend, and their
+# `batch_size` is the node's concurrency: the job's TRT-LLM rows hold 32, 64,
+# 128, 224 clients at TP 1, 2, 4, 8, and its vLLM Qwen3-32B fp8 rows (TP 1,
+# c 24; TP 2, c 48) a TPOT below the database's own decode-only step for that
+# many requests on one replica (TP 2: 11.6 ms measured, 15.7-19.5 ms for
+# 48 decodes of 4,500 tokens), while their TTFT is one prompt's prefill
+# (TP 2: 185 ms measured, 180 ms in the database). servesim replays such a row
+# as that many workers behind a round-robin router (Dynamo's default).
+NODE_GPUS = 8
+
+
+def replicas(row):
+    """Aggregated replicas that served the row: 8 / (TP x PP) for a Dynamo
+    node job, else 1."""
+    if "gtl_job_id=" not in row["silicon_data_source"]:
+        return 1
+    gpus = int(_num(row["tp_size"], 1)) * int(_num(row["pp_size"], 1))
+    return max(NODE_GPUS // gpus, 1)
+
 
 def model_of(row):
     return MODEL_ALIASES.get(row["model_path"], row["model_path"])
@@ -124,6 +145,7 @@ def row_config(row, protocol=None):
             "output_tokens": _lengths(osl) if protocol == "benchmark_serving" else osl,
             "arrival": "burst", "concurrency": conc, "seed": 1}},
         "engine": engine,
+        "cluster": {"workers": replicas(row), "router": "round_robin"},
         "output": {"per_request": True},
     }
 
@@ -262,7 +284,7 @@ def main(argv=None):
             continue
         r = {"id": row["id"], "model": row["model_path"], "gpu": row["system"],
              "tp": row["tp_size"], "ep": row["moe_ep_size"], "precision": row["precision"],
-             "protocol": args.protocol or "benchmark_serving",
+             "protocol": args.protocol or "benchmark_serving", "replicas": replicas(row),
              "isl": int(row["isl"]), "osl": int(row["osl"]), "concurrency": int(_num(row["batch_size"])),
              "silicon_ttft_ms": ttft_true, "silicon_tpot_ms": tpot_true,
              "servesim_ttft_ms": ttft, "servesim_tpot_ms": tpot, "passes": passes,
