@@ -79,6 +79,18 @@ PROMPTS_PER_CLIENT = 10
 MAX_NUM_BATCHED_TOKENS = 8192
 
 
+def vllm_default_max_num_seqs(system):
+    """vLLM's default `max_num_seqs` for its OpenAI server on `system`
+    (`EngineArgs.get_batch_defaults` in vLLM 0.12): 1024 on a
+    GPU of at least 70 GiB that is not an A100, else 256. No row's benchmark
+    sets it; it sizes the sampler's logits in vLLM's profiling pass, so the KV
+    capacity."""
+    from servesim.deployment.gpus import GPUS
+
+    big = GPUS[system].hbm_bytes >= 70 * (1 << 30) and not system.startswith("a100")
+    return 1024 if big else 256
+
+
 # The Qwen3-32B, Qwen3-235B-A22B-FP8 and Llama-3.1-8B rows come from NVIDIA's
 # own gap analysis (`source_file=.../aic-auto-gap-analysis/...`), whose client
 # the package does not name; they are simulated like the others. `--protocol
@@ -130,7 +142,7 @@ def row_config(row, protocol=None):
         "gpu": row["system"],
         "tensor_parallel_size": tp,
         "enable_expert_parallel": ep > 1,
-        "max_num_seqs": max(256, conc),
+        "max_num_seqs": max(vllm_default_max_num_seqs(row["system"]), conc),
         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
         "max_model_len": isl + osl,
         "enable_prefix_caching": False,
@@ -175,7 +187,7 @@ def static_estimate(row):
     ep = int(_num(row["moe_ep_size"], 1)) or 1
     moe_tp = int(_num(row["moe_tp_size"], 0)) or (1 if ep > 1 else tp)
     kwargs = dict(backend_name="vllm", isl=int(row["isl"]), osl=int(row["osl"]),
-                  batch_size=int(_num(row["batch_size"])), tp_size=tp,
+                  batch_size=max(int(_num(row["batch_size"])) // replicas(row), 1), tp_size=tp,
                   pp_size=int(_num(row["pp_size"], 1)))
     from servesim.deployment.specs import load_model_spec
 
