@@ -6,8 +6,10 @@ no attention DP), simulate the benchmark that measured it (InferenceX's
 vLLM benchmark_serving.py run, see MODEL_ALIASES and RANGE_RATIO below: a
 closed loop of CONC clients all starting at once, CONC*10 random prompts
 sharing nothing, prompt and output lengths uniform in [0.8 L, L], vLLM's
-defaults otherwise) and compare its mean TTFT and TPOT over all requests
-with the measured means. Next to it, AIConfigurator's own static estimate
+defaults otherwise; a Dynamo node job's row as 8 / (TP x PP) replicas, see
+`replicas`) and compare its mean TTFT and TPOT over all requests with the
+measured means. `benchmarks/silicon_breakdown.py` reads the `--out` rows and
+shows where the error comes from. Next to it, AIConfigurator's own static estimate
 (`aiconfigurator.cli.api.cli_estimate`, aggregated mode) for the same row,
 when the `aiconfigurator` package is installed. No constant is fitted to the
 measurements.
