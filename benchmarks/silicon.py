@@ -6,8 +6,10 @@ no attention DP), simulate the benchmark that measured it (InferenceX's
 vLLM benchmark_serving.py run, see MODEL_ALIASES and RANGE_RATIO below: a
 closed loop of CONC clients all starting at once, CONC*10 random prompts
 sharing nothing, prompt and output lengths uniform in [0.8 L, L], vLLM's
-defaults otherwise) and compare its mean TTFT and TPOT over all requests
-with the measured means. Next to it, AIConfigurator's own static estimate
+defaults otherwise; a Dynamo node job's row as 8 / (TP x PP) replicas, see
+`replicas`) and compare its mean TTFT and TPOT over all requests with the
+measured means. `benchmarks/silicon_breakdown.py` reads the `--out` rows and
+shows where the error comes from. Next to it, AIConfigurator's own static estimate
 (`aiconfigurator.cli.api.cli_estimate`, aggregated mode) for the same row,
 when the `aiconfigurator` package is installed. No constant is fitted to the
 measurements.
@@ -79,6 +81,18 @@ PROMPTS_PER_CLIENT = 10
 MAX_NUM_BATCHED_TOKENS = 8192
 
 
+def vllm_default_max_num_seqs(system):
+    """vLLM's default `max_num_seqs` for its OpenAI server on `system`
+    (`EngineArgs.get_batch_defaults` in vLLM 0.12): 1024 on a
+    GPU of at least 70 GiB that is not an A100, else 256. No row's benchmark
+    sets it; it sizes the sampler's logits in vLLM's profiling pass, so the KV
+    capacity."""
+    from servesim.deployment.gpus import GPUS
+
+    big = GPUS[system].hbm_bytes >= 70 * (1 << 30) and not system.startswith("a100")
+    return 1024 if big else 256
+
+
 # The Qwen3-32B, Qwen3-235B-A22B-FP8 and Llama-3.1-8B rows come from NVIDIA's
 # own gap analysis (`source_file=.../aic-auto-gap-analysis/...`), whose client
 # the package does not name; they are simulated like the others. `--protocol
@@ -87,6 +101,27 @@ MAX_NUM_BATCHED_TOKENS = 8192
 # genai_perf_runner.py): genai-perf with fixed lengths (stddev 0),
 # --concurrency CONC --request-count CONC*10.
 PROTOCOLS = ("benchmark_serving", "genai_perf")
+
+# The rows of NVIDIA's Dynamo node jobs (`gtl_job_id=... image=...ai-dynamo/
+# ...-runtime`) measure one 8-GPU node serving the row's deployment as
+# 8 / (TP x PP) aggregated replicas behind Dynamo's frontend, and their
+# `batch_size` is the node's concurrency: the job's TRT-LLM rows hold 32, 64,
+# 128, 224 clients at TP 1, 2, 4, 8, and its vLLM Qwen3-32B fp8 rows (TP 1,
+# c 24; TP 2, c 48) a TPOT below the database's own decode-only step for that
+# many requests on one replica (TP 2: 11.6 ms measured, 15.7-19.5 ms for
+# 48 decodes of 4,500 tokens), while their TTFT is one prompt's prefill
+# (TP 2: 185 ms measured, 180 ms in the database). servesim replays such a row
+# as that many workers behind a round-robin router (Dynamo's default).
+NODE_GPUS = 8
+
+
+def replicas(row):
+    """Aggregated replicas that served the row: 8 / (TP x PP) for a Dynamo
+    node job, else 1."""
+    if "gtl_job_id=" not in row["silicon_data_source"]:
+        return 1
+    gpus = int(_num(row["tp_size"], 1)) * int(_num(row["pp_size"], 1))
+    return max(NODE_GPUS // gpus, 1)
 
 
 def model_of(row):
@@ -109,7 +144,7 @@ def row_config(row, protocol=None):
         "gpu": row["system"],
         "tensor_parallel_size": tp,
         "enable_expert_parallel": ep > 1,
-        "max_num_seqs": max(256, conc),
+        "max_num_seqs": max(vllm_default_max_num_seqs(row["system"]), conc),
         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
         "max_model_len": isl + osl,
         "enable_prefix_caching": False,
@@ -124,6 +159,7 @@ def row_config(row, protocol=None):
             "output_tokens": _lengths(osl) if protocol == "benchmark_serving" else osl,
             "arrival": "burst", "concurrency": conc, "seed": 1}},
         "engine": engine,
+        "cluster": {"workers": replicas(row), "router": "round_robin"},
         "output": {"per_request": True},
     }
 
@@ -153,7 +189,7 @@ def static_estimate(row):
     ep = int(_num(row["moe_ep_size"], 1)) or 1
     moe_tp = int(_num(row["moe_tp_size"], 0)) or (1 if ep > 1 else tp)
     kwargs = dict(backend_name="vllm", isl=int(row["isl"]), osl=int(row["osl"]),
-                  batch_size=int(_num(row["batch_size"])), tp_size=tp,
+                  batch_size=max(int(_num(row["batch_size"])) // replicas(row), 1), tp_size=tp,
                   pp_size=int(_num(row["pp_size"], 1)))
     from servesim.deployment.specs import load_model_spec
 
@@ -262,7 +298,7 @@ def main(argv=None):
             continue
         r = {"id": row["id"], "model": row["model_path"], "gpu": row["system"],
              "tp": row["tp_size"], "ep": row["moe_ep_size"], "precision": row["precision"],
-             "protocol": args.protocol or "benchmark_serving",
+             "protocol": args.protocol or "benchmark_serving", "replicas": replicas(row),
              "isl": int(row["isl"]), "osl": int(row["osl"]), "concurrency": int(_num(row["batch_size"])),
              "silicon_ttft_ms": ttft_true, "silicon_tpot_ms": tpot_true,
              "servesim_ttft_ms": ttft, "servesim_tpot_ms": tpot, "passes": passes,

@@ -348,6 +348,20 @@ def test_closed_loop_releases_the_next_request_at_each_completion_across_workers
     assert _in_flight_max(rec) == 2
 
 
+@pytest.mark.parametrize("pass_log", [True, False])
+def test_closed_loop_releases_the_next_request_when_the_last_token_reaches_the_client(pass_log):
+    # concurrency 1, one worker, 10 ms passes, detokenize_ms 2: a (P=16, O=2)
+    # runs [0,10] and [10,20]; its tokens reach the client at 12 and 22, so
+    # the client sends b at 22 (not at a's engine release, 20): b runs
+    # [22,32] and its token reaches the client at 34.
+    rows = [dict(id="a", t=0, P=16, O=2), dict(id="b", t=0, P=16, O=1)]
+    cfg = cluster_config(1, 1, pass_log=pass_log, detokenize_ms=2.0)
+    rec = sim(cfg, workload(rows, concurrency=1)).records
+    assert rec.first_token_ms.tolist() == [12, 34]
+    assert rec.finish_ms.tolist() == [22, 34]
+    assert rec.arrival_ms.tolist() == [0, 22]
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("pass_log", [True, False])
 def test_closed_loop_never_has_more_than_n_in_flight_and_releases_at_finish_instants(

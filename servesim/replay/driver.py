@@ -201,24 +201,28 @@ class Replay:
         self._left(i)
 
     def _left(self, i):
-        """Request i left the system; with sessions, what waited for it is
-        released after its last token reached the client (now, if it never
-        finished)."""
-        if self.sessions is None:
-            return self._release_next()
-        self.num_done += 1
+        """Request i left the system: what waited for it (the closed loop's
+        next request, a session's dependents) is released when its last
+        token reached the client, `finish_ms` with `detokenize_ms` (now, if it
+        never finished): a client sends its next request once it has the
+        answer (spec README §4)."""
         now = self.loop.now
         finish = max(now, float(self.tokens.last_client[i])) if self.status[i] == STATUS_FINISHED else now
+        if self.sessions is None:
+            return self._release_next(finish)
+        self.num_done += 1
         self.sessions.done(i, finish)
 
-    def _release_next(self):
-        """A request left the system: closed loop releases the next one now."""
+    def _release_next(self, at=None):
+        """A request left the system: closed loop releases the next one at
+        `at` (default now)."""
         self.num_done += 1
         if self._next_release < len(self.workload):
             j = self._next_release
             self._next_release += 1
-            self.arrival_ms[j] = self.loop.now
-            self.loop.schedule(self.loop.now, ARRIVAL, self._on_arrival, j)
+            t = self.loop.now if at is None else at
+            self.arrival_ms[j] = t
+            self.loop.schedule(t, ARRIVAL, self._on_arrival, j)
 
     def on_pass(self, core, p):
         if self._check_table is not None:
