@@ -1,6 +1,6 @@
 """servesim: a GPU-free simulator of LLM serving on vLLM engines.
 
-`servesim.run(config) -> Report` is the Python API (spec README §5). It is
+`servesim.run(config) -> Report` is the Python API (README.md, "Errors and faults"). It is
 imported lazily, so `import servesim` (and `servesim --help`) does not load
 NumPy, Numba or the engine.
 """

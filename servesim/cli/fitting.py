@@ -1,4 +1,4 @@
-"""The `servesim fit` and `servesim evaluate` commands (spec README §2, fitting.md).
+"""The `servesim fit` and `servesim evaluate` commands (README.md, "A quick tour"; docs/fitting.md).
 
 Both read forward-pass records, apply `--launch-stall` before anything else
 when given (and change nothing without it), and raise InputError on bad
@@ -61,7 +61,7 @@ def _load(records_files, launch_stall_path, capture_size):
 @_LAUNCH_STALL
 @click.option("--window", type=click.IntRange(min=1), metavar="W",
               help="Fit on sums over windows of at least W consecutive records that end "
-                   "before a decode pass (fitting.md §4); needs no stall values.")
+                   "before a decode pass (docs/fitting.md); needs no stall values.")
 @_CAPTURE_SIZE
 @click.option("-o", "--output", "output_path", required=True, metavar="MODEL.yaml",
               type=click.Path(dir_okay=False), help="Where to write the fitted model.")

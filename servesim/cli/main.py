@@ -1,4 +1,4 @@
-"""The `servesim` command line (spec README §2).
+"""The `servesim` command line (README.md, "A quick tour").
 
 One click group, a command per verb. Errors are mapped to exit codes in one
 place, :meth:`ServesimGroup.invoke`: :class:`InputError` -> "error: ..." and

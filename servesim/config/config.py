@@ -1,4 +1,4 @@
-"""Read, validate and write the YAML config (spec README §3).
+"""Read, validate and write the YAML config (README.md, "Config").
 
 `load_config` reads a YAML file (ruamel.yaml, keeping the line of every key),
 applies `--set dotted.key=value` overrides and builds the frozen attrs
@@ -207,7 +207,7 @@ def _cluster_to_data(cluster: ClusterConfig, engine: EngineConfig) -> dict:
 
 
 def read_fitted_model(model_path: str) -> tuple:
-    """The five `coefficients_ms` of a fitted model file (fitting.md §2), checked:
+    """The five `coefficients_ms` of a fitted model file (docs/fitting.md), checked:
     `type: fitted`, `features` exactly FITTED_FEATURES (optionally followed
     by FITTED_SPEC_FEATURE), one finite number per feature.
     Other keys (records, r2, mape, metadata, ...) are not checked."""
@@ -342,7 +342,7 @@ def _format_from_name(ctx: Ctx, trace: str) -> str:
 
 
 def _synthetic(ctx: Ctx, data, engine: EngineConfig) -> SyntheticConfig:
-    """`workload.synthetic` (spec README §3-4)."""
+    """`workload.synthetic` (README.md, "Config")."""
     d = _defaults(SyntheticConfig)
     s = Section(ctx, data, "workload.synthetic", list(d))
     arrival = s.get("arrival", enum("burst", "poisson", "constant"), d["arrival"])

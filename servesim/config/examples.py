@@ -1,4 +1,4 @@
-"""Ready configs printed by `servesim example [NAME]` (spec README §2).
+"""Ready configs printed by `servesim example [NAME]` (README.md, "A quick tour").
 
 Trace-based examples replay the bundled first 1,000 rows of Mooncake's
 conversation trace (`servesim/data/README.md`), named by its absolute path in

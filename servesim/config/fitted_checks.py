@@ -1,7 +1,7 @@
 """Cross-checks of an engine's pricing model against the rest of its config.
 
 - :func:`read_fitted_provenance`: what a fitted model file's `metadata` says
-  about the records it was fitted on (`servesim fit` writes it, fitting.md §2):
+  about the records it was fitted on (`servesim fit` writes it, docs/fitting.md):
   the capture size that told pass kinds apart and whether launches were moved
   back to their own passes (`--launch-stall`, `--window`).
 - :func:`check_engine_pricing`: at config load, for `engine` and for each pool

@@ -1,4 +1,4 @@
-"""The `fitted` pricing formula (docs/fitting.md §2) as plain Python, with no Numba.
+"""The `fitted` pricing formula (docs/docs/fitting.md) as plain Python, with no Numba.
 
 `servesim/engine/pricing.py` compiles it into the pricing kernel; the config
 check of `servesim/engine/price_floor.py` calls it as it is, so loading a

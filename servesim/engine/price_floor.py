@@ -1,7 +1,7 @@
 """The cheapest pass a run can schedule, priced before any clamp at 0.
 
 A `fitted` model is a plane through the four forward-pass-record features
-(docs/fitting.md §2); fitted on records that never reach some corner of the
+(docs/docs/fitting.md); fitted on records that never reach some corner of the
 feature space, it can price such a corner below 0 ms, and the pricing kernel
 would then run the pass in 0 ms without saying so. This module finds the
 lowest price any pass of the run can get, so the config loader can refuse the

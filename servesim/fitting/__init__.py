@@ -1,4 +1,4 @@
-"""Calibrate pass times from measured forward-pass records (fitting.md).
+"""Calibrate pass times from measured forward-pass records (docs/fitting.md).
 
 `records` reads and validates the JSONL records; `launch_stall` moves each
 pass's launch back to its own record (`--launch-stall`); `fit` fits the

@@ -1,4 +1,4 @@
-"""Score a fitted model on forward-pass records (fitting.md §5).
+"""Score a fitted model on forward-pass records (docs/fitting.md).
 
 Per pass kind (decode, piecewise, eager; `ForwardPassRecords.kinds`): the
 number of records, mean recorded and predicted ms, mean signed and absolute

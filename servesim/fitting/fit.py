@@ -1,4 +1,4 @@
-"""Fit the `fitted` pass-time model (fitting.md §2, §4) and write its file.
+"""Fit the `fitted` pass-time model (docs/fitting.md) and write its file.
 
 Ordinary least squares with an intercept of the pass time (ms) on the four
 record features, either per record or, with `--window W`, on window sums:
@@ -165,7 +165,7 @@ def model_features(num_coefficients: int) -> list:
 
 
 def write_model(path, coefficients, records: int, r2, mape, metadata: dict) -> None:
-    """Write the model file of fitting.md §2 (loads with
+    """Write the model file of docs/fitting.md (loads with
     `servesim.config.config.read_fitted_model`). `metadata` is
     `{source: [file names], launch_stall: <stall file contents> | None,
     window: W | None}`. Written to a temporary file and renamed, so a failure

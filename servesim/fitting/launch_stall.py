@@ -1,4 +1,4 @@
-"""`--launch-stall` (fitting.md §3): move each pass's launch back to its own record.
+"""`--launch-stall` (docs/fitting.md): move each pass's launch back to its own record.
 
 With async scheduling on a one-GPU vLLM worker, pass k+1 is launched before the
 engine processes pass k's output, and the record of pass k ends when that

@@ -1,4 +1,4 @@
-"""Forward-pass records (fitting.md §1): read, validate, hold as arrays.
+"""Forward-pass records (docs/fitting.md): read, validate, hold as arrays.
 
 A records file is JSONL; each line is one pass of one engine, either an object
 
@@ -15,7 +15,7 @@ Every bad line is an :class:`InputError` naming `file:line`: malformed JSON,
 missing or non-numeric fields, negative features, NaN or infinite numbers, a
 repeated `(worker_id, counter_id)`. `wall_time` may be negative: with async
 scheduling the record before an eager pass can carry more of that pass's
-launch than the pass's own time (fitting.md §3), so a raw record is kept as
+launch than the pass's own time (docs/fitting.md), so a raw record is kept as
 written (the `fit` command says how many; `--launch-stall` corrects them).
 `worker_id` and `counter_id` are optional here (an empty `worker_id` counts as
 none); `--launch-stall` and `--window` need them

@@ -1,4 +1,4 @@
-"""The Python API (spec README §5): `servesim.run(config) -> Report`.
+"""The Python API (README.md, "Errors and faults"): `servesim.run(config) -> Report`.
 
 Everything the CLI does goes through here: load the config, apply overrides,
 load the workload, simulate, summarise; `Report.write(dir)` writes the files.

@@ -205,7 +205,7 @@ class Replay:
         next request, a session's dependents) is released when its last
         token reached the client, `finish_ms` with `detokenize_ms` (now, if it
         never finished): a client sends its next request once it has the
-        answer (spec README §4)."""
+        answer (README.md, "Config")."""
         now = self.loop.now
         finish = max(now, float(self.tokens.last_client[i])) if self.status[i] == STATUS_FINISHED else now
         if self.sessions is None:
@@ -387,7 +387,7 @@ def _add_cpu_tier_stats(stats: RunStats, connector):
 
 
 def _pass_record(core, dp_rank, index, p, out, scheduled, preempted, finished):
-    """One line of `passes.jsonl` (spec README §6); in disaggregated mode with
+    """One line of `passes.jsonl` (README.md, "Outputs"); in disaggregated mode with
     the worker's `pool` (its `worker` index is within the pool)."""
     record = {"pass": index}
     if core.pool is not None:

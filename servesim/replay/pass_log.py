@@ -1,4 +1,4 @@
-"""The pass log of compiled runs (`passes.jsonl`, spec README §6), read from the
+"""The pass log of compiled runs (`passes.jsonl`, README.md, "Outputs"), read from the
 `PassLogBuffer` the compiled pass loop fills (servesim/engine/fast_run.py).
 
 `CompiledPassLog` is a sequence of the same dicts the pass-by-pass driver

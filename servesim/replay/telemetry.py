@@ -1,5 +1,5 @@
 """Telemetry: samples of every worker's ranks at fixed simulated-time ticks
-(spec README §6, `telemetry.jsonl`).
+(README.md, "Outputs", `telemetry.jsonl`).
 
 Tick i is at `i · interval` ms (computed, not accumulated, so ticks do not
 drift); its sample shows the state after every event at or before the tick,

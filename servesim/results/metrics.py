@@ -1,4 +1,4 @@
-"""The run's figures: `summary.json` (spec README §6, "Metrics").
+"""The run's figures: `summary.json` (README.md, "Outputs", "Metrics").
 
 Latency metrics are taken over finished requests only; rejected and
 unfinished requests count in `requests`/`rejected`/`unfinished` and nowhere

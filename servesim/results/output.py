@@ -1,4 +1,4 @@
-"""Writing a run's report files (spec README §6): `summary.json`,
+"""Writing a run's report files (README.md, "Outputs"): `summary.json`,
 `requests.jsonl`, `passes.jsonl`, `telemetry.jsonl`.
 
 One folder holds one run (README "Errors and faults"). The folder is locked

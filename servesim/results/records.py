@@ -136,7 +136,7 @@ class RunStats:
 @attrs.define(eq=False)
 class SimulationResult:
     """The driver's output. `pass_log` is a sequence of dicts in the format of
-    `passes.jsonl` (spec README §6) when the pass log was asked for, else None
+    `passes.jsonl` (README.md, "Outputs") when the pass log was asked for, else None
     (a list, or for compiled runs a `replay.pass_log.CompiledPassLog` over the
     compiled loop's buffer, which also writes its lines); `telemetry` a list
     likewise for `telemetry.jsonl`. `itl_quantiles` is itl_quantiles.json's

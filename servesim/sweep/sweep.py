@@ -1,4 +1,4 @@
-"""Parameter sweeps: `servesim sweep CONFIG --grid GRID` (spec README §2).
+"""Parameter sweeps: `servesim sweep CONFIG --grid GRID` (README.md, "A quick tour").
 
 A grid file names the config keys to vary and their values, in one of two forms:
 

@@ -1,4 +1,4 @@
-"""Synthetic workloads (spec README §3-4): seeded lengths and arrivals.
+"""Synthetic workloads (README.md, "Config"): seeded lengths and arrivals.
 
 Every prompt is unique except a prefix of `shared_prefix_tokens` common to
 all requests. Prompts are encoded as hash ids with one id per trace block of
@@ -9,7 +9,7 @@ id. A large unit keeps the ids small: 100,000 prompts of 1,024 tokens take
 4 ids each, not 64.
 All arrays are built vectorised (no Python object per request besides its
 id string), so 100,000 requests of ~1024 tokens stay far below the memory
-target (spec README §9).
+target (README.md, "Benchmarks").
 """
 
 import numpy as np

@@ -2,7 +2,7 @@
 
 A :class:`Workload` is a structure of arrays, one entry per request in arrival
 order (ties keep file order). Loaders for Mooncake JSONL, Azure CSV and
-synthetic workloads build it (spec README §4).
+synthetic workloads build it (README.md, "Config").
 """
 
 import datetime as _dt
@@ -80,7 +80,7 @@ _READ_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, OSError, UnicodeDecodeEr
 
 
 def load_workload(cfg, block_size: int) -> Workload:
-    """Build the workload of a `WorkloadConfig` (spec README §3-4).
+    """Build the workload of a `WorkloadConfig` (README.md, "Config").
 
     A trace (Mooncake JSONL or Azure CSV) or a synthetic workload; `limit`
     keeps the first N rows, arrivals are shifted so the first is at 0 and
