@@ -152,11 +152,15 @@ class EngineCore:
         # rank (a disaggregated pool's handoffs are attached after this)
         self.compiled = None
         self.pass_log = pass_log
-        if pool is None and not self.connectors:
+        if pool is None:
             self.compiled = fast_run.CompiledWorker(
                 self.ranks, index, {None: -1, "prefill": 0, "decode": 1}[pool],
                 self.async_scheduling, launch_params(self.launch), usage, counters)
         self._decide_scheduled = False
+        # the compiled loop's one live event on the event loop: its key and
+        # token (an earlier wake replaces it; the one it replaced is ignored)
+        self._resume_key = None
+        self._resume_token = 0
         self._transfer_wake_ms = None  # an idle engine's wake at a transfer's end
         self._busy_ms = 0.0  # GPU time of the passes decided pass by pass
         self._num_passes = 0
@@ -214,7 +218,7 @@ class EngineCore:
                 loop = self.loop
                 loop.seq += 1
                 c.wake(loop.now, loop.seq)
-                loop.push(loop.now, DECIDE, loop.seq, self._resume)
+                self._push_resume(loop.now, DECIDE, loop.seq)
             return
         if not self.in_flight and not self._decide_scheduled:
             self._decide_scheduled = True
@@ -383,10 +387,25 @@ class EngineCore:
 
     # -- the compiled pass loop ---------------------------------------------
 
-    def _resume(self, _):
+    def _push_resume(self, t, order, seq):
+        """Put the compiled loop's next event on the event loop, unless the
+        one already there comes first (an idle engine's transfer wake, then
+        an arrival at the same instant: the wake runs first and finds the
+        arrival's decision pending)."""
+        key = (t, order, seq)
+        if self._resume_key is not None and self._resume_key < key:
+            return
+        self._resume_key = key
+        self._resume_token += 1
+        self.loop.push(t, order, seq, self._resume, self._resume_token)
+
+    def _resume(self, token):
         """The compiled loop's next event, popped off the event loop: run the
         worker's events from it up to the observer's horizon
         (engine/fast_run.py), reporting what it returns for."""
+        if token != self._resume_token:
+            return  # replaced by an earlier event
+        self._resume_key = None
         c = self.compiled
         loop = self.loop
         observer = self.observer
@@ -402,8 +421,8 @@ class EngineCore:
                 for i in c.finished[:n].tolist():
                     observer.on_done(i, finished=True)
             if state == fast_run.HORIZON:
-                loop.push(float(c.wt[fast_run.T_NEXT]), int(c.ws[fast_run.W_NEXT_ORDER]),
-                          int(c.ws[fast_run.W_NEXT_SEQ]), self._resume)
+                self._push_resume(float(c.wt[fast_run.T_NEXT]), int(c.ws[fast_run.W_NEXT_ORDER]),
+                                  int(c.ws[fast_run.W_NEXT_SEQ]))
                 break
             if state == fast_run.IDLE:
                 break

@@ -58,21 +58,26 @@ from servesim.engine.pricing import price_features
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
 # change; edit this line with them. Table layout 3.)
 from servesim.jit import njit
+from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import fast
 from servesim.scheduler.fast import LIVELOCK_PREEMPTIONS
+from servesim.scheduler.fast_table import KVLoad
 
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
 U_AREA, U_MAX, U_VALUE, U_SINCE = range(4)
 C_PASSES, C_TOKENS = range(2)
 
-IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL = range(5)
+IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL, ROOM = range(6)
 # ws (int64 worker state)
 (W_HEAD, W_COUNT, W_DECIDE, W_DSEQ, W_SEQ, W_PHASE, W_PASSES, W_ASYNC, W_STOP,
- W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE) = range(16)
-NUM_WS = 16
-# wt (float64 worker times)
-T_DECIDE, T_BUSY, T_NOW, T_NEXT = range(4)
+ W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE, W_NXW) = range(17)
+NUM_WS = 17
+# wt (float64 worker times); T_XWAKE: the pending transfer wake's instant (-1: none)
+T_DECIDE, T_BUSY, T_NOW, T_NEXT, T_XWAKE = range(5)
+NUM_WT = 5
+# the kinds of the worker's events
+EV_NONE, EV_END, EV_DECIDE, EV_XWAKE = range(4)
 # ws[W_DECIDE]: the decision pending
 DEC_NONE, DEC_PASS, DEC_WAKE, DEC_NOW = 0, 1, 2, 3
 PH_NORMAL, PH_SETTLE = 0, 1
@@ -162,19 +167,76 @@ def _next_seq(ws):
 
 
 @njit
+def _first_wake(xw_t, xw_s, n):
+    """The transfer wake with the smallest key `(time, DECIDE, seq)`."""
+    best = 0
+    for k in range(1, n):
+        if xw_t[k] < xw_t[best] or (xw_t[k] == xw_t[best] and xw_s[k] < xw_s[best]):
+            best = k
+    return best
+
+
+@njit
+def _kv_room(kv_t, S_t, ranks, width, num_gpu_blocks):
+    """Whether every rank's CPU-tier job arrays hold the jobs of one call
+    (`FastScheduler._kv`'s bound, which `TierArrays.ensure_room` grows to)."""
+    for r in range(ranks):
+        kv = kv_t[r]
+        KS = kv[9]
+        jobs = 2 * width + min(S_t[r][0].num_waiting, num_gpu_blocks)
+        if (KS[ct.K_JOBS] + jobs > kv[6].shape[0]
+                or KS[ct.K_JB] + 3 * num_gpu_blocks > kv[8].shape[1]):
+            return False
+    return True
+
+
+@njit
+def _submit(kv, j, at_ms):
+    """A decided CPU-tier job onto its lane at `at_ms` (cpu_tier_kernels.submit)."""
+    ct.submit(kv[10], kv[11], kv[6], kv[7], kv[8], kv[9], kv[12], j, at_ms)
+
+
+@njit
+def _next_completion_ms(kv_t, ranks):
+    """The earliest finish of a CPU-tier transfer not yet retired on any
+    rank (-1.0: none)."""
+    t = -1.0
+    for r in range(ranks):
+        kv = kv_t[r]
+        f = ct.next_completion_ms(kv[10], kv[7], kv[9])
+        if f >= 0 and (t < 0 or f < t):
+            t = f
+    return t
+
+
+@njit
+def _has_requests(S_t, ranks):
+    """Anything to run or wait for on some rank (`FastScheduler.has_requests`)."""
+    for r in range(ranks):
+        S = S_t[r]
+        if (S[0].num_running + S[0].num_waiting + S[0].num_waiting_for_kv
+                + S[0].num_delayed_free_requests > 0):
+            return True
+    return False
+
+
+@njit
 def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, detokenize_ms,
-               blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, usage, counters,
-               model, params, kv_capacity, num_gpu_blocks, launch,
-               outs, feats, pidx, ptime, pseq, ws, wt, finished, taken,
+               blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, held_t, usage, counters,
+               model, params, kv_capacity, num_gpu_blocks, launch, kv_t,
+               outs, feats, pidx, ptime, pseq, ws, wt, xw_t, xw_s, finished, taken,
                h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
     """Run the worker's events up to the horizon (module docstring); returns
     the state handed back. `outs[slot, rank]`, `feats[slot, rank]`,
     `pidx[slot, rank]` (the pass's index on that rank, -1 for an empty batch),
     `ptime[slot]`, `pseq[slot]` describe the batch queue's passes in flight
-    (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`)."""
+    (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`). `kv_t`: each rank's `kv`
+    tuple (`FastScheduler._kv`; None: no CPU tier), `xw_t[:ws[W_NXW]]`,
+    `xw_s`: the transfer wakes pending (instant, sequence)."""
     ranks = feats.shape[1]
     width = outs.shape[3]
     priority = cfg[0].priority_scheduling
+    cpu = cfg[0].kv_source == fast.KV_SOURCE_CPU  # (read under `kv_t is not None`)
     n_fin = 0
     ws[W_NOUT] = 0
     while True:
@@ -187,18 +249,30 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
             t = wt[T_NOW]
         else:
             # the next of the worker's events, in key order
+            kind = EV_NONE
+            t, order, seq = 0.0, 0, 0
             if count == 2 or (count == 1 and decide != DEC_PASS):
-                t, order, seq, is_end = ptime[head, P_END], PASS_END, pseq[head], True
-            elif decide == DEC_NONE:
+                t, order, seq, kind = ptime[head, P_END], PASS_END, pseq[head], EV_END
+            elif decide != DEC_NONE:
+                order = PASS_END if decide == DEC_PASS else DECIDE
+                t, seq, kind = wt[T_DECIDE], ws[W_DSEQ], EV_DECIDE
+            x = -1
+            if ws[W_NXW] and decide != DEC_NOW:
+                x = _first_wake(xw_t, xw_s, ws[W_NXW])
+                if kind == EV_NONE or _before(xw_t[x], DECIDE, xw_s[x], t, order, seq):
+                    t, order, seq, kind = xw_t[x], DECIDE, xw_s[x], EV_XWAKE
+            if kind == EV_NONE:
                 ws[W_NFIN] = n_fin
                 return IDLE
-            else:
-                order = PASS_END if decide == DEC_PASS else DECIDE
-                t, seq, is_end = wt[T_DECIDE], ws[W_DSEQ], False
-            if is_end and log_on and not _log_room(lcount, lhead, lsched, lpre, lfin, ranks,
-                                                   width):
+            if kind == EV_END and log_on and not _log_room(lcount, lhead, lsched, lpre, lfin,
+                                                           ranks, width):
                 ws[W_NFIN] = n_fin
                 return LOG_FULL
+            if kv_t is not None:
+                if cpu and (ws[W_NXW] + 1 >= len(xw_t)
+                            or not _kv_room(kv_t, S_t, ranks, width, num_gpu_blocks)):
+                    ws[W_NFIN] = n_fin
+                    return ROOM
             if not (ws[W_FORCE] or decide == DEC_NOW
                     or _before(t, order, seq, h_time, h_order, h_seq)):
                 wt[T_NEXT] = t
@@ -207,9 +281,9 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 ws[W_NFIN] = n_fin
                 return HORIZON
             ws[W_FORCE] = 0
-            if is_end:
+            wt[T_NOW] = t
+            if kind == EV_END:
                 # the outputs of the pass at the head of the queue
-                wt[T_NOW] = t
                 following = 1 - head
                 release = max(t, ptime[following, P_LAUNCH_END]) if count == 2 else t
                 finished_here = 0
@@ -218,11 +292,24 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                     if index < 0:
                         continue
                     pscal = pscal_t[r]
-                    n = fast.update_from_output(
-                        R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
-                        S_t[r], running_t[r], wq_t[r], outs[head, r],
-                        feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
-                        client_ms, token_offsets, last_client, finished[n_fin:])
+                    if kv_t is None:
+                        n = fast.update_from_output(
+                            R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
+                            S_t[r], running_t[r], wq_t[r], outs[head, r],
+                            feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
+                            client_ms, token_offsets, last_client, finished[n_fin:], None,
+                            held_t[r])
+                    else:
+                        kv = kv_t[r]
+                        n = fast.update_from_output(
+                            R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
+                            S_t[r], running_t[r], wq_t[r], outs[head, r],
+                            feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
+                            client_ms, token_offsets, last_client, finished[n_fin:], kv,
+                            held_t[r])
+                        if cpu:
+                            _submit_finished_stores(kv, ptime[following, P_END]
+                                                    if count == 2 else t)
                     if log_on:
                         _log_pass(lhead, ltime, lsched, lpre, lfin, lcount, ws, ptime, head, r,
                                   index, outs[head, r], feats[head, r], finished[n_fin:], n)
@@ -231,37 +318,66 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                     track_usage(usage[r], pscal, num_gpu_blocks, t)
                 ws[W_HEAD] = following
                 ws[W_COUNT] = count - 1
-                if count == 1:
-                    has_requests = False
-                    for r in range(ranks):
-                        if S_t[r][0].num_running + S_t[r][0].num_waiting > 0:
-                            has_requests = True
-                    if has_requests:  # an idle engine wakes (after arrivals at t)
-                        ws[W_DECIDE] = DEC_WAKE
-                        wt[T_DECIDE] = t
-                        ws[W_DSEQ] = _next_seq(ws)
+                if count == 1 and _has_requests(S_t, ranks):
+                    # an idle engine wakes (after arrivals at t)
+                    ws[W_DECIDE] = DEC_WAKE
+                    wt[T_DECIDE] = t
+                    ws[W_DSEQ] = _next_seq(ws)
                 if finished_here and ws[W_STOP]:
                     ws[W_NFIN] = n_fin
                     return FINISHED
                 continue
-            # a decision at t: every rank's schedule()
-            wt[T_NOW] = t
+            if kind == EV_XWAKE:
+                # a transfer's end wakes an idle engine (`_wake_at_next_transfer`)
+                last = ws[W_NXW] - 1
+                xw_t[x] = xw_t[last]
+                xw_s[x] = xw_s[last]
+                ws[W_NXW] = last
+                if wt[T_XWAKE] == t:
+                    wt[T_XWAKE] = -1.0
+                if count or decide != DEC_NONE:
+                    continue
+            # a decision at t: every rank's schedule() (transfers finished by
+            # now take effect first; the loads and preemption stores decided
+            # go out at once)
             ws[W_DECIDE] = DEC_NONE
+            if kv_t is not None:
+                if cpu:
+                    for r in range(ranks):
+                        _poll(kv_t[r], R, t)
             n_taken = 0
             for r in range(ranks):
                 S = S_t[r]
                 feats[tail, r, :] = 0
                 if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
+                    if kv_t is None:
+                        holders = fast._check_holders(S, running_t[r], None, held_t[r])
+                    else:
+                        holders = fast._check_holders(S, running_t[r], kv_t[r], held_t[r])
+                        KC = kv_t[r][2]
+                        for row in range(fast.NUM_KO_ROWS):
+                            if row != fast.KO_FSTORES:
+                                KC[row] = 0
                     n_taken += fast.take_out_all(R, idents, tables, blocks_t[r], idmap_t[r],
                                                  pscal_t[r], cfg, S, running_t[r], wq_t[r],
-                                                 priority, fast._check_holders(S, running_t[r]),
-                                                 outs[tail, r], feats[tail, r], taken[n_taken:])
+                                                 priority, holders, outs[tail, r],
+                                                 feats[tail, r], taken[n_taken:])
                     continue
-                fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg, S,
-                              running_t[r], wq_t[r], outs[tail, r], feats[tail, r])
+                if kv_t is None:
+                    fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg,
+                                  S, running_t[r], wq_t[r], outs[tail, r], feats[tail, r], None,
+                                  held_t[r])
+                else:
+                    fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg,
+                                  S, running_t[r], wq_t[r], outs[tail, r], feats[tail, r],
+                                  kv_t[r], held_t[r])
                 for e in range(feats[tail, r, fast.N_UNFIN]):
                     taken[n_taken] = outs[tail, r, fast.O_UNFIN, e]
                     n_taken += 1
+            if kv_t is not None:
+                if cpu:
+                    for r in range(ranks):
+                        _submit_decided(kv_t[r], t)
             for r in range(ranks):
                 track_usage(usage[r], pscal_t[r], num_gpu_blocks, t)
             if n_taken:
@@ -277,12 +393,21 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
             if feats[tail, r, fast.N_PRE]:
                 preempted = True
         if not scheduled:
-            if count == 0 and preempted:  # only preempted, idle: decide again at once
-                ws[W_DECIDE] = DEC_NOW
-                wt[T_DECIDE] = t
+            if count == 0:
+                if preempted:  # only preempted, idle: decide again at once
+                    ws[W_DECIDE] = DEC_NOW
+                    wt[T_DECIDE] = t
+                elif kv_t is not None:
+                    if cpu:
+                        _wake_at_next_transfer(kv_t, S_t, ranks, ws, wt, xw_t, xw_s)
             continue  # else wait: for the pass in flight's end, or an arrival
-        # launch it: it starts when the pass in flight ends
+        # launch it: it starts when the pass in flight ends, and no earlier
+        # than the stores still reading the G1 blocks it writes
         start = max(t, ptime[head, P_END]) if count == 1 else t
+        if kv_t is not None:
+            if cpu:
+                for r in range(ranks):
+                    start = max(start, _store_done_ms(kv_t[r]))
         duration = 0.0
         prefill_tokens = total_tokens = 0
         for r in range(ranks):
@@ -306,12 +431,77 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
         ptime[tail, P_LAUNCH_END] = launch_end
         wt[T_BUSY] += duration
         ws[W_PASSES] += 1
+        if kv_t is not None:
+            if cpu:
+                for r in range(ranks):  # `offloading`: the pass's stores go out at its end
+                    kv = kv_t[r]
+                    for k in range(kv[2][fast.KO_STORES]):
+                        _submit(kv, kv[1][fast.KO_STORES, k], end)
         if ws[W_ASYNC]:
             ws[W_DECIDE] = DEC_PASS
             wt[T_DECIDE] = max(launch_end, ptime[head, P_END]) if count == 1 else launch_end
             ws[W_DSEQ] = _next_seq(ws)
         pseq[tail] = _next_seq(ws)
         ws[W_COUNT] = count + 1
+
+
+@njit
+def _poll(kv, R, now):
+    """The CPU tier's `get_finished` at a decision: transfers done by now
+    take effect (a landed load marks its request KVLoad.LANDED)."""
+    KS = kv[9]
+    if KS[ct.K_LEN + ct.STORE] or KS[ct.K_LEN + ct.LOAD]:
+        ct.get_finished(kv[3], kv[4], kv[10], kv[6], kv[7], kv[8], KS, kv[12], R,
+                        KVLoad.LANDED, now)
+
+
+@njit
+def _submit_decided(kv, now):
+    """A decision's `simple_cpu` preemption stores, then its loads, go out at
+    the decision instant."""
+    KO, KC = kv[1], kv[2]
+    for k in range(KC[fast.KO_PSTORES]):
+        _submit(kv, KO[fast.KO_PSTORES, k], now)
+    for k in range(KC[fast.KO_LOADS]):
+        _submit(kv, KO[fast.KO_LOADS, k], now)
+
+
+@njit
+def _submit_finished_stores(kv, at_ms):
+    """A finished request's store goes out with its free: at once when
+    synchronous; under async scheduling the pass in flight was decided while
+    the request still held its blocks, so at that pass's end (`at_ms`)."""
+    KO, KC = kv[1], kv[2]
+    for k in range(KC[fast.KO_FSTORES]):
+        _submit(kv, KO[fast.KO_FSTORES, k], at_ms)
+    KC[fast.KO_FSTORES] = 0
+
+
+@njit
+def _store_done_ms(kv):
+    """The instant from which the G1 blocks a decided pass writes may be
+    overwritten: the end of the stores still reading them (docs/engine.md §9)."""
+    n = kv[2][fast.KO_NEW_BLOCKS]
+    if n == 0:
+        return 0.0
+    return ct.store_done_ms(kv[11], kv[7], kv[1][fast.KO_NEW_BLOCKS], n)
+
+
+@njit
+def _wake_at_next_transfer(kv_t, S_t, ranks, ws, wt, xw_t, xw_s):
+    """An idle engine whose requests wait on a transfer (a load, or a store a
+    lookup waits for) decides again when the next transfer completes: a
+    wake (order DECIDE) at that instant, unless one is pending no later."""
+    if not _has_requests(S_t, ranks):
+        return
+    t = _next_completion_ms(kv_t, ranks)
+    if t < 0 or (wt[T_XWAKE] >= 0 and wt[T_XWAKE] <= t):
+        return
+    wt[T_XWAKE] = t
+    n = ws[W_NXW]
+    xw_t[n] = t
+    xw_s[n] = _next_seq(ws)
+    ws[W_NXW] = n + 1
 
 
 class PassLogBuffer:
@@ -375,7 +565,13 @@ class CompiledWorker:
         self.ws[W_STOP] = s0.stop_on_finish
         self.ws[W_WORKER] = worker_index
         self.ws[W_POOL] = pool_code
-        self.wt = np.zeros(4, dtype=np.float64)
+        self.wt = np.zeros(NUM_WT, dtype=np.float64)
+        self.wt[T_XWAKE] = -1.0
+        self.xw_t = np.zeros(8, dtype=np.float64)  # transfer wakes pending
+        self.xw_s = np.zeros(8, dtype=np.int64)
+        # the CPU tier's `kv` tuples, fetched again at each call (the
+        # scheduler's `_kv` grows the job arrays when they may run short)
+        self.kv = schedulers[0].kv_state is not None
         n = len(s0.table.request_ids) + 1
         self.finished = np.zeros(n, dtype=np.int64)
         self.taken = np.zeros(n, dtype=np.int64)
@@ -393,6 +589,7 @@ class CompiledWorker:
                        tuple(s.pool.scalars for s in schedulers),
                        tuple(s.S for s in schedulers), tuple(s.running for s in schedulers),
                        tuple(s.wq for s in schedulers), tuple(s.spec for s in schedulers),
+                       tuple(s.held for s in schedulers),
                        usage, counters, pricer.model, pricer.params, pricer.kv_capacity_tokens,
                        s0.pool.num_gpu_blocks, launch_params)
 
@@ -411,8 +608,13 @@ class CompiledWorker:
         event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
         self.ws[W_SEQ] = seq
         buf = log if log is not None else _NO_LOG
-        return run_passes(*self._shared, *self._ranks, self.outs, self.feats, self.pidx,
-                          self.ptime, self.pseq, self.ws, self.wt, self.finished, self.taken,
+        kv = tuple(s._kv() for s in self.schedulers) if self.kv else None
+        if self.ws[W_NXW] + 1 >= len(self.xw_t):
+            self.xw_t = np.concatenate([self.xw_t, np.zeros_like(self.xw_t)])
+            self.xw_s = np.concatenate([self.xw_s, np.zeros_like(self.xw_s)])
+        return run_passes(*self._shared, *self._ranks, kv, self.outs, self.feats, self.pidx,
+                          self.ptime, self.pseq, self.ws, self.wt, self.xw_t, self.xw_s,
+                          self.finished, self.taken,
                           float(horizon[0]), int(horizon[1]), int(horizon[2]),
                           log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin,
                           buf.count)

@@ -47,8 +47,8 @@ class JobView:
 
 class FastCPUConnector:
     """One rank's CPU tier with its lanes, as arrays (`tier`, a
-    :class:`~servesim.kvcache.cpu_tier_kernels.TierArrays`). `log`, when set
-    to a list before the run, collects a view of every submitted job."""
+    :class:`~servesim.kvcache.cpu_tier_kernels.TierArrays`).
+    `submitted_jobs()` lists every job submitted so far (for tests)."""
 
     def __init__(self, config, pool, table):
         self.config = config
@@ -56,7 +56,6 @@ class FastCPUConnector:
         self.stores_as_blocks_fill = config.connector == "offloading"
         self.tier = ct.TierArrays(config, pool.block_size, len(pool.idmap), pool.num_gpu_blocks)
         self.table = table
-        self.log = None
 
     num_blocks = property(lambda self: len(self.tier))
     hit_tokens = property(lambda self: int(self.tier.KS[ct.K_HIT_TOKENS]))
@@ -70,8 +69,6 @@ class FastCPUConnector:
         t = self.tier
         ct.submit(t.lanes, t.storing, t.jobs, t.job_times, t.job_blocks, t.KS, t.KF, job,
                   at_ms)
-        if self.log is not None:
-            self.log.append(JobView(t, job))
 
     def poll(self, now: float):
         """Let every transfer finished by `now` take effect; a landed load
@@ -94,6 +91,14 @@ class FastCPUConnector:
         if not (t.KS[ct.K_LEN + ct.STORE] or t.KS[ct.K_LEN + ct.LOAD]):
             return None
         return float(ct.next_completion_ms(t.lanes, t.job_times, t.KS))
+
+    def submitted_jobs(self) -> list:
+        """Views of every job submitted, in submission order (job ids only
+        grow and every job keeps its row; `J_SEQ` is its submission's rank)."""
+        t = self.tier
+        seq = t.jobs[:t.KS[ct.K_JOBS], ct.J_SEQ]
+        order = np.flatnonzero(seq >= 0)
+        return [JobView(t, int(j)) for j in order[np.argsort(seq[order], kind="stable")]]
 
     def jobs_in_flight(self, kind: str) -> list:
         """Views of the jobs not yet retired on the lane of `kind` ("store",
