@@ -152,7 +152,7 @@ class EngineCore:
         # rank (a disaggregated pool's handoffs are attached after this)
         self.compiled = None
         self.pass_log = pass_log
-        if pool is None:
+        if True:
             self.compiled = fast_run.CompiledWorker(
                 self.ranks, index, {None: -1, "prefill": 0, "decode": 1}[pool],
                 self.async_scheduling, launch_params(self.launch), usage, counters)
@@ -184,16 +184,27 @@ class EngineCore:
 
     def attach_transfers(self, rank, transfers):
         """Disaggregated mode: `transfers` (engine/fast_disagg.py) is `rank`'s side
-        of the KV handoffs, polled and fed like a CPU tier's connector (pass
-        by pass: it must come before the run starts)."""
-        self.compiled = None
+        of the KV handoffs, polled at each decision inside the compiled pass
+        loop (it must come before the run starts)."""
         rank.transfers = transfers
         self.connectors.append(transfers)
+        self.compiled.attach_side(rank.index, transfers._pending, transfers._state,
+                                  getattr(transfers, "_log", None), transfers.transfers)
 
     def transfer_pending(self):
         """A transfer this worker waits for was submitted elsewhere (a decode
         worker pulling this prefill worker's blocks): an idle engine decides
         again when it completes."""
+        c = self.compiled
+        if c is not None:
+            if c.idle:
+                times = [t for t in (x.next_completion_ms() for x in self.connectors)
+                         if t is not None]
+                loop = self.loop
+                if c.transfer_pending(min(times) if times else -1.0, loop.seq):
+                    loop.seq = int(c.ws[fast_run.W_SEQ])
+                    self._push_resume(float(c.wt[fast_run.T_XWAKE]), DECIDE, loop.seq)
+            return
         if not self.in_flight and not self._decide_scheduled:
             self._wake_at_next_transfer()
 
@@ -427,6 +438,11 @@ class EngineCore:
             if state == fast_run.IDLE:
                 break
             if state == fast_run.TAKEN_OUT:
+                n = c.ws[fast_run.W_NPULL]
+                if n:  # a decode decision's transfers: their prefill ranks wait for them
+                    transfers = self.ranks[0].transfers.transfers
+                    for i in c.pulls[:n].tolist():
+                        transfers.senders[transfers.link_of[i]].scheduled(i)
                 for i in c.taken[:c.ws[fast_run.W_NOUT]].tolist():
                     observer.on_done(i, finished=False)
             elif state == fast_run.LOG_FULL:

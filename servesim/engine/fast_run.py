@@ -62,7 +62,8 @@ from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import fast
 from servesim.scheduler.fast import LIVELOCK_PREEMPTIONS
-from servesim.scheduler.fast_table import KVLoad
+from servesim.scheduler.fast_table import KVHandoff, KVLoad
+from servesim.engine import fast_disagg
 
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
 U_AREA, U_MAX, U_VALUE, U_SINCE = range(4)
@@ -71,8 +72,10 @@ C_PASSES, C_TOKENS = range(2)
 IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL, ROOM = range(6)
 # ws (int64 worker state)
 (W_HEAD, W_COUNT, W_DECIDE, W_DSEQ, W_SEQ, W_PHASE, W_PASSES, W_ASYNC, W_STOP,
- W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE, W_NXW) = range(17)
-NUM_WS = 17
+ W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE, W_NXW,
+ W_NPULL) = range(18)
+NUM_WS = 18
+POOL_PREFILL, POOL_DECODE = 0, 1  # ws[W_POOL] (-1: aggregated)
 # wt (float64 worker times); T_XWAKE: the pending transfer wake's instant (-1: none)
 T_DECIDE, T_BUSY, T_NOW, T_NEXT, T_XWAKE = range(5)
 NUM_WT = 5
@@ -80,7 +83,7 @@ NUM_WT = 5
 EV_NONE, EV_END, EV_DECIDE, EV_XWAKE = range(4)
 # ws[W_DECIDE]: the decision pending
 DEC_NONE, DEC_PASS, DEC_WAKE, DEC_NOW = 0, 1, 2, 3
-PH_NORMAL, PH_SETTLE = 0, 1
+PH_NORMAL, PH_SETTLE, PH_ENDED = 0, 1, 2
 # ptime (per slot of the batch queue)
 P_DECIDED, P_LAUNCH_END, P_START, P_END = range(4)
 # pass log buffer: head columns, time columns, scheduled-entry columns
@@ -224,26 +227,43 @@ def _has_requests(S_t, ranks):
 def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, detokenize_ms,
                blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, held_t, usage, counters,
                model, params, kv_capacity, num_gpu_blocks, launch, kv_t,
-               outs, feats, pidx, ptime, pseq, ws, wt, xw_t, xw_s, finished, taken,
+               side_pending_t, side_state_t, side_log_t, XI, XF, link_free, link_of, xparams,
+               outs, feats, pidx, ptime, pseq, ws, wt, xw_t, xw_s, finished, taken, pulls,
                h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
     """Run the worker's events up to the horizon (module docstring); returns
     the state handed back. `outs[slot, rank]`, `feats[slot, rank]`,
     `pidx[slot, rank]` (the pass's index on that rank, -1 for an empty batch),
     `ptime[slot]`, `pseq[slot]` describe the batch queue's passes in flight
     (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`). `kv_t`: each rank's `kv`
-    tuple (`FastScheduler._kv`; None: no CPU tier), `xw_t[:ws[W_NXW]]`,
-    `xw_s`: the transfer wakes pending (instant, sequence)."""
+    tuple (`FastScheduler._kv`; None: no CPU tier and no remote KV),
+    `xw_t[:ws[W_NXW]]`, `xw_s`: the transfer wakes pending (instant,
+    sequence). In disaggregated mode (`ws[W_POOL]`) `side_*_t` are each
+    rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
+    `link_free`, `link_of`, `xparams` the handoffs' transfers and links
+    (engine/fast_disagg.py); a decode decision's transfers go into
+    `pulls[:ws[W_NPULL]]` for the core to tell their senders."""
     ranks = feats.shape[1]
     width = outs.shape[3]
     priority = cfg[0].priority_scheduling
     cpu = cfg[0].kv_source == fast.KV_SOURCE_CPU  # (read under `kv_t is not None`)
+    pool = ws[W_POOL]
     n_fin = 0
     ws[W_NOUT] = 0
+    ws[W_NPULL] = 0
     while True:
         head = ws[W_HEAD]
         count = ws[W_COUNT]
         tail = (head + count) % 2
         decide = ws[W_DECIDE]
+        if ws[W_PHASE] == PH_ENDED:
+            # after the finishes of a pass end went out (`stop_on_finish`):
+            # with nothing left in flight, an idle engine with requests wakes
+            ws[W_PHASE] = PH_NORMAL
+            if count == 0 and decide == DEC_NONE and _has_requests(S_t, ranks):
+                ws[W_DECIDE] = DEC_WAKE
+                wt[T_DECIDE] = wt[T_NOW]
+                ws[W_DSEQ] = _next_seq(ws)
+            continue
         if ws[W_PHASE] == PH_SETTLE:
             ws[W_PHASE] = PH_NORMAL
             t = wt[T_NOW]
@@ -318,14 +338,17 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                     track_usage(usage[r], pscal, num_gpu_blocks, t)
                 ws[W_HEAD] = following
                 ws[W_COUNT] = count - 1
+                if finished_here and ws[W_STOP]:
+                    # the finishes go out first (a handoff wakes a decode
+                    # worker, a closed loop releases an arrival), then the wake
+                    ws[W_PHASE] = PH_ENDED
+                    ws[W_NFIN] = n_fin
+                    return FINISHED
                 if count == 1 and _has_requests(S_t, ranks):
                     # an idle engine wakes (after arrivals at t)
                     ws[W_DECIDE] = DEC_WAKE
                     wt[T_DECIDE] = t
                     ws[W_DSEQ] = _next_seq(ws)
-                if finished_here and ws[W_STOP]:
-                    ws[W_NFIN] = n_fin
-                    return FINISHED
                 continue
             if kind == EV_XWAKE:
                 # a transfer's end wakes an idle engine (`_wake_at_next_transfer`)
@@ -345,6 +368,17 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 if cpu:
                     for r in range(ranks):
                         _poll(kv_t[r], R, t)
+            if pool == POOL_PREFILL:
+                for r in range(ranks):
+                    if side_state_t[r][fast_disagg.P_COUNT]:
+                        fast_disagg.poll_sender(R, tables, blocks_t[r], pscal_t[r], S_t[r],
+                                                held_t[r], side_pending_t[r], side_state_t[r],
+                                                side_log_t[r], XF, t)
+            elif pool == POOL_DECODE:
+                for r in range(ranks):
+                    if side_state_t[r][fast_disagg.P_COUNT]:
+                        fast_disagg.poll_receiver(R, side_pending_t[r], side_state_t[r], XI, XF,
+                                                  t)
             n_taken = 0
             for r in range(ranks):
                 S = S_t[r]
@@ -374,15 +408,22 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 for e in range(feats[tail, r, fast.N_UNFIN]):
                     taken[n_taken] = outs[tail, r, fast.O_UNFIN, e]
                     n_taken += 1
+            n_pulls = 0
             if kv_t is not None:
                 if cpu:
                     for r in range(ranks):
                         _submit_decided(kv_t[r], t)
+                elif pool == POOL_DECODE:
+                    for r in range(ranks):
+                        n_pulls = _submit_pulls(R, kv_t[r], side_pending_t[r], side_state_t[r],
+                                                XI, XF, link_free, link_of, xparams, t, pulls,
+                                                n_pulls)
             for r in range(ranks):
                 track_usage(usage[r], pscal_t[r], num_gpu_blocks, t)
-            if n_taken:
+            if n_taken or n_pulls:
                 ws[W_PHASE] = PH_SETTLE
                 ws[W_NOUT] = n_taken
+                ws[W_NPULL] = n_pulls
                 ws[W_NFIN] = n_fin
                 return TAKEN_OUT
         # settle the decision in slot `tail`, made at t
@@ -397,9 +438,13 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 if preempted:  # only preempted, idle: decide again at once
                     ws[W_DECIDE] = DEC_NOW
                     wt[T_DECIDE] = t
+                elif pool >= 0:
+                    _wake_at(_next_land(side_pending_t, side_state_t, XF, ranks), S_t, ranks,
+                             ws, wt, xw_t, xw_s)
                 elif kv_t is not None:
                     if cpu:
-                        _wake_at_next_transfer(kv_t, S_t, ranks, ws, wt, xw_t, xw_s)
+                        _wake_at(_next_completion_ms(kv_t, ranks), S_t, ranks, ws, wt, xw_t,
+                                 xw_s)
             continue  # else wait: for the pass in flight's end, or an arrival
         # launch it: it starts when the pass in flight ends, and no earlier
         # than the stores still reading the G1 blocks it writes
@@ -488,20 +533,54 @@ def _store_done_ms(kv):
 
 
 @njit
-def _wake_at_next_transfer(kv_t, S_t, ranks, ws, wt, xw_t, xw_s):
-    """An idle engine whose requests wait on a transfer (a load, or a store a
-    lookup waits for) decides again when the next transfer completes: a
-    wake (order DECIDE) at that instant, unless one is pending no later."""
+def _next_land(side_pending_t, side_state_t, XF, ranks):
+    """The earliest landing among the ranks' pending handoff transfers
+    (-1.0: none)."""
+    t = np.inf
+    for r in range(ranks):
+        t = min(t, fast_disagg.next_land(side_pending_t[r], side_state_t[r][fast_disagg.P_COUNT],
+                                         XF))
+    return t if t < np.inf else -1.0
+
+
+@njit
+def _submit_pulls(R, kv, pending, state, XI, XF, link_free, link_of, xparams, now, pulls, n):
+    """A decode rank's pulls and notices decided now go on their prefill
+    ranks' links (`ArrayReceiver.submit`); each is listed in `pulls` for its
+    sender. Returns the new count."""
+    KO, KC = kv[1], kv[2]
+    for k in range(KC[fast.KO_LOADS]):
+        i = KO[fast.KO_LOADS, k]
+        tokens = 0
+        if R[i].kv_handoff == KVHandoff.PULLING:  # waiting for the pull
+            tokens = R[i].num_prompt_tokens - R[i].num_g1_hit_tokens
+        fast_disagg.submit_transfer(XI, XF, link_free, i, link_of[i], tokens, xparams[0],
+                                    xparams[1], xparams[2], now)
+        pulls[n] = i
+        n += 1
+        if tokens:
+            pending[state[fast_disagg.P_COUNT]] = i
+            state[fast_disagg.P_COUNT] += 1
+    return n
+
+
+@njit
+def _wake_at(t, S_t, ranks, ws, wt, xw_t, xw_s):
+    """An idle engine whose requests wait on a transfer (a load, a store a
+    lookup waits for, a handoff's transfer) decides again when the next one
+    completes, at `t` (-1: none): a wake (order DECIDE) at that instant,
+    unless one is pending no later (`EngineCore._wake_at_next_transfer`).
+    Returns whether it added one."""
     if not _has_requests(S_t, ranks):
-        return
-    t = _next_completion_ms(kv_t, ranks)
+        return False
     if t < 0 or (wt[T_XWAKE] >= 0 and wt[T_XWAKE] <= t):
-        return
+        return False
     wt[T_XWAKE] = t
     n = ws[W_NXW]
     xw_t[n] = t
     xw_s[n] = _next_seq(ws)
     ws[W_NXW] = n + 1
+    return True
 
 
 class PassLogBuffer:
@@ -569,12 +648,17 @@ class CompiledWorker:
         self.wt[T_XWAKE] = -1.0
         self.xw_t = np.zeros(8, dtype=np.float64)  # transfer wakes pending
         self.xw_s = np.zeros(8, dtype=np.int64)
-        # the CPU tier's `kv` tuples, fetched again at each call (the
-        # scheduler's `_kv` grows the job arrays when they may run short)
-        self.kv = schedulers[0].kv_state is not None
         n = len(s0.table.request_ids) + 1
         self.finished = np.zeros(n, dtype=np.int64)
         self.taken = np.zeros(n, dtype=np.int64)
+        self.pulls = np.zeros(n, dtype=np.int64)
+        # disaggregated mode: each rank's sender or receiver arrays and the
+        # transfers (`attach_side`); stand-ins of the same types otherwise
+        none = np.zeros(1, dtype=np.int64)
+        self._side = [(none, np.zeros(2, dtype=np.int64), none)] * d
+        self._xfer = (np.zeros((1, 4), dtype=np.int64), np.zeros((1, 5), dtype=np.float64),
+                      np.zeros(1, dtype=np.float64), none, np.zeros(3, dtype=np.float64))
+        self._side_args = self._side_tuple()
         self.launch = launch_params
         self.usage = usage
         self.counters = counters
@@ -595,6 +679,31 @@ class CompiledWorker:
 
     idle = property(lambda self: self.ws[W_COUNT] == 0 and self.ws[W_DECIDE] == DEC_NONE)
 
+    def _side_tuple(self):
+        return (tuple(x[0] for x in self._side), tuple(x[1] for x in self._side),
+                tuple(x[2] for x in self._side)) + self._xfer
+
+    def attach_side(self, rank_index, pending, state, log, transfers):
+        """Disaggregated mode: rank `rank_index`'s sender or receiver arrays
+        (engine/fast_disagg.py) and the handoffs' `Transfers`."""
+        self._side[rank_index] = (pending, state, log if log is not None else pending)
+        self.ws[W_STOP] = 1  # finishes go out at once: a handoff, or a decode's release
+        self._xfer = (transfers.I, transfers.F, transfers.link_free, transfers.link_of,
+                      np.array([transfers.bytes_per_token, transfers.bytes_per_ms,
+                                transfers.latency_ms], dtype=np.float64))
+        self._side_args = self._side_tuple()
+
+    def transfer_pending(self, next_land_ms, seq):
+        """A transfer this idle worker waits for was submitted elsewhere: the
+        wake at its next landing (`_wake_at`), with sequence `seq + 1`.
+        Returns whether a wake was added."""
+        if self.ws[W_NXW] + 1 >= len(self.xw_t):
+            self.xw_t = np.concatenate([self.xw_t, np.zeros_like(self.xw_t)])
+            self.xw_s = np.concatenate([self.xw_s, np.zeros_like(self.xw_s)])
+        self.ws[W_SEQ] = seq
+        S_t = self._ranks[3]
+        return bool(_wake_at(next_land_ms, S_t, len(S_t), self.ws, self.wt, self.xw_t, self.xw_s))
+
     def wake(self, now, seq):
         """An idle engine with a new request decides at `now`, after the
         arrivals at that instant (order DECIDE, sequence `seq`)."""
@@ -608,13 +717,14 @@ class CompiledWorker:
         event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
         self.ws[W_SEQ] = seq
         buf = log if log is not None else _NO_LOG
-        kv = tuple(s._kv() for s in self.schedulers) if self.kv else None
+        kv = (tuple(s._kv() for s in self.schedulers)
+              if self.schedulers[0].kv_state is not None else None)
         if self.ws[W_NXW] + 1 >= len(self.xw_t):
             self.xw_t = np.concatenate([self.xw_t, np.zeros_like(self.xw_t)])
             self.xw_s = np.concatenate([self.xw_s, np.zeros_like(self.xw_s)])
-        return run_passes(*self._shared, *self._ranks, kv, self.outs, self.feats, self.pidx,
-                          self.ptime, self.pseq, self.ws, self.wt, self.xw_t, self.xw_s,
-                          self.finished, self.taken,
+        return run_passes(*self._shared, *self._ranks, kv, *self._side_args, self.outs,
+                          self.feats, self.pidx, self.ptime, self.pseq, self.ws, self.wt,
+                          self.xw_t, self.xw_s, self.finished, self.taken, self.pulls,
                           float(horizon[0]), int(horizon[1]), int(horizon[2]),
                           log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin,
                           buf.count)

@@ -146,7 +146,7 @@ class Replay:
         if all(core.compiled is not None for core in self.workers):
             from servesim.replay.pass_log import CompiledPassLog
 
-            self.pass_log = CompiledPassLog(buffer, self.store.table.request_ids,
+            self.pass_log = CompiledPassLog(buffer, self.workload.request_ids,
                                             self.config.engine.speculative is not None)
             self._log_in_order = len(self.workers) > 1
             return
