@@ -37,7 +37,7 @@ from servesim.results.metrics import summarize
 from servesim.results.records import STATUS_FINISHED
 from servesim.scheduler import fast
 from servesim.scheduler import fast_table as ft
-from helpers import family_prefix_ids, workload_of
+from helpers import after_every_event, family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
 MAX_PASSES = 100_000
@@ -337,9 +337,8 @@ def run_checked(engine, workload, data_parallel_size=1):
     R = replay.store.table.R
     before = {"preemptions": R["num_preemptions"].copy(),
               "in_flight": R["num_passes_in_flight"] > 0}
-    horizon, on_progress = replay.horizon_key, replay.on_progress
 
-    def check_event():
+    def check_event(core):
         for rank in ranks:
             check_tier(rank.connector)
             check_g1(replay, rank)
@@ -350,10 +349,8 @@ def run_checked(engine, workload, data_parallel_size=1):
         assert not (preempted & before["in_flight"]).any()
         before["preemptions"] = R["num_preemptions"].copy()
         before["in_flight"] = R["num_passes_in_flight"] > 0
-        on_progress()
 
-    replay.horizon_key = lambda: min(horizon(), (-np.inf, 0, 0))
-    replay.on_progress = check_event
+    after_every_event(replay, check_event)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = replay.run()

@@ -73,8 +73,8 @@ IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL, ROOM = range(6)
 # ws (int64 worker state)
 (W_HEAD, W_COUNT, W_DECIDE, W_DSEQ, W_SEQ, W_PHASE, W_PASSES, W_ASYNC, W_STOP,
  W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE, W_NXW,
- W_NPULL) = range(18)
-NUM_WS = 18
+ W_NPULL, W_ENDED) = range(19)
+NUM_WS = 19  # W_ENDED: rank 0's index of the last pass whose outputs were processed
 POOL_PREFILL, POOL_DECODE = 0, 1  # ws[W_POOL] (-1: aggregated)
 # wt (float64 worker times); T_XWAKE: the pending transfer wake's instant (-1: none)
 T_DECIDE, T_BUSY, T_NOW, T_NEXT, T_XWAKE = range(5)
@@ -338,6 +338,7 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                     track_usage(usage[r], pscal, num_gpu_blocks, t)
                 ws[W_HEAD] = following
                 ws[W_COUNT] = count - 1
+                ws[W_ENDED] = pidx[head, 0]
                 if finished_here and ws[W_STOP]:
                     # the finishes go out first (a handoff wakes a decode
                     # worker, a closed loop releases an arrival), then the wake

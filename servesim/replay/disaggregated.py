@@ -47,7 +47,7 @@ TransferView = namedtuple("TransferView", "tokens nbytes submit_ms start_ms fini
 
 class _PrefillObserver:
     """The prefill workers' observer: a request done there is handed off
-    (or, with one token, done); passes go to the replay's pass log."""
+    (or, with one token, done)."""
 
     def __init__(self, replay):
         self.replay = replay
@@ -55,14 +55,11 @@ class _PrefillObserver:
     def on_done(self, i, finished):
         self.replay.on_prefill_done(i, finished)
 
-    def on_pass(self, core, p):
-        self.replay.on_pass(core, p)
-
     def horizon_key(self):
         return self.replay.horizon_key()
 
-    def on_progress(self):
-        self.replay.on_progress()
+    def on_progress(self, core=None):
+        self.replay.on_progress(core)
 
 
 class _ArraySides:
@@ -219,6 +216,9 @@ class DisaggregatedReplay(Replay):
         """The G1 blocks request i holds on its `pool` rank ("prefill",
         "decode")."""
         return self.sides.blocks_of(pool, i)
+
+    def _tables(self):
+        return [self.sides.prefill, self.sides.decode]
 
     def horizon_key(self):
         """The pools touch each other (a prefill finish hands a request to a
