@@ -660,6 +660,7 @@ class CompiledWorker:
         self._xfer = (np.zeros((1, 4), dtype=np.int64), np.zeros((1, 5), dtype=np.float64),
                       np.zeros(1, dtype=np.float64), none, np.zeros(3, dtype=np.float64))
         self._side_args = self._side_tuple()
+        self._args = None  # (made at the first call)
         self.launch = launch_params
         self.usage = usage
         self.counters = counters
@@ -693,14 +694,13 @@ class CompiledWorker:
                       np.array([transfers.bytes_per_token, transfers.bytes_per_ms,
                                 transfers.latency_ms], dtype=np.float64))
         self._side_args = self._side_tuple()
+        self._args = None
 
     def transfer_pending(self, next_land_ms, seq):
         """A transfer this idle worker waits for was submitted elsewhere: the
         wake at its next landing (`_wake_at`), with sequence `seq + 1`.
         Returns whether a wake was added."""
-        if self.ws[W_NXW] + 1 >= len(self.xw_t):
-            self.xw_t = np.concatenate([self.xw_t, np.zeros_like(self.xw_t)])
-            self.xw_s = np.concatenate([self.xw_s, np.zeros_like(self.xw_s)])
+        self._grow_wakes()
         self.ws[W_SEQ] = seq
         S_t = self._ranks[3]
         return bool(_wake_at(next_land_ms, S_t, len(S_t), self.ws, self.wt, self.xw_t, self.xw_s))
@@ -718,14 +718,30 @@ class CompiledWorker:
         event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
         self.ws[W_SEQ] = seq
         buf = log if log is not None else _NO_LOG
+        args = self._args
+        if args is None:
+            args = self._args = self._make_args()
+        state = run_passes(*args, float(horizon[0]), int(horizon[1]), int(horizon[2]),
+                           log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin,
+                           buf.count)
+        if state == ROOM:
+            self._args = None  # grown at the next call
+        return state
+
+    def _make_args(self):
+        """The loop's arguments but the horizon and the pass log: each rank's
+        `kv` tuple (`FastScheduler._kv`, which grows the CPU tier's job arrays
+        so that one call's jobs fit; only this worker calls it during a run)
+        and the transfer wakes' arrays, grown when they may run short."""
         kv = (tuple(s._kv() for s in self.schedulers)
               if self.schedulers[0].kv_state is not None else None)
+        self._grow_wakes()
+        return (*self._shared, *self._ranks, kv, *self._side_args, self.outs, self.feats,
+                self.pidx, self.ptime, self.pseq, self.ws, self.wt, self.xw_t, self.xw_s,
+                self.finished, self.taken, self.pulls)
+
+    def _grow_wakes(self):
         if self.ws[W_NXW] + 1 >= len(self.xw_t):
             self.xw_t = np.concatenate([self.xw_t, np.zeros_like(self.xw_t)])
             self.xw_s = np.concatenate([self.xw_s, np.zeros_like(self.xw_s)])
-        return run_passes(*self._shared, *self._ranks, kv, *self._side_args, self.outs,
-                          self.feats, self.pidx, self.ptime, self.pseq, self.ws, self.wt,
-                          self.xw_t, self.xw_s, self.finished, self.taken, self.pulls,
-                          float(horizon[0]), int(horizon[1]), int(horizon[2]),
-                          log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin,
-                          buf.count)
+            self._args = None

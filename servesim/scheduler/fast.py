@@ -1315,8 +1315,8 @@ class FastScheduler:
         return self.running[:self.S[0]["num_running"]].copy(), waiting, self._check_holders()
 
     def _check_holders(self):
-        return _check_holders(self.S, self.running,
-                              self._kv() if self.kv_state is not None else None, self.held)
+        # (`waiting_for_kv` is kv_state[0]; the tier's arrays are not touched)
+        return _check_holders(self.S, self.running, self.kv_state, self.held)
 
     num_running = property(lambda self: int(self.S[0]["num_running"]))
     num_waiting = property(lambda self: int(self.S[0]["num_waiting"]
