@@ -35,7 +35,6 @@ from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
 from servesim.results.metrics import summarize
 from servesim.results.records import STATUS_FINISHED
-from servesim.scheduler import fast
 from servesim.scheduler import fast_table as ft
 from helpers import after_every_event, family_prefix_ids, workload_of
 

@@ -63,10 +63,6 @@ class Rank:
     tokens_scheduled = property(lambda self: int(self.counters[fast_run.C_TOKENS]))
     usage_max = property(lambda self: float(self.usage[fast_run.U_MAX]))
 
-    def track_usage(self, now: float):
-        """Integrate KV usage up to `now` and take its new value."""
-        fast_run.track_usage(self.usage, self.pool.scalars, self.pool.num_gpu_blocks, now)
-
     def cpu_tier_blocks(self) -> int:
         return self.connector.num_blocks if self.connector is not None else 0
 
@@ -102,7 +98,6 @@ class EngineCore:
         self.ranks = [Rank(index, r, config, num_identities, make_scheduler, data_parallel_size,
                            usage[r], counters[r])
                       for r in range(data_parallel_size)]
-        self.connectors = [rank.transfers for rank in self.ranks if rank.transfers is not None]
         self.pass_log = pass_log
         # the compiled pass loop (engine/fast_run.py); a disaggregated pool's
         # handoffs are attached to it after this (`attach_transfers`)
@@ -128,7 +123,6 @@ class EngineCore:
         of the KV handoffs, polled at each decision inside the compiled pass
         loop (it must come before the run starts)."""
         rank.transfers = transfers
-        self.connectors.append(transfers)
         self.compiled.attach_side(rank.index, transfers._pending, transfers._state,
                                   getattr(transfers, "_log", None), transfers.transfers)
 
@@ -138,10 +132,8 @@ class EngineCore:
         again when it completes."""
         c = self.compiled
         if c.idle:
-            times = [t for t in (x.next_completion_ms() for x in self.connectors)
-                     if t is not None]
             loop = self.loop
-            if c.transfer_pending(min(times) if times else -1.0, loop.seq):
+            if c.transfer_pending(loop.seq):
                 loop.seq = int(c.ws[fast_run.W_SEQ])
                 self._push_resume(float(c.wt[fast_run.T_XWAKE]), DECIDE, loop.seq)
 

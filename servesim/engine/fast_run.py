@@ -1,22 +1,29 @@
-"""The pass lifecycle of a worker as one compiled loop (docs/engine.md §6-8, §11).
+"""The pass lifecycle of a worker as one compiled loop (docs/engine.md §6-9,
+§11, §13): the one statement of the pass timing rules.
 
-With the compiled scheduler and no KV transfers, a worker's passes — decision,
-launch, GPU start and end, output processing and release — run here, for any
-number of attention-DP ranks in lockstep (every rank schedules at the worker's
-decision; the pass ends when its slowest rank's does), synchronous or
-asynchronous (a batch queue of two), with `launch` timing. The engine core
-(engine/core.py) only hands it the outside events — arrivals, and what the loop
-returns for: finishes that release requests, requests taken out, the horizon.
+Every worker's passes — decision, launch, GPU start and end, output
+processing and release — run here, for any number of attention-DP ranks in
+lockstep (every rank schedules at the worker's decision; the pass ends when
+its slowest rank's does), synchronous or asynchronous (a batch queue of two),
+with `launch` timing, the pass log, a CPU tier's transfers (§9) and a
+disaggregated pool's handoffs (§13). The engine core (engine/core.py) only
+hands it the outside events — arrivals and handoffs, a transfer submitted for
+it elsewhere — and what the loop returns for: finishes, requests taken out, a
+decode decision's transfers, the horizon.
 
 The loop is the worker's events, kept as the event loop would hold them, each
 with its `(time, order, seq)` key (engine/events.py), `seq` drawn from the event
-loop's counter exactly as the pass-by-pass engine would draw it:
+loop's counter as it goes:
 
 - the end of each pass in flight (order PASS_END), scheduled at its launch;
 - under async scheduling, the decision due at `max(launch_end(k), end(k-1))`
   (order PASS_END), scheduled at pass k's launch just before its end;
 - the wake of an idle engine with requests (order DECIDE: after arrivals at
-  that instant).
+  that instant);
+- the transfer wakes (order DECIDE, `xw_t`/`xw_s`): an idle engine whose
+  requests wait on a transfer decides again when the next one completes; a
+  wake already pending no later (`wt[T_XWAKE]`) stands, and a wake that
+  finds the engine busy or a decision due does nothing.
 
 It runs them in key order while their key is below the `horizon` key (the next
 outside event); the first event of a call may be one the event loop just
@@ -24,29 +31,42 @@ popped (`ws[W_FORCE]`). Rules at each event:
 
 - a pass end: every rank's `update_from_output`, tokens released at
   `max(end(k), launch_end(k+1))` (or `end(k)` with no pass k+1 decided, §8),
-  KV usage tracked; with nothing left in flight and requests left, the engine
-  wakes;
-- a decision: every rank's `schedule()` (a rank that looks livelocked takes all
-  its requests out instead, `fast.take_out_all`); requests taken out
-  return to the core first; then a decision that scheduled nothing waits (a
-  pass in flight wakes the engine at its end; an idle engine waits for an
-  arrival), or decides again at once if it only preempted; otherwise the pass
-  is launched: it starts when the pass in flight ends, lasts as long as its
-  slowest rank, and its launch ends by its kind (engine/launch.py).
+  a CPU tier's finished-request stores submitted (at once when sync, at the
+  end of the pass in flight when async), KV usage tracked; then, after the
+  finishes went out when they must (`stop_on_finish`: the FINISHED state),
+  with nothing left in flight and requests left, the engine wakes;
+- a decision: the transfers done by now take effect (the CPU tier's
+  `get_finished`, a prefill rank's sender, a decode rank's receiver), then
+  every rank's `schedule()` (a rank that looks livelocked takes all its
+  requests out instead, `fast.take_out_all`); the loads and `simple_cpu`
+  preemption stores it decided go on their lanes, a decode rank's pulls and
+  notices on their prefill ranks' links (the core then tells their senders);
+  requests taken out return to the core; then a decision that scheduled
+  nothing waits (a pass in flight wakes the engine at its end; an idle engine
+  waits for an arrival, or for its next transfer), or decides again at once
+  if it only preempted; otherwise the pass is launched: it starts when the
+  pass in flight ends and no earlier than the stores still reading the G1
+  blocks it writes, lasts as long as its slowest rank, its launch ends by its
+  kind (engine/launch.py), and its `offloading` stores go out at its end.
 
 With a pass log, every pass's line goes into a `PassLogBuffer` as its outputs
 are processed (the loop returns LOG_FULL when the buffer may not hold the next
 pass: the core grows it and calls again).
 
 States handed back:
-- IDLE: no event pending (nothing in flight, no decision due);
+- IDLE: no event pending (nothing in flight, no decision or wake due);
 - HORIZON: the next event's key is not below the horizon (`wt[T_NEXT]`,
   `ws[W_NEXT_ORDER]`, `ws[W_NEXT_SEQ]`): the core schedules it on the event loop;
 - FINISHED: requests finished in a pass under `stop_on_finish` (closed loop,
-  sessions): the core reports them, then calls again;
-- TAKEN_OUT: a decision took requests out (unfinishable or livelocked): the
-  core reports them, then calls again to settle the decision (SETTLE phase);
-- LOG_FULL: the pass log buffer may not hold the next pass.
+  sessions, disaggregated pools): the core reports them, then calls again
+  (ENDED phase: the wake after them);
+- TAKEN_OUT: a decision took requests out (unfinishable or livelocked), or a
+  decode decision submitted transfers (`pulls[:ws[W_NPULL]]`): the core
+  reports them, then calls again to settle the decision (SETTLE phase);
+- LOG_FULL: the pass log buffer may not hold the next pass;
+- ROOM: a CPU tier's job arrays or the transfer wakes may not hold the next
+  event's (`TierArrays.ensure_room`, job ids only grow): the core grows them
+  and calls again.
 Every state reports the requests finished so far in the call (`finished`).
 """
 
@@ -696,14 +716,16 @@ class CompiledWorker:
         self._side_args = self._side_tuple()
         self._args = None
 
-    def transfer_pending(self, next_land_ms, seq):
-        """A transfer this idle worker waits for was submitted elsewhere: the
-        wake at its next landing (`_wake_at`), with sequence `seq + 1`.
-        Returns whether a wake was added."""
+    def transfer_pending(self, seq):
+        """A transfer this idle worker's ranks wait for was submitted
+        elsewhere: the wake at their next landing (`_wake_at`), with sequence
+        `seq + 1`. Returns whether a wake was added."""
         self._grow_wakes()
         self.ws[W_SEQ] = seq
         S_t = self._ranks[3]
-        return bool(_wake_at(next_land_ms, S_t, len(S_t), self.ws, self.wt, self.xw_t, self.xw_s))
+        side = self._side_args
+        t = _next_land(side[0], side[1], side[4], len(S_t))
+        return bool(_wake_at(t, S_t, len(S_t), self.ws, self.wt, self.xw_t, self.xw_s))
 
     def wake(self, now, seq):
         """An idle engine with a new request decides at `now`, after the
