@@ -356,3 +356,20 @@ def rejected_at_arrival(engine, workload):
     if engine["max_model_len"] is not None:
         rejected |= prompt >= engine["max_model_len"]
     return rejected
+
+
+def after_every_event(replay, hook):
+    """Stop every worker's compiled pass loop after each of its events (a
+    decision, or a pass's outputs) and call `hook(core)` then, the replay's
+    own checks first. The horizon only bounds how many events a run takes,
+    so the run's results are unchanged."""
+    horizon, on_progress = replay.horizon_key, replay.on_progress
+
+    def checked(core=None):
+        on_progress(core)
+        if core is not None:
+            hook(core)
+
+    replay.horizon_key = lambda: min(horizon(), (-np.inf, 0, 0))
+    replay.on_progress = checked
+    return replay

@@ -20,11 +20,15 @@ import attrs
 import pytest
 from hypothesis import event, given, settings
 
+import numpy as np
+
+from servesim.engine import fast_run
 from servesim.kvcache.block_pool import IDENT, NONE
 from servesim.replay.driver import Replay, simulate
 from servesim.scheduler import fast
 from servesim.scheduler import fast_table as ft
-from helpers import build, engines, free_blocks, make_config, make_workload, req, requests, sched, times
+from servesim.scheduler.request import RequestStatus
+from helpers import after_every_event, build, engines, free_blocks, make_config, make_workload, req, requests, sched, times
 
 
 def _finishing_block_workload():
@@ -130,35 +134,40 @@ def test_output_registration_covers_completed_tokens_and_adds_nothing_when_sync(
                         R["num_tokens"][i])
         return completed // block_size
 
-    def checked(rank):
-        scheduler = rank.scheduler
-        pool = scheduler.pool
-        update = scheduler.update_from_output
-        block_size = rank.pool.block_size
+    cores = {}
 
-        def num_cached():
-            return int((pool.blocks[IDENT, 1:pool.num_gpu_blocks] != NONE).sum())
+    def num_cached(pool):
+        return int((pool.blocks[IDENT, 1:pool.num_gpu_blocks] != NONE).sum())
 
-        def update_from_output(out, release_ms, pass_index):
-            before = num_cached()
-            finished = update(out, release_ms, pass_index)
-            state["registered_on_output"] += num_cached() - before
+    def after_event(core):
+        # the event just run: a pass's outputs when the passes in flight went
+        # down by one with no launch (nothing is allocated there, so the
+        # blocks it adds to the cache are the output call's registrations),
+        # else a decision
+        ws = core.compiled.ws
+        before = cores.setdefault(core.index, {"count": 0, "launched": 0, "finished": set(),
+                                               "cached": [0] * len(core.ranks)})
+        count, launched = int(ws[fast_run.W_COUNT]), int(ws[fast_run.W_PASSES])
+        cached = [num_cached(rank.pool) for rank in core.ranks]
+        done = set(np.flatnonzero(R["status"] == RequestStatus.FINISHED).tolist())
+        if count - before["count"] - (launched - before["launched"]) == -1:
+            state["registered_on_output"] += sum(cached) - sum(before["cached"])
             if caching:
-                for i in scheduler.running[:scheduler.S[0]["num_running"]].tolist():
-                    assert R["num_cached_blocks"][i] >= completed_blocks(i, block_size), i
-                for i in finished:  # freed: its full blocks went back cached
-                    off = R["block_offset"][i]
-                    idents = table.idents[off:off + completed_blocks(i, block_size)]
-                    assert (pool.idmap[idents] != NONE).all(), i
-                    state["checked_finishes"] += 1
-            return finished
+                for rank in core.ranks:
+                    scheduler = rank.scheduler
+                    block_size = rank.pool.block_size
+                    for i in scheduler.running[:scheduler.S[0]["num_running"]].tolist():
+                        assert R["num_cached_blocks"][i] >= completed_blocks(i, block_size), i
+                    for i in done - before["finished"]:  # freed: its full blocks went back cached
+                        if replay.rank_of[i] != rank.index or replay.worker_of[i] != core.index:
+                            continue
+                        off = R["block_offset"][i]
+                        idents = table.idents[off:off + completed_blocks(i, block_size)]
+                        assert (rank.pool.idmap[idents] != NONE).all(), i
+                        state["checked_finishes"] += 1
+        before.update(count=count, launched=launched, cached=cached, finished=done)
 
-        scheduler.update_from_output = update_from_output
-
-    for core in replay.workers:
-        core.compiled = None  # pass by pass, through the scheduler's methods
-        for rank in core.ranks:
-            checked(rank)
+    after_every_event(replay, after_event)
     replay.run()
     event(f"finishes checked: {min(state['checked_finishes'], 3)}+")
     if sync:

@@ -1,8 +1,9 @@
 """The debug mode's invariant check (servesim/scheduler/check.py,
 `SERVESIM_CHECK=1`): it stays silent on real runs, changes no output, and
-catches state corrupted between passes — on the pass-by-pass path, inside the
-compiled runs of passes (engine/fast_run.py) and for the CPU tier and
-disaggregated serving — naming the pass, the request or block and the invariant."""
+catches state corrupted between passes — inside the compiled runs of passes
+(engine/fast_run.py), for the CPU tier and disaggregated serving, and across
+the schedulers of several workers or ranks — naming the pass, the request or
+block and the invariant."""
 
 import traceback
 
@@ -10,12 +11,11 @@ import numpy as np
 import pytest
 
 from servesim.engine import fast_disagg, fast_run
-from servesim.engine.core import EngineCore
 from servesim.errors import InvariantError
 from servesim.kvcache import block_pool as bp
 from servesim.replay.driver import Replay
 from servesim.scheduler import fast, fast_queue
-from tests.helpers import LINEAR_10MS, make_config, make_workload
+from tests.helpers import LINEAR_10MS, after_every_event, make_config, make_workload
 
 
 @pytest.fixture
@@ -40,31 +40,30 @@ def replay(cfg, workload):
     return Replay(cfg, workload)
 
 
-def pass_by_pass(monkeypatch):
-    """Workers decide pass by pass on the compiled scheduler, outside the
-    compiled pass loop (as ranks with KV transfers do: engine/core.py), so
-    each pass's outputs reach `Replay.on_pass`."""
-    init = EngineCore.__init__
+def corrupt_after_events(monkeypatch, corrupt):
+    """Every replay made from now on runs `corrupt(core)` after each event
+    of a worker's compiled pass loop (tests/helpers.py `after_every_event`)."""
+    init = Replay.__init__
 
-    def without_the_loop(self, *args, **kwargs):
+    def with_the_hook(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        self.compiled = None
+        after_every_event(self, corrupt)
 
-    monkeypatch.setattr(EngineCore, "__init__", without_the_loop)
+    monkeypatch.setattr(Replay, "__init__", with_the_hook)
 
 
 def corrupt_at_pass(monkeypatch, at, corrupt):
-    """Run `corrupt(core)` when the outputs of pass `at` have been processed
-    (pass by pass)."""
-    pass_by_pass(monkeypatch)
-    original = Replay.on_pass
+    """Run `corrupt(core)` when the outputs of rank 0's pass `at` have been
+    processed (`ws[W_ENDED]`), before the worker's next event."""
+    seen = {}
 
-    def on_pass(self, core, p):
-        original(self, core, p)
-        if p.indices[0] == at:
+    def at_pass(core):
+        ended = int(core.compiled.ws[fast_run.W_ENDED])
+        if ended == at and seen.get(core.index) != at:
             corrupt(core)
+        seen[core.index] = ended
 
-    monkeypatch.setattr(Replay, "on_pass", on_pass)
+    corrupt_after_events(monkeypatch, at_pass)
 
 
 def held_block(scheduler):
@@ -234,31 +233,24 @@ def test_a_load_in_flight_on_the_compiled_scheduler_holds_its_blocks(checking, m
     passes), and a ref count made off on one of them while the load is in
     flight is caught at the next decision."""
     cfg, wl = cpu_tier_case()
-    original = fast.FastScheduler.schedule
     seen = []
-
-    def recording(self):
-        out = original(self)
-        seen.append(len(self.waiting_for_kv))
-        return out
-
-    monkeypatch.setattr(fast.FastScheduler, "schedule", recording)
-    result = replay(cfg, wl).run()
+    r = after_every_event(replay(cfg, wl),
+                          lambda core: seen.append(len(core.ranks[0].scheduler.waiting_for_kv)))
+    result = r.run()
     assert result.stats.cpu_tier_loads == 1 and max(seen) == 1
     found = {}
 
-    def corrupting(self):
-        if self.waiting_for_kv and "block" not in found:
-            i = self.waiting_for_kv[0]
-            t = self.table
+    def corrupting(core):
+        s = core.ranks[0].scheduler
+        if s.waiting_for_kv and "block" not in found:
+            i = s.waiting_for_kv[0]
+            t = s.table
             assert t.R["num_held_blocks"][i] > 0
             found["block"] = b = int(t.tables[t.R["block_offset"][i]])
-            self.pool.blocks[bp.REF, b] += 1
-        return original(self)
+            s.pool.blocks[bp.REF, b] += 1
 
-    monkeypatch.setattr(fast.FastScheduler, "schedule", corrupting)
     with pytest.raises(InvariantError) as info:
-        replay(cfg, wl).run()
+        after_every_event(replay(cfg, wl), corrupting).run()
     assert "ref count equals the requests whose block table holds it" in str(info.value)
     assert f"block {found['block']}; found 2, expected 1" in str(info.value)
 
@@ -289,11 +281,9 @@ def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, mon
 
     cfg, wl = disaggregated_case()
     make_replay(cfg, wl).run()
-    original = Replay.on_pass
     found = {}
 
-    def corrupting(self, core, p):
-        original(self, core, p)
+    def corrupting(core):
         s = core.ranks[0].scheduler
         prefill = isinstance(core.ranks[0].transfers, fast_disagg.ArraySender)
         if prefill and s.S[0]["num_delayed_free_requests"] and "block" not in found:
@@ -302,8 +292,7 @@ def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, mon
             found["block"] = b = int(t.tables[t.R["block_offset"][i]])
             s.pool.blocks[bp.REF, b] += 1
 
-    monkeypatch.setattr(Replay, "on_pass", corrupting)
     with pytest.raises(InvariantError) as info:
-        make_replay(cfg, wl).run()
+        after_every_event(make_replay(cfg, wl), corrupting).run()
     assert "after schedule() of pass 1: a block's ref count equals" in str(info.value)
     assert f"block {found['block']}; found 2, expected 1" in str(info.value)

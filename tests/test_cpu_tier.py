@@ -40,10 +40,9 @@ def run_logged(config, workload):
         for k, ident in enumerate(idents.tolist()):
             names.setdefault(ident, f"{rid}{k}")
     connector = replay.workers[0].ranks[0].connector
-    connector.log = []
     result = replay.run()
     jobs = [(j.kind, [names[i] for i in j.identities], j.gpu_blocks, j.submit_ms, j.start_ms,
-             j.finish_ms) for j in connector.log]
+             j.finish_ms) for j in connector.submitted_jobs()]
     return result.records, result.pass_log, jobs, result
 
 

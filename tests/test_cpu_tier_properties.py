@@ -35,9 +35,8 @@ from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
 from servesim.results.metrics import summarize
 from servesim.results.records import STATUS_FINISHED
-from servesim.scheduler import fast
 from servesim.scheduler import fast_table as ft
-from helpers import family_prefix_ids, workload_of
+from helpers import after_every_event, family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
 MAX_PASSES = 100_000
@@ -326,48 +325,38 @@ def check_tier(connector):
 
 
 def run_checked(engine, workload, data_parallel_size=1):
-    """Run with invariant checks on every rank before each decision and after
-    each pass's outputs; returns (replay, result, jobs of every rank)."""
+    """Run with invariant checks on every rank after each event of the
+    compiled pass loop (a decision, with every job it decided submitted and
+    the transfers finished by then polled; a pass's outputs); returns
+    (replay, result, jobs of every rank). The horizon stops the loop after
+    every event (it bounds the events run, never moves them)."""
     replay = Replay(make_config(engine, data_parallel_size), workload)
-    passes = [0]
-    logs = []
+    events = [0]
+    ranks = replay.workers[0].ranks
+    R = replay.store.table.R
+    before = {"preemptions": R["num_preemptions"].copy(),
+              "in_flight": R["num_passes_in_flight"] > 0}
 
-    def check(rank):
-        schedule, update = rank.scheduler.schedule, rank.scheduler.update_from_output
-
-        def checked_schedule():
+    def check_event(core):
+        for rank in ranks:
             check_tier(rank.connector)
             check_g1(replay, rank)
-            passes[0] += 1
-            assert passes[0] <= MAX_PASSES, "the simulation does not terminate"
-            in_flight = {i for i in range(len(workload))
-                         if View(replay, i).exists and replay.rank_of[i] == rank.index
-                         and View(replay, i).in_flight}
-            out = schedule()
-            # §7: a request the pass in flight runs is never preempted
-            preempted = out.out[fast.O_PRE, :out.num_preempted].tolist()
-            assert not any(i in in_flight for i in preempted)
-            return out
+        events[0] += 1
+        assert events[0] <= 2 * MAX_PASSES, "the simulation does not terminate"
+        # §7: a request the pass in flight runs is never preempted
+        preempted = R["num_preemptions"] > before["preemptions"]
+        assert not (preempted & before["in_flight"]).any()
+        before["preemptions"] = R["num_preemptions"].copy()
+        before["in_flight"] = R["num_passes_in_flight"] > 0
 
-        def checked_update(*args):
-            finished = update(*args)
-            check_g1(replay, rank)
-            return finished
-
-        rank.scheduler.schedule = checked_schedule
-        rank.scheduler.update_from_output = checked_update
-        rank.connector.log = []
-        logs.append(rank.connector.log)
-
-    ranks = replay.workers[0].ranks
-    for rank in ranks:
-        check(rank)
+    after_every_event(replay, check_event)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = replay.run()
+    assert events[0] > 0 or not result.stats.passes  # the checks ran
     event("cpu loads" if result.stats.cpu_tier_loads else "no cpu load")
     event("preemptions" if result.stats.preemptions else "no preemption")
-    return replay, result, logs
+    return replay, result, [rank.connector.submitted_jobs() for rank in ranks]
 
 
 @settings(SETTINGS, max_examples=200)

@@ -48,7 +48,8 @@ Rules:
   side's first decision at or after it (vLLM's connectors report finished
   transfers with a pass's outputs): the decode worker admits the request then,
   the prefill worker frees the blocks then. An idle worker with a transfer
-  pending decides again when it lands (`EngineCore._wake_at_next_transfer`).
+  pending decides again when it lands (servesim/engine/fast_run.py, where
+  these polls and submissions run inside the pass loop).
 - A request preempted on the prefill worker under async scheduling while its
   last pass was in flight has no blocks left when it is handed off: nothing is
   transferred and the decode worker computes the prompt itself.
@@ -65,12 +66,13 @@ The arrays:
   one already queued, so a new one starts when the last one submitted leaves
   the wire (`submit_transfer`).
 - `ArraySender`: a prefill rank's side: the requests whose transfer was
-  submitted and whose blocks it still holds; `poll` frees those whose
+  submitted and whose blocks it still holds; a decision frees those whose
   transfer landed (`poll_sender`).
-- `ArrayReceiver`: a decode rank's side: the pulls it waits for; `poll` marks
-  those landed as done (`poll_receiver`); `submit` puts a decided pull (or,
-  for a request admitted with nothing to pull while the prefill rank still
-  holds its blocks, a notice of no bytes) on the source rank's link.
+- `ArrayReceiver`: a decode rank's side: the pulls it waits for; a decision
+  marks those landed as done (`poll_receiver`) and puts the pulls it decided
+  (or, for a request admitted with nothing to pull while the prefill rank
+  still holds its blocks, a notice of no bytes) on the source rank's link
+  (`fast_run._submit_pulls`, with `submit_transfer`).
 
 The scheduler side — a prefill rank holding a finished request's blocks
 (`do_remote_decode`, `num_delayed_free_requests`, `fast.free_delayed`), a decode rank admitting a
@@ -83,7 +85,7 @@ import numpy as np
 
 from servesim.jit import njit
 from servesim.scheduler import fast
-from servesim.scheduler.fast_table import KVHandoff, KVLoad
+from servesim.scheduler.fast_table import KVLoad
 
 # Transfers.I fields (integers) and .F fields (instants)
 X_TOKENS, X_NBYTES, X_LINK, X_DONE = range(4)
@@ -174,11 +176,6 @@ class Transfers:
         self.senders = []  # by link: the prefill ranks' ArraySender
         self.link_of = np.full(n, -1, dtype=np.int64)  # handed-off request -> its link
 
-    def submit(self, i: int, tokens: int, now: float):
-        submit_transfer(self.I, self.F, self.link_free, i, int(self.link_of[i]), tokens,
-                        self.bytes_per_token, self.bytes_per_ms, self.latency_ms, now)
-        self.senders[self.link_of[i]].scheduled(i)
-
     def has(self, i) -> bool:
         return self.I[i, X_TOKENS] >= 0
 
@@ -192,10 +189,9 @@ class Transfers:
 
 class ArraySender:
     """A prefill rank's side of the handoffs:
-    the requests whose transfer was submitted and whose blocks it holds.
-    `poll`, `next_completion_ms` and `submit` are what the engine core asks
-    of a rank's transfers; `freed` is `(request index, instant)` of every
-    free, in order, for tests."""
+    the requests whose transfer was submitted and whose blocks it holds
+    (arrays the compiled pass loop polls); `freed` is `(request index,
+    instant)` of every free, in order, for tests."""
 
     def __init__(self, scheduler, transfers: Transfers, link: int, wake):
         self.scheduler = scheduler
@@ -216,19 +212,6 @@ class ArraySender:
         self._state[P_COUNT] += 1
         self._wake()
 
-    def poll(self, now: float):
-        if self._state[P_COUNT]:
-            s = self.scheduler
-            t = s.table
-            poll_sender(t.R, t.tables, s.pool.blocks, s.pool.scalars, s.S, s.held, self._pending,
-                        self._state, self._log, self.transfers.F, now)
-
-    def next_completion_ms(self):
-        n = self._state[P_COUNT]
-        return float(next_land(self._pending, n, self.transfers.F)) if n else None
-
-    def submit(self, job, now):  # a prefill worker queues no loads
-        raise AssertionError("a prefill worker submits no transfers")
 
     @property
     def freed(self) -> list:
@@ -238,9 +221,9 @@ class ArraySender:
 
 class ArrayReceiver:
     """A decode rank's side of the handoffs:
-    the pulls it waits for. What to pull at admission is decided in the
-    compiled waiting loop (`kv_handoff`); the engine core submits each
-    decided pull or notice here (`submit`) and polls landed pulls (`poll`)."""
+    the pulls it waits for (arrays the compiled pass loop polls and appends
+    to). What to pull at admission is decided in the compiled waiting loop
+    (`kv_handoff`), and submitted by the pass loop at that decision."""
 
     def __init__(self, scheduler, transfers: Transfers):
         self.scheduler = scheduler
@@ -249,27 +232,6 @@ class ArrayReceiver:
         self._pending = np.zeros(n + 1, dtype=np.int64)
         self._state = np.zeros(2, dtype=np.int64)
 
-    def submit(self, i: int, now: float):
-        """Put request i's transfer, decided now, on its prefill rank's link:
-        a pull of its prompt past its G1 hit while it waits for remote KV, or
-        a notice (no bytes) when it was admitted with nothing to pull."""
-        R = self.scheduler.table.R
-        tokens = 0
-        if R["kv_handoff"][i] == KVHandoff.PULLING:  # waiting for the pull
-            tokens = int(R["num_prompt_tokens"][i] - R["num_g1_hit_tokens"][i])
-        self.transfers.submit(i, tokens, now)
-        if tokens:
-            self._pending[self._state[P_COUNT]] = i
-            self._state[P_COUNT] += 1
-
-    def poll(self, now: float):
-        if self._state[P_COUNT]:
-            poll_receiver(self.scheduler.table.R, self._pending, self._state, self.transfers.I,
-                          self.transfers.F, now)
-
-    def next_completion_ms(self):
-        n = self._state[P_COUNT]
-        return float(next_land(self._pending, n, self.transfers.F)) if n else None
 
 
 def connect(prefill_cores, decode_cores, transfers: Transfers):

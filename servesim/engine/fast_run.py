@@ -1,22 +1,29 @@
-"""The pass lifecycle of a worker as one compiled loop (docs/engine.md §6-8, §11).
+"""The pass lifecycle of a worker as one compiled loop (docs/engine.md §6-9,
+§11, §13): the one statement of the pass timing rules.
 
-With the compiled scheduler and no KV transfers, a worker's passes — decision,
-launch, GPU start and end, output processing and release — run here, for any
-number of attention-DP ranks in lockstep (every rank schedules at the worker's
-decision; the pass ends when its slowest rank's does), synchronous or
-asynchronous (a batch queue of two), with `launch` timing. The engine core
-(engine/core.py) only hands it the outside events — arrivals, and what the loop
-returns for: finishes that release requests, requests taken out, the horizon.
+Every worker's passes — decision, launch, GPU start and end, output
+processing and release — run here, for any number of attention-DP ranks in
+lockstep (every rank schedules at the worker's decision; the pass ends when
+its slowest rank's does), synchronous or asynchronous (a batch queue of two),
+with `launch` timing, the pass log, a CPU tier's transfers (§9) and a
+disaggregated pool's handoffs (§13). The engine core (engine/core.py) only
+hands it the outside events — arrivals and handoffs, a transfer submitted for
+it elsewhere — and what the loop returns for: finishes, requests taken out, a
+decode decision's transfers, the horizon.
 
 The loop is the worker's events, kept as the event loop would hold them, each
 with its `(time, order, seq)` key (engine/events.py), `seq` drawn from the event
-loop's counter exactly as the pass-by-pass engine would draw it:
+loop's counter as it goes:
 
 - the end of each pass in flight (order PASS_END), scheduled at its launch;
 - under async scheduling, the decision due at `max(launch_end(k), end(k-1))`
   (order PASS_END), scheduled at pass k's launch just before its end;
 - the wake of an idle engine with requests (order DECIDE: after arrivals at
-  that instant).
+  that instant);
+- the transfer wakes (order DECIDE, `xw_t`/`xw_s`): an idle engine whose
+  requests wait on a transfer decides again when the next one completes; a
+  wake already pending no later (`wt[T_XWAKE]`) stands, and a wake that
+  finds the engine busy or a decision due does nothing.
 
 It runs them in key order while their key is below the `horizon` key (the next
 outside event); the first event of a call may be one the event loop just
@@ -24,29 +31,42 @@ popped (`ws[W_FORCE]`). Rules at each event:
 
 - a pass end: every rank's `update_from_output`, tokens released at
   `max(end(k), launch_end(k+1))` (or `end(k)` with no pass k+1 decided, §8),
-  KV usage tracked; with nothing left in flight and requests left, the engine
-  wakes;
-- a decision: every rank's `schedule()` (a rank that looks livelocked takes all
-  its requests out instead, `fast.take_out_all`); requests taken out
-  return to the core first; then a decision that scheduled nothing waits (a
-  pass in flight wakes the engine at its end; an idle engine waits for an
-  arrival), or decides again at once if it only preempted; otherwise the pass
-  is launched: it starts when the pass in flight ends, lasts as long as its
-  slowest rank, and its launch ends by its kind (engine/launch.py).
+  a CPU tier's finished-request stores submitted (at once when sync, at the
+  end of the pass in flight when async), KV usage tracked; then, after the
+  finishes went out when they must (`stop_on_finish`: the FINISHED state),
+  with nothing left in flight and requests left, the engine wakes;
+- a decision: the transfers done by now take effect (the CPU tier's
+  `get_finished`, a prefill rank's sender, a decode rank's receiver), then
+  every rank's `schedule()` (a rank that looks livelocked takes all its
+  requests out instead, `fast.take_out_all`); the loads and `simple_cpu`
+  preemption stores it decided go on their lanes, a decode rank's pulls and
+  notices on their prefill ranks' links (the core then tells their senders);
+  requests taken out return to the core; then a decision that scheduled
+  nothing waits (a pass in flight wakes the engine at its end; an idle engine
+  waits for an arrival, or for its next transfer), or decides again at once
+  if it only preempted; otherwise the pass is launched: it starts when the
+  pass in flight ends and no earlier than the stores still reading the G1
+  blocks it writes, lasts as long as its slowest rank, its launch ends by its
+  kind (engine/launch.py), and its `offloading` stores go out at its end.
 
 With a pass log, every pass's line goes into a `PassLogBuffer` as its outputs
 are processed (the loop returns LOG_FULL when the buffer may not hold the next
 pass: the core grows it and calls again).
 
 States handed back:
-- IDLE: no event pending (nothing in flight, no decision due);
+- IDLE: no event pending (nothing in flight, no decision or wake due);
 - HORIZON: the next event's key is not below the horizon (`wt[T_NEXT]`,
   `ws[W_NEXT_ORDER]`, `ws[W_NEXT_SEQ]`): the core schedules it on the event loop;
 - FINISHED: requests finished in a pass under `stop_on_finish` (closed loop,
-  sessions): the core reports them, then calls again;
-- TAKEN_OUT: a decision took requests out (unfinishable or livelocked): the
-  core reports them, then calls again to settle the decision (SETTLE phase);
-- LOG_FULL: the pass log buffer may not hold the next pass.
+  sessions, disaggregated pools): the core reports them, then calls again
+  (ENDED phase: the wake after them);
+- TAKEN_OUT: a decision took requests out (unfinishable or livelocked), or a
+  decode decision submitted transfers (`pulls[:ws[W_NPULL]]`): the core
+  reports them, then calls again to settle the decision (SETTLE phase);
+- LOG_FULL: the pass log buffer may not hold the next pass;
+- ROOM: a CPU tier's job arrays or the transfer wakes may not hold the next
+  event's (`TierArrays.ensure_room`, job ids only grow): the core grows them
+  and calls again.
 Every state reports the requests finished so far in the call (`finished`).
 """
 
@@ -58,24 +78,32 @@ from servesim.engine.pricing import price_features
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
 # change; edit this line with them. Table layout 3.)
 from servesim.jit import njit
+from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import fast
 from servesim.scheduler.fast import LIVELOCK_PREEMPTIONS
+from servesim.scheduler.fast_table import KVHandoff, KVLoad
+from servesim.engine import fast_disagg
 
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
 U_AREA, U_MAX, U_VALUE, U_SINCE = range(4)
 C_PASSES, C_TOKENS = range(2)
 
-IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL = range(5)
+IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL, ROOM = range(6)
 # ws (int64 worker state)
 (W_HEAD, W_COUNT, W_DECIDE, W_DSEQ, W_SEQ, W_PHASE, W_PASSES, W_ASYNC, W_STOP,
- W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE) = range(16)
-NUM_WS = 16
-# wt (float64 worker times)
-T_DECIDE, T_BUSY, T_NOW, T_NEXT = range(4)
+ W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE, W_NXW,
+ W_NPULL, W_ENDED) = range(19)
+NUM_WS = 19  # W_ENDED: rank 0's index of the last pass whose outputs were processed
+POOL_PREFILL, POOL_DECODE = 0, 1  # ws[W_POOL] (-1: aggregated)
+# wt (float64 worker times); T_XWAKE: the pending transfer wake's instant (-1: none)
+T_DECIDE, T_BUSY, T_NOW, T_NEXT, T_XWAKE = range(5)
+NUM_WT = 5
+# the kinds of the worker's events
+EV_NONE, EV_END, EV_DECIDE, EV_XWAKE = range(4)
 # ws[W_DECIDE]: the decision pending
 DEC_NONE, DEC_PASS, DEC_WAKE, DEC_NOW = 0, 1, 2, 3
-PH_NORMAL, PH_SETTLE = 0, 1
+PH_NORMAL, PH_SETTLE, PH_ENDED = 0, 1, 2
 # ptime (per slot of the batch queue)
 P_DECIDED, P_LAUNCH_END, P_START, P_END = range(4)
 # pass log buffer: head columns, time columns, scheduled-entry columns
@@ -162,43 +190,129 @@ def _next_seq(ws):
 
 
 @njit
+def _first_wake(xw_t, xw_s, n):
+    """The transfer wake with the smallest key `(time, DECIDE, seq)`."""
+    best = 0
+    for k in range(1, n):
+        if xw_t[k] < xw_t[best] or (xw_t[k] == xw_t[best] and xw_s[k] < xw_s[best]):
+            best = k
+    return best
+
+
+@njit
+def _kv_room(kv_t, S_t, ranks, width, num_gpu_blocks):
+    """Whether every rank's CPU-tier job arrays hold the jobs of one call
+    (`FastScheduler._kv`'s bound, which `TierArrays.ensure_room` grows to)."""
+    for r in range(ranks):
+        kv = kv_t[r]
+        KS = kv[9]
+        jobs = 2 * width + min(S_t[r][0].num_waiting, num_gpu_blocks)
+        if (KS[ct.K_JOBS] + jobs > kv[6].shape[0]
+                or KS[ct.K_JB] + 3 * num_gpu_blocks > kv[8].shape[1]):
+            return False
+    return True
+
+
+@njit
+def _submit(kv, j, at_ms):
+    """A decided CPU-tier job onto its lane at `at_ms` (cpu_tier_kernels.submit)."""
+    ct.submit(kv[10], kv[11], kv[6], kv[7], kv[8], kv[9], kv[12], j, at_ms)
+
+
+@njit
+def _next_completion_ms(kv_t, ranks):
+    """The earliest finish of a CPU-tier transfer not yet retired on any
+    rank (-1.0: none)."""
+    t = -1.0
+    for r in range(ranks):
+        kv = kv_t[r]
+        f = ct.next_completion_ms(kv[10], kv[7], kv[9])
+        if f >= 0 and (t < 0 or f < t):
+            t = f
+    return t
+
+
+@njit
+def _has_requests(S_t, ranks):
+    """Anything to run or wait for on some rank (`FastScheduler.has_requests`)."""
+    for r in range(ranks):
+        S = S_t[r]
+        if (S[0].num_running + S[0].num_waiting + S[0].num_waiting_for_kv
+                + S[0].num_delayed_free_requests > 0):
+            return True
+    return False
+
+
+@njit
 def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, detokenize_ms,
-               blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, usage, counters,
-               model, params, kv_capacity, num_gpu_blocks, launch,
-               outs, feats, pidx, ptime, pseq, ws, wt, finished, taken,
+               blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, held_t, usage, counters,
+               model, params, kv_capacity, num_gpu_blocks, launch, kv_t,
+               side_pending_t, side_state_t, side_log_t, XI, XF, link_free, link_of, xparams,
+               outs, feats, pidx, ptime, pseq, ws, wt, xw_t, xw_s, finished, taken, pulls,
                h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
     """Run the worker's events up to the horizon (module docstring); returns
     the state handed back. `outs[slot, rank]`, `feats[slot, rank]`,
     `pidx[slot, rank]` (the pass's index on that rank, -1 for an empty batch),
     `ptime[slot]`, `pseq[slot]` describe the batch queue's passes in flight
-    (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`)."""
+    (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`). `kv_t`: each rank's `kv`
+    tuple (`FastScheduler._kv`; None: no CPU tier and no remote KV),
+    `xw_t[:ws[W_NXW]]`, `xw_s`: the transfer wakes pending (instant,
+    sequence). In disaggregated mode (`ws[W_POOL]`) `side_*_t` are each
+    rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
+    `link_free`, `link_of`, `xparams` the handoffs' transfers and links
+    (engine/fast_disagg.py); a decode decision's transfers go into
+    `pulls[:ws[W_NPULL]]` for the core to tell their senders."""
     ranks = feats.shape[1]
     width = outs.shape[3]
     priority = cfg[0].priority_scheduling
+    cpu = cfg[0].kv_source == fast.KV_SOURCE_CPU  # (read under `kv_t is not None`)
+    pool = ws[W_POOL]
     n_fin = 0
     ws[W_NOUT] = 0
+    ws[W_NPULL] = 0
     while True:
         head = ws[W_HEAD]
         count = ws[W_COUNT]
         tail = (head + count) % 2
         decide = ws[W_DECIDE]
+        if ws[W_PHASE] == PH_ENDED:
+            # after the finishes of a pass end went out (`stop_on_finish`):
+            # with nothing left in flight, an idle engine with requests wakes
+            ws[W_PHASE] = PH_NORMAL
+            if count == 0 and decide == DEC_NONE and _has_requests(S_t, ranks):
+                ws[W_DECIDE] = DEC_WAKE
+                wt[T_DECIDE] = wt[T_NOW]
+                ws[W_DSEQ] = _next_seq(ws)
+            continue
         if ws[W_PHASE] == PH_SETTLE:
             ws[W_PHASE] = PH_NORMAL
             t = wt[T_NOW]
         else:
             # the next of the worker's events, in key order
+            kind = EV_NONE
+            t, order, seq = 0.0, 0, 0
             if count == 2 or (count == 1 and decide != DEC_PASS):
-                t, order, seq, is_end = ptime[head, P_END], PASS_END, pseq[head], True
-            elif decide == DEC_NONE:
+                t, order, seq, kind = ptime[head, P_END], PASS_END, pseq[head], EV_END
+            elif decide != DEC_NONE:
+                order = PASS_END if decide == DEC_PASS else DECIDE
+                t, seq, kind = wt[T_DECIDE], ws[W_DSEQ], EV_DECIDE
+            x = -1
+            if ws[W_NXW] and decide != DEC_NOW:
+                x = _first_wake(xw_t, xw_s, ws[W_NXW])
+                if kind == EV_NONE or _before(xw_t[x], DECIDE, xw_s[x], t, order, seq):
+                    t, order, seq, kind = xw_t[x], DECIDE, xw_s[x], EV_XWAKE
+            if kind == EV_NONE:
                 ws[W_NFIN] = n_fin
                 return IDLE
-            else:
-                order = PASS_END if decide == DEC_PASS else DECIDE
-                t, seq, is_end = wt[T_DECIDE], ws[W_DSEQ], False
-            if is_end and log_on and not _log_room(lcount, lhead, lsched, lpre, lfin, ranks,
-                                                   width):
+            if kind == EV_END and log_on and not _log_room(lcount, lhead, lsched, lpre, lfin,
+                                                           ranks, width):
                 ws[W_NFIN] = n_fin
                 return LOG_FULL
+            if kv_t is not None:
+                if cpu and (ws[W_NXW] + 1 >= len(xw_t)
+                            or not _kv_room(kv_t, S_t, ranks, width, num_gpu_blocks)):
+                    ws[W_NFIN] = n_fin
+                    return ROOM
             if not (ws[W_FORCE] or decide == DEC_NOW
                     or _before(t, order, seq, h_time, h_order, h_seq)):
                 wt[T_NEXT] = t
@@ -207,9 +321,9 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 ws[W_NFIN] = n_fin
                 return HORIZON
             ws[W_FORCE] = 0
-            if is_end:
+            wt[T_NOW] = t
+            if kind == EV_END:
                 # the outputs of the pass at the head of the queue
-                wt[T_NOW] = t
                 following = 1 - head
                 release = max(t, ptime[following, P_LAUNCH_END]) if count == 2 else t
                 finished_here = 0
@@ -218,11 +332,24 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                     if index < 0:
                         continue
                     pscal = pscal_t[r]
-                    n = fast.update_from_output(
-                        R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
-                        S_t[r], running_t[r], wq_t[r], outs[head, r],
-                        feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
-                        client_ms, token_offsets, last_client, finished[n_fin:])
+                    if kv_t is None:
+                        n = fast.update_from_output(
+                            R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
+                            S_t[r], running_t[r], wq_t[r], outs[head, r],
+                            feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
+                            client_ms, token_offsets, last_client, finished[n_fin:], None,
+                            held_t[r])
+                    else:
+                        kv = kv_t[r]
+                        n = fast.update_from_output(
+                            R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
+                            S_t[r], running_t[r], wq_t[r], outs[head, r],
+                            feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
+                            client_ms, token_offsets, last_client, finished[n_fin:], kv,
+                            held_t[r])
+                        if cpu:
+                            _submit_finished_stores(kv, ptime[following, P_END]
+                                                    if count == 2 else t)
                     if log_on:
                         _log_pass(lhead, ltime, lsched, lpre, lfin, lcount, ws, ptime, head, r,
                                   index, outs[head, r], feats[head, r], finished[n_fin:], n)
@@ -231,42 +358,93 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                     track_usage(usage[r], pscal, num_gpu_blocks, t)
                 ws[W_HEAD] = following
                 ws[W_COUNT] = count - 1
-                if count == 1:
-                    has_requests = False
-                    for r in range(ranks):
-                        if S_t[r][0].num_running + S_t[r][0].num_waiting > 0:
-                            has_requests = True
-                    if has_requests:  # an idle engine wakes (after arrivals at t)
-                        ws[W_DECIDE] = DEC_WAKE
-                        wt[T_DECIDE] = t
-                        ws[W_DSEQ] = _next_seq(ws)
+                ws[W_ENDED] = pidx[head, 0]
                 if finished_here and ws[W_STOP]:
+                    # the finishes go out first (a handoff wakes a decode
+                    # worker, a closed loop releases an arrival), then the wake
+                    ws[W_PHASE] = PH_ENDED
                     ws[W_NFIN] = n_fin
                     return FINISHED
+                if count == 1 and _has_requests(S_t, ranks):
+                    # an idle engine wakes (after arrivals at t)
+                    ws[W_DECIDE] = DEC_WAKE
+                    wt[T_DECIDE] = t
+                    ws[W_DSEQ] = _next_seq(ws)
                 continue
-            # a decision at t: every rank's schedule()
-            wt[T_NOW] = t
+            if kind == EV_XWAKE:
+                # a transfer's end wakes an idle engine (`_wake_at_next_transfer`)
+                last = ws[W_NXW] - 1
+                xw_t[x] = xw_t[last]
+                xw_s[x] = xw_s[last]
+                ws[W_NXW] = last
+                if wt[T_XWAKE] == t:
+                    wt[T_XWAKE] = -1.0
+                if count or decide != DEC_NONE:
+                    continue
+            # a decision at t: every rank's schedule() (transfers finished by
+            # now take effect first; the loads and preemption stores decided
+            # go out at once)
             ws[W_DECIDE] = DEC_NONE
+            if kv_t is not None:
+                if cpu:
+                    for r in range(ranks):
+                        _poll(kv_t[r], R, t)
+            if pool == POOL_PREFILL:
+                for r in range(ranks):
+                    if side_state_t[r][fast_disagg.P_COUNT]:
+                        fast_disagg.poll_sender(R, tables, blocks_t[r], pscal_t[r], S_t[r],
+                                                held_t[r], side_pending_t[r], side_state_t[r],
+                                                side_log_t[r], XF, t)
+            elif pool == POOL_DECODE:
+                for r in range(ranks):
+                    if side_state_t[r][fast_disagg.P_COUNT]:
+                        fast_disagg.poll_receiver(R, side_pending_t[r], side_state_t[r], XI, XF,
+                                                  t)
             n_taken = 0
             for r in range(ranks):
                 S = S_t[r]
                 feats[tail, r, :] = 0
                 if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
+                    if kv_t is None:
+                        holders = fast._check_holders(S, running_t[r], None, held_t[r])
+                    else:
+                        holders = fast._check_holders(S, running_t[r], kv_t[r], held_t[r])
+                        KC = kv_t[r][2]
+                        for row in range(fast.NUM_KO_ROWS):
+                            if row != fast.KO_FSTORES:
+                                KC[row] = 0
                     n_taken += fast.take_out_all(R, idents, tables, blocks_t[r], idmap_t[r],
                                                  pscal_t[r], cfg, S, running_t[r], wq_t[r],
-                                                 priority, fast._check_holders(S, running_t[r]),
-                                                 outs[tail, r], feats[tail, r], taken[n_taken:])
+                                                 priority, holders, outs[tail, r],
+                                                 feats[tail, r], taken[n_taken:])
                     continue
-                fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg, S,
-                              running_t[r], wq_t[r], outs[tail, r], feats[tail, r])
+                if kv_t is None:
+                    fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg,
+                                  S, running_t[r], wq_t[r], outs[tail, r], feats[tail, r], None,
+                                  held_t[r])
+                else:
+                    fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg,
+                                  S, running_t[r], wq_t[r], outs[tail, r], feats[tail, r],
+                                  kv_t[r], held_t[r])
                 for e in range(feats[tail, r, fast.N_UNFIN]):
                     taken[n_taken] = outs[tail, r, fast.O_UNFIN, e]
                     n_taken += 1
+            n_pulls = 0
+            if kv_t is not None:
+                if cpu:
+                    for r in range(ranks):
+                        _submit_decided(kv_t[r], t)
+                elif pool == POOL_DECODE:
+                    for r in range(ranks):
+                        n_pulls = _submit_pulls(R, kv_t[r], side_pending_t[r], side_state_t[r],
+                                                XI, XF, link_free, link_of, xparams, t, pulls,
+                                                n_pulls)
             for r in range(ranks):
                 track_usage(usage[r], pscal_t[r], num_gpu_blocks, t)
-            if n_taken:
+            if n_taken or n_pulls:
                 ws[W_PHASE] = PH_SETTLE
                 ws[W_NOUT] = n_taken
+                ws[W_NPULL] = n_pulls
                 ws[W_NFIN] = n_fin
                 return TAKEN_OUT
         # settle the decision in slot `tail`, made at t
@@ -277,12 +455,25 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
             if feats[tail, r, fast.N_PRE]:
                 preempted = True
         if not scheduled:
-            if count == 0 and preempted:  # only preempted, idle: decide again at once
-                ws[W_DECIDE] = DEC_NOW
-                wt[T_DECIDE] = t
+            if count == 0:
+                if preempted:  # only preempted, idle: decide again at once
+                    ws[W_DECIDE] = DEC_NOW
+                    wt[T_DECIDE] = t
+                elif pool >= 0:
+                    _wake_at(_next_land(side_pending_t, side_state_t, XF, ranks), S_t, ranks,
+                             ws, wt, xw_t, xw_s)
+                elif kv_t is not None:
+                    if cpu:
+                        _wake_at(_next_completion_ms(kv_t, ranks), S_t, ranks, ws, wt, xw_t,
+                                 xw_s)
             continue  # else wait: for the pass in flight's end, or an arrival
-        # launch it: it starts when the pass in flight ends
+        # launch it: it starts when the pass in flight ends, and no earlier
+        # than the stores still reading the G1 blocks it writes
         start = max(t, ptime[head, P_END]) if count == 1 else t
+        if kv_t is not None:
+            if cpu:
+                for r in range(ranks):
+                    start = max(start, _store_done_ms(kv_t[r]))
         duration = 0.0
         prefill_tokens = total_tokens = 0
         for r in range(ranks):
@@ -306,12 +497,111 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
         ptime[tail, P_LAUNCH_END] = launch_end
         wt[T_BUSY] += duration
         ws[W_PASSES] += 1
+        if kv_t is not None:
+            if cpu:
+                for r in range(ranks):  # `offloading`: the pass's stores go out at its end
+                    kv = kv_t[r]
+                    for k in range(kv[2][fast.KO_STORES]):
+                        _submit(kv, kv[1][fast.KO_STORES, k], end)
         if ws[W_ASYNC]:
             ws[W_DECIDE] = DEC_PASS
             wt[T_DECIDE] = max(launch_end, ptime[head, P_END]) if count == 1 else launch_end
             ws[W_DSEQ] = _next_seq(ws)
         pseq[tail] = _next_seq(ws)
         ws[W_COUNT] = count + 1
+
+
+@njit
+def _poll(kv, R, now):
+    """The CPU tier's `get_finished` at a decision: transfers done by now
+    take effect (a landed load marks its request KVLoad.LANDED)."""
+    KS = kv[9]
+    if KS[ct.K_LEN + ct.STORE] or KS[ct.K_LEN + ct.LOAD]:
+        ct.get_finished(kv[3], kv[4], kv[10], kv[6], kv[7], kv[8], KS, kv[12], R,
+                        KVLoad.LANDED, now)
+
+
+@njit
+def _submit_decided(kv, now):
+    """A decision's `simple_cpu` preemption stores, then its loads, go out at
+    the decision instant."""
+    KO, KC = kv[1], kv[2]
+    for k in range(KC[fast.KO_PSTORES]):
+        _submit(kv, KO[fast.KO_PSTORES, k], now)
+    for k in range(KC[fast.KO_LOADS]):
+        _submit(kv, KO[fast.KO_LOADS, k], now)
+
+
+@njit
+def _submit_finished_stores(kv, at_ms):
+    """A finished request's store goes out with its free: at once when
+    synchronous; under async scheduling the pass in flight was decided while
+    the request still held its blocks, so at that pass's end (`at_ms`)."""
+    KO, KC = kv[1], kv[2]
+    for k in range(KC[fast.KO_FSTORES]):
+        _submit(kv, KO[fast.KO_FSTORES, k], at_ms)
+    KC[fast.KO_FSTORES] = 0
+
+
+@njit
+def _store_done_ms(kv):
+    """The instant from which the G1 blocks a decided pass writes may be
+    overwritten: the end of the stores still reading them (docs/engine.md §9)."""
+    n = kv[2][fast.KO_NEW_BLOCKS]
+    if n == 0:
+        return 0.0
+    return ct.store_done_ms(kv[11], kv[7], kv[1][fast.KO_NEW_BLOCKS], n)
+
+
+@njit
+def _next_land(side_pending_t, side_state_t, XF, ranks):
+    """The earliest landing among the ranks' pending handoff transfers
+    (-1.0: none)."""
+    t = np.inf
+    for r in range(ranks):
+        t = min(t, fast_disagg.next_land(side_pending_t[r], side_state_t[r][fast_disagg.P_COUNT],
+                                         XF))
+    return t if t < np.inf else -1.0
+
+
+@njit
+def _submit_pulls(R, kv, pending, state, XI, XF, link_free, link_of, xparams, now, pulls, n):
+    """A decode rank's pulls and notices decided now go on their prefill
+    ranks' links (`ArrayReceiver.submit`); each is listed in `pulls` for its
+    sender. Returns the new count."""
+    KO, KC = kv[1], kv[2]
+    for k in range(KC[fast.KO_LOADS]):
+        i = KO[fast.KO_LOADS, k]
+        tokens = 0
+        if R[i].kv_handoff == KVHandoff.PULLING:  # waiting for the pull
+            tokens = R[i].num_prompt_tokens - R[i].num_g1_hit_tokens
+        fast_disagg.submit_transfer(XI, XF, link_free, i, link_of[i], tokens, xparams[0],
+                                    xparams[1], xparams[2], now)
+        pulls[n] = i
+        n += 1
+        if tokens:
+            pending[state[fast_disagg.P_COUNT]] = i
+            state[fast_disagg.P_COUNT] += 1
+    return n
+
+
+@njit
+def _wake_at(t, S_t, ranks, ws, wt, xw_t, xw_s):
+    """An idle engine whose requests wait on a transfer (a load, a store a
+    lookup waits for, a handoff's transfer) decides again when the next one
+    completes, at `t` (-1: none): a wake (order DECIDE) at that instant,
+    unless one is pending no later (`EngineCore._wake_at_next_transfer`).
+    Returns whether it added one."""
+    if not _has_requests(S_t, ranks):
+        return False
+    if t < 0 or (wt[T_XWAKE] >= 0 and wt[T_XWAKE] <= t):
+        return False
+    wt[T_XWAKE] = t
+    n = ws[W_NXW]
+    xw_t[n] = t
+    xw_s[n] = _next_seq(ws)
+    ws[W_NXW] = n + 1
+    return True
 
 
 class PassLogBuffer:
@@ -375,10 +665,22 @@ class CompiledWorker:
         self.ws[W_STOP] = s0.stop_on_finish
         self.ws[W_WORKER] = worker_index
         self.ws[W_POOL] = pool_code
-        self.wt = np.zeros(4, dtype=np.float64)
+        self.wt = np.zeros(NUM_WT, dtype=np.float64)
+        self.wt[T_XWAKE] = -1.0
+        self.xw_t = np.zeros(8, dtype=np.float64)  # transfer wakes pending
+        self.xw_s = np.zeros(8, dtype=np.int64)
         n = len(s0.table.request_ids) + 1
         self.finished = np.zeros(n, dtype=np.int64)
         self.taken = np.zeros(n, dtype=np.int64)
+        self.pulls = np.zeros(n, dtype=np.int64)
+        # disaggregated mode: each rank's sender or receiver arrays and the
+        # transfers (`attach_side`); stand-ins of the same types otherwise
+        none = np.zeros(1, dtype=np.int64)
+        self._side = [(none, np.zeros(2, dtype=np.int64), none)] * d
+        self._xfer = (np.zeros((1, 4), dtype=np.int64), np.zeros((1, 5), dtype=np.float64),
+                      np.zeros(1, dtype=np.float64), none, np.zeros(3, dtype=np.float64))
+        self._side_args = self._side_tuple()
+        self._args = None  # (made at the first call)
         self.launch = launch_params
         self.usage = usage
         self.counters = counters
@@ -393,10 +695,37 @@ class CompiledWorker:
                        tuple(s.pool.scalars for s in schedulers),
                        tuple(s.S for s in schedulers), tuple(s.running for s in schedulers),
                        tuple(s.wq for s in schedulers), tuple(s.spec for s in schedulers),
+                       tuple(s.held for s in schedulers),
                        usage, counters, pricer.model, pricer.params, pricer.kv_capacity_tokens,
                        s0.pool.num_gpu_blocks, launch_params)
 
     idle = property(lambda self: self.ws[W_COUNT] == 0 and self.ws[W_DECIDE] == DEC_NONE)
+
+    def _side_tuple(self):
+        return (tuple(x[0] for x in self._side), tuple(x[1] for x in self._side),
+                tuple(x[2] for x in self._side)) + self._xfer
+
+    def attach_side(self, rank_index, pending, state, log, transfers):
+        """Disaggregated mode: rank `rank_index`'s sender or receiver arrays
+        (engine/fast_disagg.py) and the handoffs' `Transfers`."""
+        self._side[rank_index] = (pending, state, log if log is not None else pending)
+        self.ws[W_STOP] = 1  # finishes go out at once: a handoff, or a decode's release
+        self._xfer = (transfers.I, transfers.F, transfers.link_free, transfers.link_of,
+                      np.array([transfers.bytes_per_token, transfers.bytes_per_ms,
+                                transfers.latency_ms], dtype=np.float64))
+        self._side_args = self._side_tuple()
+        self._args = None
+
+    def transfer_pending(self, seq):
+        """A transfer this idle worker's ranks wait for was submitted
+        elsewhere: the wake at their next landing (`_wake_at`), with sequence
+        `seq + 1`. Returns whether a wake was added."""
+        self._grow_wakes()
+        self.ws[W_SEQ] = seq
+        S_t = self._ranks[3]
+        side = self._side_args
+        t = _next_land(side[0], side[1], side[4], len(S_t))
+        return bool(_wake_at(t, S_t, len(S_t), self.ws, self.wt, self.xw_t, self.xw_s))
 
     def wake(self, now, seq):
         """An idle engine with a new request decides at `now`, after the
@@ -411,8 +740,30 @@ class CompiledWorker:
         event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
         self.ws[W_SEQ] = seq
         buf = log if log is not None else _NO_LOG
-        return run_passes(*self._shared, *self._ranks, self.outs, self.feats, self.pidx,
-                          self.ptime, self.pseq, self.ws, self.wt, self.finished, self.taken,
-                          float(horizon[0]), int(horizon[1]), int(horizon[2]),
-                          log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin,
-                          buf.count)
+        args = self._args
+        if args is None:
+            args = self._args = self._make_args()
+        state = run_passes(*args, float(horizon[0]), int(horizon[1]), int(horizon[2]),
+                           log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin,
+                           buf.count)
+        if state == ROOM:
+            self._args = None  # grown at the next call
+        return state
+
+    def _make_args(self):
+        """The loop's arguments but the horizon and the pass log: each rank's
+        `kv` tuple (`FastScheduler._kv`, which grows the CPU tier's job arrays
+        so that one call's jobs fit; only this worker calls it during a run)
+        and the transfer wakes' arrays, grown when they may run short."""
+        kv = (tuple(s._kv() for s in self.schedulers)
+              if self.schedulers[0].kv_state is not None else None)
+        self._grow_wakes()
+        return (*self._shared, *self._ranks, kv, *self._side_args, self.outs, self.feats,
+                self.pidx, self.ptime, self.pseq, self.ws, self.wt, self.xw_t, self.xw_s,
+                self.finished, self.taken, self.pulls)
+
+    def _grow_wakes(self):
+        if self.ws[W_NXW] + 1 >= len(self.xw_t):
+            self.xw_t = np.concatenate([self.xw_t, np.zeros_like(self.xw_t)])
+            self.xw_s = np.concatenate([self.xw_s, np.zeros_like(self.xw_s)])
+            self._args = None

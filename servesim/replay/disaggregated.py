@@ -33,6 +33,7 @@ import numpy as np
 
 from servesim.engine import fast_disagg
 from servesim.engine.core import EngineCore
+from servesim.engine.fast_run import PassLogBuffer
 from servesim.replay.driver import Replay
 from servesim.results.records import STATUS_REJECTED, PoolStats, RunStats
 from servesim.replay.router import Router
@@ -46,7 +47,7 @@ TransferView = namedtuple("TransferView", "tokens nbytes submit_ms start_ms fini
 
 class _PrefillObserver:
     """The prefill workers' observer: a request done there is handed off
-    (or, with one token, done); passes go to the replay's pass log."""
+    (or, with one token, done)."""
 
     def __init__(self, replay):
         self.replay = replay
@@ -54,8 +55,11 @@ class _PrefillObserver:
     def on_done(self, i, finished):
         self.replay.on_prefill_done(i, finished)
 
-    def on_pass(self, core, p):
-        self.replay.on_pass(core, p)
+    def horizon_key(self):
+        return self.replay.horizon_key()
+
+    def on_progress(self, core=None):
+        self.replay.on_progress(core)
 
 
 class _ArraySides:
@@ -176,17 +180,20 @@ class DisaggregatedReplay(Replay):
         self.prefill_worker_of = np.full(n, -1, dtype=np.int64)
         self.prefill_rank_of = np.full(n, -1, dtype=np.int64)
         sides = self.sides
+        buffer = PassLogBuffer() if self.pass_log is not None else None
         self.prefill_workers = [
             EngineCore(w, cluster.prefill, prefill_dp, self.loop, num_identities,
                        _PrefillObserver(self), sides.make_scheduler(cluster.prefill, "prefill"),
-                       pool="prefill")
+                       pool="prefill", pass_log=buffer)
             for w in range(cluster.prefill_workers)]
         self.decode_workers = [
             EngineCore(w, cluster.decode, decode_dp, self.loop, num_identities, self,
-                       sides.make_scheduler(cluster.decode, "decode"), pool="decode")
+                       sides.make_scheduler(cluster.decode, "decode"), pool="decode",
+                       pass_log=buffer)
             for w in range(cluster.decode_workers)]
         sides.connect(self.prefill_workers, self.decode_workers, cluster.kv_transfer)
         self.workers = self.prefill_workers + self.decode_workers
+        self._use_compiled_log(buffer)
         (prefill_key, _), (decode_key, _) = cluster.data_parallel_widths()
         self.router = Router(cluster.router, self.prefill_workers, prefill_dp, prefill_key)
         self.decode_router = Router(cluster.router, self.decode_workers, decode_dp, decode_key)
@@ -209,6 +216,15 @@ class DisaggregatedReplay(Replay):
         """The G1 blocks request i holds on its `pool` rank ("prefill",
         "decode")."""
         return self.sides.blocks_of(pool, i)
+
+    def _tables(self):
+        return [self.sides.prefill, self.sides.decode]
+
+    def horizon_key(self):
+        """The pools touch each other (a prefill finish hands a request to a
+        decode worker, a decode decision's pull makes a prefill rank wait):
+        a worker's compiled run stops at the next event of any kind."""
+        return min(super().horizon_key(), self.loop.next_key())
 
     # -- arrivals and handoffs -------------------------------------------------
 

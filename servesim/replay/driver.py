@@ -100,10 +100,9 @@ class Replay:
         self.pass_log = [] if config.output.pass_log else None
         self._build_workers(num_identities)
         # the debug mode across the compiled schedulers of several workers or
-        # ranks (each also checks itself alone, servesim/scheduler/check.py)
-        table = getattr(getattr(self, "store", None), "table", None)  # (not disaggregated)
-        self._check_table = (check_table if table is not None
-                             and len(table.checked_schedulers) > 1 else None)
+        # ranks sharing a request table (each also checks itself alone,
+        # servesim/scheduler/check.py), after every event of their compiled runs
+        self._checked_tables = [t for t in self._tables() if len(t.checked_schedulers) > 1]
 
         self.status = np.full(n, STATUS_UNFINISHED, dtype=np.int8)
         self.arrived = np.zeros(n, dtype=bool)
@@ -135,24 +134,22 @@ class Replay:
         self._use_compiled_log(buffer)
         self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
 
+    def _tables(self):
+        """The request tables the workers' schedulers share."""
+        return [self.store.table]
+
     def _use_compiled_log(self, buffer):
-        """With a pass log and every worker in the compiled pass loop, the log
-        is the loop's buffer; passes of several workers go into it in event
-        order, so a worker's run then stops at the next event of any kind.
-        Otherwise the log is built pass by pass (`on_pass`)."""
+        """With a pass log, the log is the compiled pass loops' buffer; passes
+        of several workers go into it in event order, so a worker's run then
+        stops at the next event of any kind."""
         self._log_in_order = False
         if buffer is None:
             return
-        if all(core.compiled is not None for core in self.workers):
-            from servesim.replay.pass_log import CompiledPassLog
+        from servesim.replay.pass_log import CompiledPassLog
 
-            self.pass_log = CompiledPassLog(buffer, self.store.table.request_ids,
-                                            self.config.engine.speculative is not None)
-            self._log_in_order = len(self.workers) > 1
-            return
-        for core in self.workers:
-            core.compiled = None  # one log, pass by pass
-            core.pass_log = None
+        self.pass_log = CompiledPassLog(buffer, self.workload.request_ids,
+                                        self.config.engine.speculative is not None)
+        self._log_in_order = len(self.workers) > 1
 
     # -- arrivals ------------------------------------------------------------
 
@@ -224,20 +221,12 @@ class Replay:
             self.arrival_ms[j] = t
             self.loop.schedule(t, ARRIVAL, self._on_arrival, j)
 
-    def on_pass(self, core, p):
-        if self._check_table is not None:
-            self._check_table(self.store.table, AFTER_OUTPUT, max(p.indices))
-        if self.pass_log is not None:  # a list: built pass by pass
-            ids = self.workload.request_ids
-            for rank, out, index, finished in zip(core.ranks, p.outputs, p.indices, p.finished):
-                if out.num_scheduled:
-                    scheduled, preempted = rank.scheduler.log_entries(out)
-                    self.pass_log.append(_pass_record(
-                        core, rank.index, index, p, out, scheduled, preempted,
-                        sorted(ids[i] for i in finished)))
-        self.on_progress()
-
-    def on_progress(self):
+    def on_progress(self, core=None):
+        """After a compiled run of `core`'s events: the debug mode's check
+        across schedulers, and the progress callback now and then."""
+        if self._checked_tables and core is not None:
+            for table in self._checked_tables:
+                check_table(table, AFTER_OUTPUT, core.num_passes - 1)
         if self.progress is not None:
             now = time.perf_counter()
             if now - self._last_progress >= _PROGRESS_EVERY_S:
@@ -263,6 +252,8 @@ class Replay:
             key = min(key, self.loop.next_key())
         if self.telemetry is not None:
             key = min(key, (self.telemetry.next_tick(), _AFTER_EVERY_ORDER, 0))
+        if self._checked_tables:  # the debug mode checks across schedulers after every event
+            key = (-math.inf, 0, 0)
         return key
 
     def _on_advance(self, t):
@@ -384,27 +375,6 @@ def _add_cpu_tier_stats(stats: RunStats, connector):
     stats.cpu_tier_bytes_loaded += connector.bytes_loaded
     stats.cpu_tier_bytes_stored += connector.bytes_stored
     stats.cpu_tier_blocks_max = max(stats.cpu_tier_blocks_max, connector.tier.max_blocks)
-
-
-def _pass_record(core, dp_rank, index, p, out, scheduled, preempted, finished):
-    """One line of `passes.jsonl` (README.md, "Outputs"); in disaggregated mode with
-    the worker's `pool` (its `worker` index is within the pool)."""
-    record = {"pass": index}
-    if core.pool is not None:
-        record["pool"] = core.pool
-    record.update({
-        "worker": core.index,
-        "dp_rank": dp_rank,
-        "start_ms": p.start_ms,
-        "end_ms": p.end_ms,
-        "decided_ms": p.decided_ms,
-        "launch_end_ms": p.launch_end_ms,
-        "scheduled": scheduled,
-        "preempted": preempted,
-        "finished": finished,
-        "free_blocks_after_schedule": out.free_blocks_after_schedule,
-    })
-    return record
 
 
 def simulate(config: Config, workload: Workload, progress=None) -> SimulationResult:

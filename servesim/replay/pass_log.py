@@ -1,11 +1,12 @@
 """The pass log of compiled runs (`passes.jsonl`, README.md, "Outputs"), read from the
 `PassLogBuffer` the compiled pass loop fills (servesim/engine/fast_run.py).
 
-`CompiledPassLog` is a sequence of the same dicts the pass-by-pass driver
-builds (`replay/driver.py`, `_pass_record`), made only when asked for, and
-writes its JSON lines straight from the buffer's columns: the same text
-`json.JSONEncoder` gives those dicts (floats in `repr`, keys in the record's
-order), without holding a dict per pass.
+`CompiledPassLog` is a sequence of one dict per line (pass, pool in
+disaggregated mode, worker, dp_rank, start/end/decided/launch-end instants,
+scheduled, preempted, finished, free blocks after schedule), made only when
+asked for, and writes its JSON lines straight from the buffer's columns: the
+same text `json.JSONEncoder` gives those dicts (floats in `repr`, keys in the
+record's order), without holding a dict per pass.
 """
 
 from collections.abc import Sequence

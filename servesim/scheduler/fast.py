@@ -1122,8 +1122,8 @@ class FastOutput:
 
 
 class FastKVOutput(FastOutput):
-    """A pass decided with `kv` state: also the transfers it decided, as the
-    engine core reads them (engine/core.py) — CPU-tier job ids in `loads`,
+    """A pass decided with `kv` state (`FastScheduler.schedule`): also the
+    transfers it decided — CPU-tier job ids in `loads`,
     `preemption_stores` and `stores`
     (a remote source's: FastRemoteOutput),
     the G1 blocks the pass writes in `new_blocks`, and the requests whose
@@ -1169,8 +1169,10 @@ class _PrefixCacheStats:
 
 
 class FastScheduler:
-    """One rank's scheduler, with the interface the engine core
-    (engine/core.py) drives; requests are indices into the shared table."""
+    """One rank's scheduler: its arrays, which the compiled pass loop
+    (engine/fast_run.py) runs the kernels over, and `schedule()` /
+    `update_from_output()` one call at a time for tests and debugging;
+    requests are indices into the shared table."""
 
     def __init__(self, config, pool, table, tokens, speculative=None):
         self.config = config
@@ -1217,7 +1219,7 @@ class FastScheduler:
         self.stop_on_finish = False  # closed loop: a finish releases the next request
         self.connector = None  # the CPU tier (attach_connector)
         self.kv_state = None  # (wfk, KO, KC): loads waiting ahead of the queue
-        self.finished_stores = []  # CPU-tier store jobs of finished requests, for the engine
+        self.finished_stores = []  # CPU-tier store jobs of finished requests (update_from_output)
 
         # num_delayed_free_requests's
         self.held = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
@@ -1325,8 +1327,8 @@ class FastScheduler:
         return self.running[:self.S[0]["num_running"]].copy(), waiting, self._check_holders()
 
     def _check_holders(self):
-        return _check_holders(self.S, self.running,
-                              self._kv() if self.kv_state is not None else None, self.held)
+        # (`waiting_for_kv` is kv_state[0]; the tier's arrays are not touched)
+        return _check_holders(self.S, self.running, self.kv_state, self.held)
 
     num_running = property(lambda self: int(self.S[0]["num_running"]))
     num_waiting = property(lambda self: int(self.S[0]["num_waiting"]

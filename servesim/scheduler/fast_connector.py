@@ -1,20 +1,15 @@
-"""The CPU tier's connector for the compiled scheduler (docs/engine.md §9): the
-interface the engine core asks of a rank's transfers (`poll`, `submit`,
-`store_done_ms`, `next_completion_ms`, and the summary counters) over the
-arrays and kernels of `servesim.kvcache.cpu_tier_kernels`. Jobs are ids into
+"""The CPU tier's connector for the compiled scheduler (docs/engine.md §9): one
+rank's tier as the arrays and kernels of `servesim.kvcache.cpu_tier_kernels`,
+with the summary counters and views of its jobs for tests. Jobs are ids into
 those arrays; the scheduler side (lookup, loads, stores) runs inside the
-compiled scheduler's kernels (`servesim.scheduler.fast`).
-
-The per-pass work is compiled (`get_finished`, `submit`, `store_done_ms`,
-`next_completion_ms` in cpu_tier_kernels.py), so a compiled pass loop can call
-it on the same arrays; the methods here are thin wrappers for the engine
-core's pass-by-pass path.
+compiled scheduler's kernels (`servesim.scheduler.fast`), the time side
+(`get_finished`, `submit`, `store_done_ms`, `next_completion_ms`) inside the
+compiled pass loop (`servesim.engine.fast_run`), on the same arrays.
 """
 
 import numpy as np
 
 from servesim.kvcache import cpu_tier_kernels as ct
-from servesim.scheduler.fast_table import KVLoad
 
 
 class JobView:
@@ -47,8 +42,8 @@ class JobView:
 
 class FastCPUConnector:
     """One rank's CPU tier with its lanes, as arrays (`tier`, a
-    :class:`~servesim.kvcache.cpu_tier_kernels.TierArrays`). `log`, when set
-    to a list before the run, collects a view of every submitted job."""
+    :class:`~servesim.kvcache.cpu_tier_kernels.TierArrays`).
+    `submitted_jobs()` lists every job submitted so far (for tests)."""
 
     def __init__(self, config, pool, table):
         self.config = config
@@ -56,7 +51,6 @@ class FastCPUConnector:
         self.stores_as_blocks_fill = config.connector == "offloading"
         self.tier = ct.TierArrays(config, pool.block_size, len(pool.idmap), pool.num_gpu_blocks)
         self.table = table
-        self.log = None
 
     num_blocks = property(lambda self: len(self.tier))
     hit_tokens = property(lambda self: int(self.tier.KS[ct.K_HIT_TOKENS]))
@@ -65,35 +59,13 @@ class FastCPUConnector:
     bytes_loaded = property(lambda self: int(self.tier.KS[ct.K_BYTES_LOADED]))
     bytes_stored = property(lambda self: int(self.tier.KS[ct.K_BYTES_STORED]))
 
-    def submit(self, job: int, at_ms: float):
-        """Put job `job` on its lane at `at_ms` (see `cpu_tier_kernels.submit`)."""
+    def submitted_jobs(self) -> list:
+        """Views of every job submitted, in submission order (job ids only
+        grow and every job keeps its row; `J_SEQ` is its submission's rank)."""
         t = self.tier
-        ct.submit(t.lanes, t.storing, t.jobs, t.job_times, t.job_blocks, t.KS, t.KF, job,
-                  at_ms)
-        if self.log is not None:
-            self.log.append(JobView(t, job))
-
-    def poll(self, now: float):
-        """Let every transfer finished by `now` take effect; a landed load
-        marks its request `KVLoad.LANDED`."""
-        t = self.tier
-        if t.KS[ct.K_LEN + ct.STORE] or t.KS[ct.K_LEN + ct.LOAD]:
-            ct.get_finished(t.tier, t.slot_of, t.lanes, t.jobs, t.job_times, t.job_blocks,
-                            t.KS, t.KF, self.table.R, KVLoad.LANDED, now)
-
-    def store_done_ms(self, gpu_blocks) -> float:
-        """The instant from which these G1 blocks may be overwritten."""
-        blocks = np.asarray(gpu_blocks, dtype=np.int64)
-        if not len(blocks):
-            return 0.0
-        return ct.store_done_ms(self.tier.storing, self.tier.job_times, blocks, len(blocks))
-
-    def next_completion_ms(self):
-        """The earliest finish of a transfer not yet retired, or None."""
-        t = self.tier
-        if not (t.KS[ct.K_LEN + ct.STORE] or t.KS[ct.K_LEN + ct.LOAD]):
-            return None
-        return float(ct.next_completion_ms(t.lanes, t.job_times, t.KS))
+        seq = t.jobs[:t.KS[ct.K_JOBS], ct.J_SEQ]
+        order = np.flatnonzero(seq >= 0)
+        return [JobView(t, int(j)) for j in order[np.argsort(seq[order], kind="stable")]]
 
     def jobs_in_flight(self, kind: str) -> list:
         """Views of the jobs not yet retired on the lane of `kind` ("store",
