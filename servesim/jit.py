@@ -15,6 +15,15 @@ are not loaded yet; np.dot and friends still find BLAS when a kernel is
 compiled with them (Numba checks again then), only cffi functions as kernel
 arguments and `_HAVE_BLAS` (BLAS inner products in np.dot's
 small-case fallback) are off.
+
+A kernel holds a reference count on every array it touches (Numba's NRT
+`NRT_incref`/`NRT_decref`), and Numba makes each count an atomic (locked)
+add, so that kernels on several threads may share an array. The pass loop
+counts hundreds of millions of them on the whole Mooncake trace, and the
+locks were half of its time. A process that runs kernels on one thread only
+— the `servesim` command — asks for plain adds instead
+(`single_thread_refcounts`, before its first kernel loads); `servesim.run()`
+keeps Numba's atomic counts, as its caller may have threads.
 """
 
 import sys
@@ -49,6 +58,41 @@ def _import_without_probes():
 _import_without_probes()
 
 configure_numba()  # now on Numba's config: this source state's sub-folder
+
+
+def single_thread_refcounts() -> bool:
+    """Make Numba's reference counts plain (non-atomic) adds for this
+    process: only for a process whose kernels all run on one thread (see the
+    module docstring). It must come before Numba's runtime starts (the first
+    kernel compiled or loaded); it does nothing then, or if Numba's runtime
+    module is not the one this was written for (then counts stay atomic).
+    Returns whether the counts are plain. Nothing cached changes: a cached
+    kernel calls the `NRT_incref` of the process that loads it."""
+    try:
+        from llvmlite import ir
+        from numba.core.runtime import nrt, nrtdynmod
+    except ImportError:  # pragma: no cover - Numba's layout changed
+        return False
+    define = getattr(nrtdynmod, "_define_atomic_inc_dec", None)
+    word = getattr(nrtdynmod, "_word_type", None)
+    if define is None or word is None or nrt.rtsys._init:
+        return getattr(define, "plain_refcounts", False)
+
+    def define_plain_inc_dec(module, op, ordering):
+        """`nrt_atomic_add` / `nrt_atomic_sub` as nrtdynmod names them
+        (they return the new count), without the lock."""
+        fn = ir.Function(module, ir.FunctionType(word, [word.as_pointer()]),
+                         name=f"nrt_atomic_{op}")
+        [ptr] = fn.args
+        builder = ir.IRBuilder(fn.append_basic_block())
+        new = getattr(builder, op)(builder.load(ptr), ir.Constant(word, 1))
+        builder.store(new, ptr)
+        builder.ret(new)
+        return fn
+
+    define_plain_inc_dec.plain_refcounts = True
+    nrtdynmod._define_atomic_inc_dec = define_plain_inc_dec
+    return True
 
 
 def njit(func=None, **options):

@@ -172,6 +172,9 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
     """Replay CONFIG and write its report (summary.json, requests.jsonl, ...)."""
     import json
 
+    from servesim.jit import single_thread_refcounts
+
+    single_thread_refcounts()  # this process runs its kernels on one thread
     from servesim.replay.api import run as api_run
 
     if html_report:
