@@ -170,11 +170,28 @@ def format_table(summary: dict, out_dir) -> str:
 def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet, html_report,
         baseline):
     """Replay CONFIG and write its report (summary.json, requests.jsonl, ...)."""
+    # Python's cyclic garbage collector is off for the run, but while Numba
+    # compiles (servesim/jit.py), and the run's objects are frozen after it,
+    # as after every command (ServesimGroup.invoke).
+    was_collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from servesim.jit import collecting_while_compiling, single_thread_refcounts
+
+        single_thread_refcounts()  # this process runs its kernels on one thread
+        with collecting_while_compiling():
+            _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt,
+                 quiet, html_report, baseline)
+    finally:
+        gc.freeze()
+        if was_collecting:
+            gc.enable()
+
+
+def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet,
+         html_report, baseline):
     import json
 
-    from servesim.jit import single_thread_refcounts
-
-    single_thread_refcounts()  # this process runs its kernels on one thread
     from servesim.replay.api import run as api_run
 
     if html_report:
