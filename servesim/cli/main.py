@@ -176,10 +176,10 @@ def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, f
     was_collecting = gc.isenabled()
     gc.disable()
     try:
-        from servesim.jit import collecting_while_compiling, single_thread_refcounts
+        from servesim import jit  # (no kernels here: not a key of the kernel cache, cache.py)
 
-        single_thread_refcounts()  # this process runs its kernels on one thread
-        with collecting_while_compiling():
+        jit.single_thread_refcounts()  # this process runs its kernels on one thread
+        with jit.collecting_while_compiling():
             _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt,
                  quiet, html_report, baseline)
     finally:
