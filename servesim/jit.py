@@ -32,8 +32,8 @@ collections there (two full ones among them, in Numba's start-up) found
 nothing and cost 0.1-0.16 s a run. Numba's compiler does leave cycles (a cold
 cache's first run peaks ~200 MB higher without them collected): during a
 compile the collector runs, over the compile's own objects only (what lived
-before is frozen first, so its full collections take ~2.5 s of a cold run's
-~30 s rather than ~4.9 s), and collects them when it ends.
+before is frozen first, so its full collections took ~2.5 s of a cold run
+rather than ~4.9 s), and collects them when it ends.
 """
 
 import contextlib
