@@ -120,12 +120,15 @@ class Runner:
         return self.peer_python is not None
 
     def command(self, scenario, out_dir):
+        """(argv, environment, working folder). A tree runs in its own folder:
+        `python -m` puts the working folder first on sys.path, ahead of
+        PYTHONPATH, so from another tree's folder it would import that one."""
         if self.is_peer:
-            return [self.peer_python, str(PEER_DRIVER), *scenario["peer"]], None
+            return [self.peer_python, str(PEER_DRIVER), *scenario["peer"]], None, ROOT
         env = dict(os.environ, PYTHONPATH=str(self.tree), SERVESIM_CACHE_DIR=str(self.cache))
         env.pop("NUMBA_CACHE_DIR", None)
         return [sys.executable, "-m", "servesim", "run", scenario["config_path"], "-o", out_dir,
-                "-q", *scenario["flags"]], env
+                "-q", *scenario["flags"]], env, self.tree
 
 
 def timed(cmd, env, cwd):
@@ -148,10 +151,10 @@ def timed(cmd, env, cwd):
 
 def run_one(runner, scenario, cold_root=None):
     with tempfile.TemporaryDirectory(prefix="issue14_") as out:
-        cmd, env = runner.command(scenario, out)
+        cmd, env, cwd = runner.command(scenario, out)
         if cold_root is not None:  # an empty Numba cache: every kernel compiles
             env = dict(env, SERVESIM_CACHE_DIR=tempfile.mkdtemp(dir=cold_root))
-        m = timed(cmd, env, ROOT)
+        m = timed(cmd, env, cwd)
     m["load"] = os.getloadavg()[0]
     return m
 

@@ -30,8 +30,9 @@ from pathlib import Path
 # release kernels, compile only for the configs that use them).
 KERNEL_MODULES = ("kvcache/block_pool.py", "engine/pricing.py", "results/metrics.py", "workload/prefix.py")
 PACKAGE_DIR = Path(__file__).resolve().parent
-# What a first compile of every kernel takes (measured, README "Set up").
-COLD_START_S = 20
+# What a first compile of every kernel takes: 23-25 s for the whole Mooncake trace
+# on 2 shared cores (benchmarks/RESULTS.md, 2026-12-02; README "Set up").
+COLD_START_S = 25
 
 
 STALE_DAYS = 14

@@ -15,8 +15,29 @@ are not loaded yet; np.dot and friends still find BLAS when a kernel is
 compiled with them (Numba checks again then), only cffi functions as kernel
 arguments and `_HAVE_BLAS` (BLAS inner products in np.dot's
 small-case fallback) are off.
+
+A kernel holds a reference count on every array it touches (Numba's NRT
+`NRT_incref`/`NRT_decref`), and Numba makes each count an atomic (locked)
+add, so that kernels on several threads may share an array. The pass loop
+counts hundreds of millions of them on the whole Mooncake trace, and the
+locks were half of its time. A process that runs kernels on one thread only
+— the `servesim` command — asks for plain adds instead
+(`single_thread_refcounts`, before its first kernel loads); `servesim.run()`
+keeps Numba's atomic counts, as its caller may have threads.
+
+That command also runs without Python's cyclic garbage collector, except while
+Numba compiles (`collecting_while_compiling`): what it creates while it
+imports, loads cached kernels and simulates lives until it exits, so the
+collections there (two full ones among them, in Numba's start-up) found
+nothing and cost 0.1-0.16 s a run. Numba's compiler does leave cycles (a cold
+cache's first run peaks ~200 MB higher without them collected): during a
+compile the collector runs, over the compile's own objects only (what lived
+before is frozen first, so its full collections took ~2.5 s of a cold run
+rather than ~4.9 s), and collects them when it ends.
 """
 
+import contextlib
+import gc
 import sys
 
 from servesim.cache import configure_numba
@@ -49,6 +70,75 @@ def _import_without_probes():
 _import_without_probes()
 
 configure_numba()  # now on Numba's config: this source state's sub-folder
+
+
+def single_thread_refcounts() -> bool:
+    """Make Numba's reference counts plain (non-atomic) adds for this
+    process: only for a process whose kernels all run on one thread (see the
+    module docstring). It must come before Numba's runtime starts (the first
+    kernel compiled or loaded); it does nothing then, or if Numba's runtime
+    module is not the one this was written for (then counts stay atomic).
+    Returns whether the counts are plain. Nothing cached changes: a cached
+    kernel calls the `NRT_incref` of the process that loads it."""
+    try:
+        from llvmlite import ir
+        from numba.core.runtime import nrt, nrtdynmod
+    except ImportError:  # pragma: no cover - Numba's layout changed
+        return False
+    define = getattr(nrtdynmod, "_define_atomic_inc_dec", None)
+    word = getattr(nrtdynmod, "_word_type", None)
+    if define is None or word is None or nrt.rtsys._init:
+        return getattr(define, "plain_refcounts", False)
+
+    def define_plain_inc_dec(module, op, ordering):
+        """`nrt_atomic_add` / `nrt_atomic_sub` as nrtdynmod names them
+        (they return the new count), without the lock."""
+        fn = ir.Function(module, ir.FunctionType(word, [word.as_pointer()]),
+                         name=f"nrt_atomic_{op}")
+        [ptr] = fn.args
+        builder = ir.IRBuilder(fn.append_basic_block())
+        new = getattr(builder, op)(builder.load(ptr), ir.Constant(word, 1))
+        builder.store(new, ptr)
+        builder.ret(new)
+        return fn
+
+    define_plain_inc_dec.plain_refcounts = True
+    nrtdynmod._define_atomic_inc_dec = define_plain_inc_dec
+    return True
+
+
+@contextlib.contextmanager
+def collecting_while_compiling():
+    """Within (for the `servesim run` command, which turns Python's cyclic
+    garbage collector off: module docstring): the collector on while Numba
+    compiles a kernel (its `numba:compile` event, a cache miss), over the
+    compile's objects only, which it collects at the end."""
+    from numba.core import event
+
+    class CollectWhileCompiling(event.Listener):
+        depth = 0
+        was_enabled = False
+
+        def on_start(self, ev):
+            self.depth += 1
+            if self.depth == 1:  # what lives now is for good: collect the compile's only
+                self.was_enabled = gc.isenabled()
+                gc.freeze()
+                gc.enable()
+
+        def on_end(self, ev):
+            self.depth -= 1
+            if not self.depth:  # the compile's leftovers are garbage now
+                gc.collect()
+                if not self.was_enabled:
+                    gc.disable()
+
+    listener = CollectWhileCompiling()
+    event.register("numba:compile", listener)
+    try:
+        yield
+    finally:
+        event.unregister("numba:compile", listener)
 
 
 def njit(func=None, **options):

@@ -170,6 +170,26 @@ def format_table(summary: dict, out_dir) -> str:
 def run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet, html_report,
         baseline):
     """Replay CONFIG and write its report (summary.json, requests.jsonl, ...)."""
+    # Python's cyclic garbage collector is off for the run, but while Numba
+    # compiles (servesim/jit.py), and the run's objects are frozen after it,
+    # as after every command (ServesimGroup.invoke).
+    was_collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from servesim import jit  # (no kernels here: not a key of the kernel cache, cache.py)
+
+        jit.single_thread_refcounts()  # this process runs its kernels on one thread
+        with jit.collecting_while_compiling():
+            _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt,
+                 quiet, html_report, baseline)
+    finally:
+        gc.freeze()
+        if was_collecting:
+            gc.enable()
+
+
+def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, fmt, quiet,
+         html_report, baseline):
     import json
 
     from servesim.replay.api import run as api_run

@@ -22,7 +22,9 @@ among the ranks with that index.
 import numpy as np
 
 from servesim.errors import InputError
+from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
+from servesim.scheduler import fast
 
 
 class Router:
@@ -85,12 +87,22 @@ class Router:
 
     def _kv_cost(self, target, num_prompt_tokens, idents):
         rank = self._rank(target)
-        hit = 0
-        if rank.pool.enable_caching:
-            max_blocks = (num_prompt_tokens - 1) // rank.pool.block_size
-            if max_blocks > len(self._scratch):
-                self._scratch = np.zeros(max_blocks, dtype=np.int64)
-            hit = bp.find_cached_prefix(rank.pool.blocks, rank.pool.idmap,
-                                        idents, max_blocks, self._scratch)
-        return (num_prompt_tokens - hit * rank.pool.block_size
-                + rank.scheduler.pending_prefill_tokens())
+        pool = rank.pool
+        s = rank.scheduler
+        max_blocks = (num_prompt_tokens - 1) // pool.block_size if pool.enable_caching else 0
+        if max_blocks > len(self._scratch):
+            self._scratch = np.zeros(max_blocks, dtype=np.int64)
+        return kv_aware_cost(s.table.R, s.S, s.running, s.wq, s.priority, pool.blocks, pool.idmap,
+                             idents, max_blocks, self._scratch, num_prompt_tokens, pool.block_size)
+
+
+@njit
+def kv_aware_cost(R, S, running, wq, priority, blocks, idmap, idents, max_blocks, scratch,
+                  num_prompt_tokens, block_size):
+    """`kv_aware`'s cost of a rank (module docstring): the prompt tokens not
+    in its prefix cache (the longest cached run of the first `max_blocks`
+    identities) plus the prefill tokens queued there. One kernel call per
+    candidate rank: the router runs at every arrival."""
+    hit = bp.find_cached_prefix(blocks, idmap, idents, max_blocks, scratch)
+    return (num_prompt_tokens - hit * block_size
+            + fast.pending_prefill_tokens(R, S, running, wq, priority))

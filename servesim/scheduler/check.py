@@ -132,7 +132,7 @@ def describe(exc: InvariantError, request_ids=None) -> str:
     return "; ".join(parts)
 
 
-@njit
+@njit(inline="always")  # out of line, its constant arguments made 35 specialisations to compile
 def _fail(code, where, pass_index, request, block, actual, expected):
     raise InvariantError(code, where, pass_index, request, block, actual, expected)
 

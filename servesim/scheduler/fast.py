@@ -1313,10 +1313,6 @@ class FastScheduler:
                     and R["num_held_blocks"][i])
 
 
-    def pending_prefill_tokens(self) -> int:
-        return int(pending_prefill_tokens(self.table.R, self.S, self.running, self.wq,
-                                          self.priority))
-
     def queue_members(self):
         """`(running, waiting, others)`: the request indices of each, others
         being those holding blocks outside the two (loads in flight, blocks
