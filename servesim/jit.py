@@ -107,6 +107,15 @@ def single_thread_refcounts() -> bool:
     return True
 
 
+def refcounts_are_plain() -> bool:
+    """Whether this process counts Numba's references with plain adds
+    (`single_thread_refcounts` took effect)."""
+    from numba.core.runtime import nrtdynmod
+
+    define = getattr(nrtdynmod, "_define_atomic_inc_dec", None)
+    return bool(getattr(define, "plain_refcounts", False))
+
+
 @contextlib.contextmanager
 def collecting_while_compiling():
     """Within (for the `servesim run` command, which turns Python's cyclic

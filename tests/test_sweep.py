@@ -369,3 +369,12 @@ def test_resume_reruns_points_whose_fitted_model_changed(tmp_path):
     (tmp_path / "m.yaml").write_text(model.replace("[5.0,", "[7.0,"))  # same path, same size
     edited = invoke(*args)
     assert edited.exit_code == 0 and "2 points: 2 ok, 0 failed;" in edited.stdout
+
+
+def test_a_local_worker_counts_references_with_plain_adds():
+    """A local sweep worker runs one point at a time on its one thread, so it
+    takes the `servesim run` command's plain reference counts (servesim/jit.py)."""
+    from servesim import jit
+    from servesim.sweep.executors import local_executor
+
+    assert list(local_executor(jit.refcounts_are_plain, [(0, ())])) == [(0, True)]

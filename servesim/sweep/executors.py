@@ -8,7 +8,10 @@ result instead of raising, so the other tasks go on.
 
 - `local`: a `concurrent.futures.ProcessPoolExecutor` of `jobs` processes
   (default 1) started with "forkserver" (or "spawn" where there is none):
-  never plain fork, which is unsafe after Numba or threads are loaded.
+  never plain fork, which is unsafe after Numba or threads are loaded. A
+  worker runs one point at a time on one thread, so it counts Numba's
+  references with plain adds, as the `servesim run` command does
+  (servesim/jit.py `single_thread_refcounts`).
 - `ray`: one Ray task per point (`num_cpus=1`), on the cluster at `address`
   (`ray.init(address=...)`; at most `jobs` in flight when given) or on a local
   instance with `jobs` CPUs. The config, its trace and the output folder must
@@ -41,13 +44,21 @@ def _start_method() -> str:
     return "forkserver" if "forkserver" in methods else "spawn"
 
 
+def _single_threaded_worker():
+    """A local worker's initializer: its kernels run on its one thread."""
+    from servesim import jit
+
+    jit.single_thread_refcounts()
+
+
 def local_executor(fn, tasks, jobs=None, address=None):
     """Run the tasks in a pool of `jobs` worker processes."""
     if address is not None:
         raise InputError("--ray-address applies only to --executor ray")
     jobs = max(1, min(jobs or 1, len(tasks)))
     context = multiprocessing.get_context(_start_method())
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+                               initializer=_single_threaded_worker)
     try:
         futures = {pool.submit(fn, *args): index for index, args in tasks}
         pending = set(futures)
