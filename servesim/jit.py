@@ -87,8 +87,12 @@ def single_thread_refcounts() -> bool:
         return False
     define = getattr(nrtdynmod, "_define_atomic_inc_dec", None)
     word = getattr(nrtdynmod, "_word_type", None)
-    if define is None or word is None or nrt.rtsys._init:
+    if define is None or word is None or getattr(nrt.rtsys, "_init", True):
         return getattr(define, "plain_refcounts", False)
+    import inspect
+
+    if list(inspect.signature(define).parameters) != ["module", "op", "ordering"]:
+        return False  # not the function this replaces: counts stay atomic
 
     def define_plain_inc_dec(module, op, ordering):
         """`nrt_atomic_add` / `nrt_atomic_sub` as nrtdynmod names them
