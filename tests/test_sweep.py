@@ -378,3 +378,19 @@ def test_a_local_worker_counts_references_with_plain_adds():
     from servesim.sweep.executors import local_executor
 
     assert list(local_executor(jit.refcounts_are_plain, [(0, ())])) == [(0, True)]
+
+
+def test_the_debug_mode_goes_with_each_ray_task(monkeypatch):
+    """--check reaches Ray workers that did not inherit the caller's
+    environment (Ray started before SERVESIM_CHECK was set, as a cluster's)."""
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra; not installed")
+    from servesim.scheduler import check
+    from servesim.sweep.executors import ray_executor
+
+    monkeypatch.delenv("SERVESIM_CHECK", raising=False)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        monkeypatch.setenv("SERVESIM_CHECK", "1")
+        assert list(ray_executor(check.enabled, [(0, ())])) == [(0, True)]
+    finally:
+        ray.shutdown()

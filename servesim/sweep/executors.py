@@ -16,7 +16,8 @@ result instead of raising, so the other tasks go on.
   (`ray.init(address=...)`; at most `jobs` in flight when given) or on a local
   instance with `jobs` CPUs. The config, its trace and the output folder must
   be on a filesystem the Ray workers share. Connecting to `address` gives up
-  after 30 s. Ray is an optional extra, imported only here.
+  after 30 s. The debug mode (`--check`) goes with each task. Ray is an
+  optional extra, imported only here.
 
 On Ctrl-C (KeyboardInterrupt in the caller) both stop at once: no task
 starts any more, local workers are terminated, Ray tasks cancelled.
@@ -115,6 +116,15 @@ def connect(init, address, timeout_s=RAY_CONNECT_TIMEOUT_S):
         raise InputError(f"--ray-address {address}: cannot connect to Ray: {type(exc).__name__}: {exc}") from None
 
 
+def _task_env():
+    """A Ray task's runtime environment: the debug mode (`--check`,
+    SERVESIM_CHECK) travels with it, since a cluster's workers do not share
+    the caller's environment."""
+    from servesim.scheduler import check
+
+    return {"env_vars": {"SERVESIM_CHECK": "1"}} if check.enabled() else None
+
+
 def ray_executor(fn, tasks, jobs=None, address=None, timeout_s=RAY_CONNECT_TIMEOUT_S):
     """Run each task as a Ray task, on the cluster at `address` or on a local
     Ray instance with `jobs` CPUs (default 1). A Ray instance this function
@@ -130,7 +140,7 @@ def ray_executor(fn, tasks, jobs=None, address=None, timeout_s=RAY_CONNECT_TIMEO
         started = True
     in_flight = {}
     try:
-        remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+        remote = ray.remote(num_cpus=1, max_retries=0, runtime_env=_task_env())(fn)
         limit = jobs if address and jobs else len(tasks)
         queue = list(tasks)
         while queue or in_flight:
