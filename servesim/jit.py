@@ -160,3 +160,18 @@ def njit(func=None, **options):
     if func is None:
         return lambda f: numba.njit(**options)(f)
     return numba.njit(**options)(func)
+
+
+def compiled_for(dispatcher, args):
+    """The function `dispatcher` (a kernel) compiled for `args`' types
+    (`Dispatcher.get_overload`), for a caller that calls the kernel again and
+    again with arguments of those same types: called directly, it skips the
+    dispatcher's resolution of every argument's type at each call — for a
+    structured array (the request table, a scheduler's state) that goes
+    through Python. The dispatcher itself when no compiled function matches
+    the types exactly. The caller must call it with arguments of exactly
+    those types (it does not check them)."""
+    try:
+        return dispatcher.get_overload(tuple(dispatcher.typeof_pyval(a) for a in args))
+    except KeyError:
+        return dispatcher

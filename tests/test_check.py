@@ -296,3 +296,57 @@ def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, mon
         after_every_event(make_replay(cfg, wl), corrupting).run()
     assert "after schedule() of pass 1: a block's ref count equals" in str(info.value)
     assert f"block {found['block']}; found 2, expected 1" in str(info.value)
+
+
+# -- the kept count of pending prefill tokens (kv_aware routing's load) -------
+
+
+def test_a_pending_prefill_count_off_is_caught_at_the_next_pass(checking, monkeypatch):
+    """The rank's kept count of pending prefill tokens (fast.py
+    `pending_prefill_tokens`) is checked against a scan of its queues after
+    every pass."""
+    def corrupt(core):
+        core.ranks[0].scheduler.S[0]["pending_prefill_tokens"] += 1
+
+    corrupt_at_pass(monkeypatch, 1, corrupt)
+    with pytest.raises(InvariantError) as info:
+        replay(config(), make_workload(rows())).run()
+    message = str(info.value)
+    assert message.startswith("invariant violated after schedule() of pass 2: the rank's "
+                              "pending prefill tokens (kept count)")
+
+
+def test_kv_aware_routing_checks_the_kept_count_at_every_arrival(checking):
+    """`kv_aware` reads each candidate rank's kept count; the debug mode
+    compares it with the scan at the arrival, before any pass runs."""
+    r = replay(make_config(cluster={"workers": 2, "router": "kv_aware"}, block_size=16,
+                           num_gpu_blocks=64), make_workload(rows()))
+    r.workers[1].ranks[0].scheduler.S[0]["pending_prefill_tokens"] = 7
+    with pytest.raises(InvariantError) as info:
+        r.run()
+    message = str(info.value)
+    assert message.startswith("invariant violated at an arrival (routing) after the rank's 0 "
+                              "passes: the rank's pending prefill tokens (kept count)")
+    assert "found 7, expected 0" in message
+
+
+@pytest.mark.parametrize("engine", [
+    {"num_gpu_blocks": 9, "max_num_batched_tokens": 32},  # preemptions
+    {"async_scheduling": True, "num_gpu_blocks": 9, "max_num_batched_tokens": 32},
+    {"scheduling_policy": "priority", "num_gpu_blocks": 12},
+])
+def test_kv_aware_runs_keep_the_count_exact(monkeypatch, engine):
+    """Real kv_aware runs over two workers, with preemptions (sync, async:
+    tokens of preempted requests still in flight) and the priority queue,
+    pass the check at every pass and arrival and route as without it."""
+    engine = {"block_size": 16, **engine}
+    cfg = make_config(cluster={"workers": 2, "router": "kv_aware"}, **engine)
+    workload = make_workload(rows(12, output=30, gap=1.0))
+    monkeypatch.delenv("SERVESIM_CHECK", raising=False)
+    plain = replay(cfg, workload).run()
+    monkeypatch.setenv("SERVESIM_CHECK", "1")
+    checked = replay(cfg, workload).run()
+    assert np.array_equal(checked.records.worker, plain.records.worker)
+    assert plain.stats.preemptions > 0 or engine.get("scheduling_policy")
+    for name in ("status", "output_tokens", "num_preemptions", "token_client_ms"):
+        assert np.array_equal(getattr(checked.records, name), getattr(plain.records, name))

@@ -77,7 +77,7 @@ from servesim.engine.launch import launch_end_ms
 from servesim.engine.pricing import price_features
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
 # change; edit this line with them. Table layout 3.)
-from servesim.jit import njit
+from servesim.jit import compiled_for, njit
 from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import fast
@@ -681,6 +681,10 @@ class CompiledWorker:
                       np.zeros(1, dtype=np.float64), none, np.zeros(3, dtype=np.float64))
         self._side_args = self._side_tuple()
         self._args = None  # (made at the first call)
+        # run_passes compiled for the arguments' types (jit.compiled_for): a worker
+        # calls it at every outside event with the same ~60 arguments, whose types
+        # stay those of the first call until `_args` is rebuilt
+        self._entry = None
         self.launch = launch_params
         self.usage = usage
         self.counters = counters
@@ -743,9 +747,15 @@ class CompiledWorker:
         args = self._args
         if args is None:
             args = self._args = self._make_args()
-        state = run_passes(*args, float(horizon[0]), int(horizon[1]), int(horizon[2]),
-                           log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin,
-                           buf.count)
+            self._entry = None
+        call = (*args, float(horizon[0]), int(horizon[1]), int(horizon[2]), log is not None,
+                buf.head, buf.time, buf.sched, buf.pre, buf.fin, buf.count)
+        entry = self._entry
+        if entry is None:
+            state = run_passes(*call)
+            self._entry = compiled_for(run_passes, call)
+        else:
+            state = entry(*call)
         if state == ROOM:
             self._args = None  # grown at the next call
         return state

@@ -48,6 +48,11 @@ The invariants, with vLLM's accounting:
   block table covers the computed tokens and fits the request's capacity,
   `num_cached_blocks <= num_blocks`, registered blocks are full of known
   tokens;
+- the rank's kept count of pending prefill tokens (`S[0].pending_prefill_tokens`,
+  what the `kv_aware` router reads) equals its scan: the running requests'
+  `prefill_target_tokens - num_computed_tokens` where positive plus every
+  waiting request's `num_tokens` (`check_pending_prefill`, also run by the
+  router at every arrival);
 - after `schedule()`: the scheduled tokens sum to the pass's total and stay
   within `max_num_batched_tokens`; each entry is a distinct running request
   with at least one token; with more than one request scheduled no entry
@@ -66,15 +71,16 @@ from servesim.scheduler.fast_queue import _before
 from servesim.scheduler.request import RequestStatus
 
 # where in the pass the check ran
-AFTER_SCHEDULE, AFTER_OUTPUT, AFTER_TAKE_OUT = range(3)
-WHERE = ("after schedule()", "after update_from_output()", "after taking out a livelocked rank")
+AFTER_SCHEDULE, AFTER_OUTPUT, AFTER_TAKE_OUT, AT_ARRIVAL = range(4)
+WHERE = ("after schedule()", "after update_from_output()", "after taking out a livelocked rank",
+         "at an arrival (routing)")
 
 # invariant codes (the first argument of the kernel's InvariantError)
 (CONSERVED, NUM_FREE, FREE_QUEUE, FREE_REF, REF_NOT_FREE, REF_COUNT, NULL_BLOCK,
  TABLE_BLOCK, TABLE_DUPLICATE, DUPLICATE, RUNNING_STATUS, WAITING_STATUS, LOST,
  HOLDS_BLOCKS, MAX_SEQS, BUDGET, TOTAL_TOKENS, ENTRY, THRESHOLD, NUM_TOKENS_RANGE,
  COMPUTED_RANGE, COVERAGE, TABLE_SIZE, CACHE_MAP, CACHED_IDENTITY, WAITING_STATE,
- HEAP_ORDER) = range(27)
+ HEAP_ORDER, PENDING_PREFILL) = range(28)
 
 INVARIANTS = {
     CONSERVED: "blocks conserved: free-queue length + held blocks = usable blocks",
@@ -109,6 +115,8 @@ INVARIANTS = {
     CACHED_IDENTITY: "a request's registered blocks carry its identities, the others none",
     WAITING_STATE: "a waiting request has no computed tokens, placeholders or blocks",
     HEAP_ORDER: "the priority waiting queue is a heap on (priority, arrival, id)",
+    PENDING_PREFILL: "the rank's pending prefill tokens (kept count) = its running requests' "
+                     "rest of prefill + its waiting requests' tokens (scan)",
 }
 
 
@@ -122,7 +130,9 @@ def describe(exc: InvariantError, request_ids=None) -> str:
     block, actual, expected)`, naming the request by its id when
     `request_ids` is given."""
     code, where, pass_index, request, block, actual, expected = exc.args
-    parts = [f"invariant violated {WHERE[where]} of pass {pass_index}: {INVARIANTS[code]}"]
+    when = (f"after the rank's {pass_index} passes" if where == AT_ARRIVAL
+            else f"of pass {pass_index}")
+    parts = [f"invariant violated {WHERE[where]} {when}: {INVARIANTS[code]}"]
     if request >= 0:
         name = repr(str(request_ids[request])) if request_ids is not None else f"#{request}"
         parts.append(f"request {name}")
@@ -240,10 +250,27 @@ def _check_request(R, idents, tables, blocks, holders, seen, i, bs, spec_k, max_
 
 
 @njit
+def check_pending_prefill(R, running, n_run, wq, wq_head, wq_len, pending, where, pass_index):
+    """The kept count of a rank's pending prefill tokens (`pending`,
+    servesim/scheduler/fast.py `pending_prefill_tokens`) against its scan of
+    the running list and the waiting queue (from `wq_head`, `wq_len` long)."""
+    total = 0
+    for k in range(n_run):
+        i = running[k]
+        if R[i].prefill_target_tokens > R[i].num_computed_tokens:
+            total += R[i].prefill_target_tokens - R[i].num_computed_tokens
+    cap = len(wq)
+    for k in range(wq_len):
+        total += R[wq[(wq_head + k) % cap]].num_tokens
+    if pending != total:
+        _fail(PENDING_PREFILL, where, pass_index, -1, -1, pending, total)
+
+
+@njit
 def check_rank(R, idents, tables, blocks, idmap, pscal, running, n_run, wq, wq_head, wq_len,
                priority, others, n_others, sched_req, sched_tok, sched_capped, n_sched,
                total_tokens, max_seqs, budget, threshold, bs, spec_k, max_model_len,
-               whole_table, where, pass_index):
+               whole_table, pending_prefill, where, pass_index):
     """Check one rank's state (the invariants of the module docstring); raise
     InvariantError at the first violation. `n_sched < 0`: not after a
     `schedule()` (no pass entries to check)."""
@@ -298,6 +325,8 @@ def check_rank(R, idents, tables, blocks, idmap, pscal, running, n_run, wq, wq_h
             if status == RequestStatus.RUNNING or status == RequestStatus.PREEMPTED:
                 _fail(LOST, where, pass_index, i, -1, status, -1)
     _check_pool(blocks, idmap, pscal, holders, where, pass_index)
+    check_pending_prefill(R, running, n_run, wq, wq_head, wq_len, pending_prefill, where,
+                          pass_index)
     if n_sched < 0:
         return
     total = 0

@@ -88,6 +88,7 @@ STATE_DTYPE = np.dtype([
     ("num_waiting_for_kv", np.int64),
     ("num_delayed_free_requests", np.int64),
     ("num_checked_passes", np.int64),
+    ("pending_prefill_tokens", np.int64),  # `pending_prefill_tokens`, kept as it changes
 ])
 O_REQ, O_TOK, O_CACHED, O_KIND, O_FLAGS, O_SPEC, O_PRE, O_UNFIN = range(8)
 NUM_OUT_ROWS = 8  # O_SPEC: draft tokens scheduled (included in O_TOK)
@@ -228,6 +229,7 @@ def _preempt(R, tables, blocks, pscal, S, wq, priority, i, cfg, idents, kv=None)
                 KO, KC = kv[1], kv[2]
                 KO[KO_PSTORES, KC[KO_PSTORES]] = j
                 KC[KO_PSTORES] += 1
+    S[0].pending_prefill_tokens -= _prefill_left(R, i)  # it left running
     _free(R, tables, blocks, pscal, i)
     R[i].status = RequestStatus.PREEMPTED
     R[i].num_computed_tokens = 0
@@ -248,7 +250,7 @@ def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
     request waits a pass (§7; priority goes on with the next request)."""
     priority = cfg[0].priority_scheduling
     index = 0
-    no_hits = np.zeros(0, dtype=np.int64)
+    no_hits = running[:0]  # (a view: no allocation, in every pass)
     while index < S[0].num_running and budget > 0:
         i = running[index]
         placeholders = R[i].num_output_placeholders
@@ -366,7 +368,7 @@ def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
     priority = cfg[0].priority_scheduling
     bs = cfg[0].block_size
     num_skipped = 0
-    skipped = np.zeros(0, dtype=np.int64)
+    skipped = running[:0]  # (a view: no allocation, in every pass without `kv`)
     if kv is not None:
         if S[0].num_waiting_for_kv > 0:
             budget = _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S,
@@ -473,6 +475,7 @@ def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=N
     R[i].prefill_target_tokens = target
     running[S[0].num_running] = i
     S[0].num_running += 1
+    S[0].pending_prefill_tokens += _prefill_left(R, i)
     e = feats[N_SCHED]
     out[O_REQ, e] = i
     out[O_TOK, e] = num_new
@@ -743,7 +746,7 @@ def _padding_drafts(R, cfg, out, feats, hit):
 
 
 @njit
-def _update_after_schedule(R, cfg, out, feats):
+def _update_after_schedule(R, cfg, S, out, feats):
     for e in range(feats[N_SCHED]):
         i = out[O_REQ, e]
         n = out[O_TOK, e]
@@ -767,6 +770,7 @@ def _update_after_schedule(R, cfg, out, feats):
         feats[TOTAL_TOKENS] += n
         feats[SPEC_TOKENS] += drafts
         if before < R[i].prefill_target_tokens:
+            S[0].pending_prefill_tokens -= min(after, R[i].prefill_target_tokens) - before
             feats[PREFILL_TOKENS] += n
             feats[PREFILL_SPEC] += drafts
             feats[NUM_PREFILL] += 1
@@ -799,7 +803,7 @@ def schedule(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, 
     if feats[N_PRE] == 0:
         _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                           out, feats, budget, threshold, kv)
-    _update_after_schedule(R, cfg, out, feats)
+    _update_after_schedule(R, cfg, S, out, feats)
     if kv is not None:
         if cfg[0].kv_source == KV_SOURCE_CPU:
             _connector_after_schedule(R, idents, tables, cfg, out, feats, kv)
@@ -863,7 +867,8 @@ def check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, oth
                      out[O_REQ], out[O_TOK], capped, n_sched, total, cfg[0].max_num_seqs,
                      cfg[0].max_num_batched_tokens, cfg[0].long_prefill_token_threshold,
                      cfg[0].block_size, cfg[0].num_speculative_tokens,
-                     cfg[0].max_model_len, cfg[0].invariant_check == 2, where, pass_index)
+                     cfg[0].max_model_len, cfg[0].invariant_check == 2,
+                     S[0].pending_prefill_tokens, where, pass_index)
 
 
 @njit(inline="always")
@@ -981,10 +986,17 @@ def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, ru
         if k == 0:
             stopped = _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
                                     token_offsets, last_client, max_model_len)
+            if not was_running and _queued(S, kv, i):  # preempted with this token in flight
+                S[0].pending_prefill_tokens += 1
         else:
+            before = _prefill_left(R, i) if was_running else R[i].num_tokens
             stopped = _append_verified(R, cfg, spec, out, e, i, not was_running, release_ms,
                                        pass_index, detokenize_ms, client_ms, token_offsets,
                                        last_client)
+            if was_running:  # rejected drafts and the stop's trim roll computed tokens back
+                S[0].pending_prefill_tokens += _prefill_left(R, i) - before
+            elif _queued(S, kv, i):
+                S[0].pending_prefill_tokens += R[i].num_tokens - before
         if was_running:
             # cache_blocks(request, num_computed_tokens - num_in_flight_tokens)
             cache_blocks(R, idents, tables, blocks, idmap, cfg, i,
@@ -998,6 +1010,7 @@ def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, ru
         for j in range(num_finished):
             i = finished[j]
             if R[i].status == RequestStatus.RUNNING:
+                S[0].pending_prefill_tokens -= _prefill_left(R, i)  # it leaves running
                 if kv is not None:
                     if cpu:
                         job = _connector_request_finished(R, idents, tables, cfg, kv, i)
@@ -1054,19 +1067,38 @@ def add_request(R, S, wq, priority, i):
     wq_add(R, S, wq, priority, i)
 
 
-@njit
-def pending_prefill_tokens(R, S, running, wq, priority):
-    """The prefill tokens a rank has still to compute (its running requests'
-    rest of prefill plus its waiting prompts), for the routers."""
-    total = 0
-    for k in range(S[0].num_running):
-        i = running[k]
-        if R[i].prefill_target_tokens > R[i].num_computed_tokens:
-            total += R[i].prefill_target_tokens - R[i].num_computed_tokens
-    head = 0 if priority else S[0].waiting_head
-    for k in range(S[0].num_waiting):
-        total += R[wq[(head + k) % len(wq)]].num_tokens
-    return total
+@njit(inline="always")
+def _prefill_left(R, i):
+    """Running request i's prefill tokens still to compute: its part of
+    `S[0].pending_prefill_tokens`."""
+    return max(0, R[i].prefill_target_tokens - R[i].num_computed_tokens)
+
+
+@njit(inline="always")
+def _queued(S, kv, i):
+    """Whether request i, not running, is in the waiting queue rather than
+    waiting for its load (`waiting_for_kv`, `kv[0]`)."""
+    if kv is not None:
+        wfk = kv[0]
+        for k in range(S[0].num_waiting_for_kv):
+            if wfk[k] == i:
+                return False
+    return True
+
+
+@njit(inline="always")
+def pending_prefill_tokens(S):
+    """The prefill tokens a rank has still to compute — its running
+    requests' rest of prefill (`prefill_target_tokens - num_computed_tokens`,
+    when positive) plus every waiting request's tokens; loads waiting ahead
+    of the queue are not counted — for the routers (docs/engine.md §11). Kept
+    in `S[0].pending_prefill_tokens` where requests join or leave the
+    running list and the waiting queue (fast_queue.py), are scheduled
+    (`_update_after_schedule`), have tokens appended or rolled back
+    (`update_from_output`), so that a router reads it in O(1) at every
+    arrival; the debug mode checks it against a scan of the queues
+    (check.py `check_pending_prefill`)."""
+    return S[0].pending_prefill_tokens
 
 
 @njit
@@ -1079,6 +1111,7 @@ def take_out_all(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, p
     n = 0
     for k in range(S[0].num_running):
         i = running[k]
+        S[0].pending_prefill_tokens -= _prefill_left(R, i)
         _free(R, tables, blocks, pscal, i)
         R[i].status = RequestStatus.UNFINISHED
         taken[n] = i

@@ -4,7 +4,9 @@ to the front (a ring buffer). Priority: ordered by `(priority, arrival,
 request id)`, ids compared as strings, a preempted request pushed back in
 that order (a binary heap).
 
-Queue state lives in the scheduler's state record `S[0]`: `waiting_head`, `num_waiting`.
+Queue state lives in the scheduler's state record `S[0]`: `waiting_head`,
+`num_waiting`, and the queued requests' tokens in `pending_prefill_tokens`
+(the waiting part of the rank's pending prefill, servesim/scheduler/fast.py).
 """
 
 from servesim.jit import njit
@@ -55,6 +57,7 @@ def _sift_down(R, heap, pos, n):
 def wq_add(R, S, wq, priority, i):
     """A new arrival (FCFS: at the back)."""
     n = S[0].num_waiting
+    S[0].pending_prefill_tokens += R[i].num_tokens
     if priority:
         wq[n] = i
         S[0].num_waiting = n + 1
@@ -73,6 +76,7 @@ def wq_prepend(R, S, wq, priority, i):
         S[0].waiting_head = (S[0].waiting_head - 1) % len(wq)
         wq[S[0].waiting_head] = i
         S[0].num_waiting += 1
+        S[0].pending_prefill_tokens += R[i].num_tokens
 
 
 @njit
@@ -89,10 +93,12 @@ def wq_pop(R, S, wq, priority):
         if n > 0:
             wq[0] = wq[n]
             _sift_down(R, wq, 0, n)
+        S[0].pending_prefill_tokens -= R[top].num_tokens
         return top
     top = wq[S[0].waiting_head]
     S[0].waiting_head = (S[0].waiting_head + 1) % len(wq)
     S[0].num_waiting -= 1
+    S[0].pending_prefill_tokens -= R[top].num_tokens
     return top
 
 
@@ -109,6 +115,7 @@ def wq_remove(R, S, wq, priority, i):
                     wq[pos] = wq[n]
                     _sift_down(R, wq, pos, n)
                     _sift_up(R, wq, pos)
+                S[0].pending_prefill_tokens -= R[i].num_tokens
                 return
         return
     cap = len(wq)
@@ -118,4 +125,5 @@ def wq_remove(R, S, wq, priority, i):
             for j in range(k, n - 1):
                 wq[(head + j) % cap] = wq[(head + j + 1) % cap]
             S[0].num_waiting = n - 1
+            S[0].pending_prefill_tokens -= R[i].num_tokens
             return
