@@ -265,8 +265,15 @@ def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
             index += 1
             continue
         scheduled = True
-        while not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
-                            no_hits, 0, 0, 0, False, kv):
+        while True:
+            if kv is None:
+                fits = _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
+                                 no_hits, 0, 0, 0, False)
+            else:  # (wfk, KO, KC) only: a call passing the whole `kv` copies and counts its 13 arrays
+                fits = _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
+                                 no_hits, 0, 0, 0, False, kv[:3])
+            if fits:
+                break
             n_run = S[0].num_running
             v = _victim_index(R, running, n_run, priority)
             victim = running[v]
