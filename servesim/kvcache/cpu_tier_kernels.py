@@ -152,28 +152,12 @@ def touch(tier, slot_of, identities, stop):
     """`LRUOffloadingManager.touch`: the held blocks among
     `identities[:stop]` become the most recently used, the first one last
     (so the deepest blocks of a prefix are evicted first). Order only: no
-    block enters or leaves.
-
-    (`_unlink` then `_link_last` of each block, with the most recently used
-    slot kept in a local: a block already there stays, and the tail's link
-    is written once. The whole-trace CPU-tier run touches ~25 million
-    blocks, mostly the waiting head's again at each pass.)"""
-    tail = tier.shape[1] - 1
-    last = tier[T_PREV, tail]
+    block enters or leaves."""
     for k in range(stop - 1, -1, -1):
         s = slot_of[identities[k]]
-        if s >= 0 and s != last:
-            # s is not the last, so its next is not the tail: unlinking it
-            # leaves the tail's link alone
-            p = tier[T_PREV, s]
-            n = tier[T_NEXT, s]
-            tier[T_NEXT, p] = n
-            tier[T_PREV, n] = p
-            tier[T_PREV, s] = last
-            tier[T_NEXT, s] = tail
-            tier[T_NEXT, last] = s
-            last = s
-    tier[T_PREV, tail] = last
+        if s >= 0:
+            _unlink(tier, s)
+            _link_last(tier, s)
 
 
 @njit
@@ -311,31 +295,25 @@ def prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS, id
     store of its blocks `[first_block, stop_block)` not in the tier yet
     (pending ones count as in it); they enter it as pending now. Returns the
     job id, NO_JOB when the tier cannot make room (nothing changes: the
-    caller tries again later), EMPTY_JOB when every block is there.
-
-    The blocks are gathered where the job's would go (`job_blocks` from
-    `KS[K_JB]`, the next job's offset): no allocation per call (an array
-    only when that room is short); a dropped job leaves them in the unused
-    part."""
-    off = KS[K_JB]
-    in_place = off + stop_block - first_block <= job_blocks.shape[1]
-    if in_place:
-        new = job_blocks[:, off:]
-    else:
-        new = np.empty((2, stop_block - first_block), dtype=np.int64)
+    caller tries again later), EMPTY_JOB when every block is there."""
     n = 0
+    new = np.empty(stop_block - first_block, dtype=np.int64)
     for k in range(first_block, stop_block):
         if slot_of[idents[k]] < 0:
-            new[0, n] = idents[k]
-            new[1, n] = table[k]
+            new[n] = idents[k]
             n += 1
     if n == 0:
         return EMPTY_JOB
-    if not prepare_store_blocks(tier, slot_of, free_slots, KS, new[0], n):
+    if not prepare_store_blocks(tier, slot_of, free_slots, KS, new, n):
         return NO_JOB
     j = _new_job(jobs, job_times, KS, STORE, -1, n, job_blocks)
-    if not in_place:
-        job_blocks[:, off:off + n] = new[:, :n]
+    off = jobs[j, J_OFF]
+    m = 0
+    for k in range(first_block, stop_block):
+        if m < n and idents[k] == new[m]:
+            job_blocks[0, off + m] = new[m]
+            job_blocks[1, off + m] = table[k]
+            m += 1
     return j
 
 
@@ -457,8 +435,7 @@ class TierArrays:
         self.capacity = config.num_cpu_blocks
         slots = min(self.capacity, num_identities)  # it never holds more
         self._head = slots
-        # int32: half the cache lines of the LRU list's walks (slots < 2**31)
-        self.tier = np.empty((NUM_TIER_ROWS, slots + 2), dtype=np.int32)
+        self.tier = np.empty((NUM_TIER_ROWS, slots + 2), dtype=np.int64)
         self.slot_of = np.empty(max(num_identities, 1), dtype=np.int32)
         self.free_slots = np.empty(max(slots, 1), dtype=np.int64)
         self.KS = np.zeros(NUM_KS, dtype=np.int64)

@@ -373,11 +373,12 @@ def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
     priority = cfg[0].priority_scheduling
     bs = cfg[0].block_size
     num_skipped = 0
-    skipped = np.zeros(0, dtype=np.int64)  # sized at the first skip (most passes skip none)
+    skipped = np.zeros(0, dtype=np.int64)
     if kv is not None:
         if S[0].num_waiting_for_kv > 0:
             budget = _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S,
                                       running, out, feats, budget, threshold, kv)
+        skipped = np.empty(S[0].num_waiting, dtype=np.int64)
     while S[0].num_waiting > 0 and budget > 0 and S[0].num_running < cfg[0].max_num_seqs:
         i = wq_peek(S, wq, priority)
         num_tokens = R[i].num_tokens
@@ -404,8 +405,6 @@ def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
             if cfg[0].kv_source == KV_SOURCE_CPU:
                 num_loaded = _connector_lookup(R, idents, kv, i, num_hit)
                 if num_loaded < 0:  # wait for a store or another load
-                    if num_skipped == 0:  # at most the requests waiting now are skipped
-                        skipped = np.empty(S[0].num_waiting, dtype=np.int64)
                     skipped[num_skipped] = wq_pop(R, S, wq, priority)
                     num_skipped += 1
                     continue
