@@ -71,6 +71,8 @@ Every state reports the requests finished so far in the call (`finished`).
 """
 
 import numpy as np
+from numba.core import types
+from numba.extending import overload
 
 from servesim.engine.events import DECIDE, PASS_END
 from servesim.engine.launch import launch_end_ms
@@ -197,6 +199,20 @@ def _first_wake(xw_t, xw_s, n):
         if xw_t[k] < xw_t[best] or (xw_t[k] == xw_t[best] and xw_s[k] < xw_s[best]):
             best = k
     return best
+
+
+def rank_kv(kv_t, r):
+    """Rank r's `kv` bundle, or None for a worker without KV transfers
+    (`kv_t` None): one call site per kernel for both specialisations of the
+    loop (Numba picks the body by `kv_t`'s type when it compiles)."""
+    return None if kv_t is None else kv_t[r]
+
+
+@overload(rank_kv)
+def _rank_kv(kv_t, r):
+    if isinstance(kv_t, types.NoneType):
+        return lambda kv_t, r: None
+    return lambda kv_t, r: kv_t[r]
 
 
 @njit
@@ -332,23 +348,15 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                     if index < 0:
                         continue
                     pscal = pscal_t[r]
-                    if kv_t is None:
-                        n = fast.update_from_output(
-                            R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
-                            S_t[r], running_t[r], wq_t[r], outs[head, r],
-                            feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
-                            client_ms, token_offsets, last_client, finished[n_fin:], None,
-                            held_t[r])
-                    else:
-                        kv = kv_t[r]
-                        n = fast.update_from_output(
-                            R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
-                            S_t[r], running_t[r], wq_t[r], outs[head, r],
-                            feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
-                            client_ms, token_offsets, last_client, finished[n_fin:], kv,
-                            held_t[r])
+                    n = fast.update_from_output(
+                        R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
+                        S_t[r], running_t[r], wq_t[r], outs[head, r],
+                        feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
+                        client_ms, token_offsets, last_client, finished[n_fin:],
+                        rank_kv(kv_t, r), held_t[r])
+                    if kv_t is not None:
                         if cpu:
-                            _submit_finished_stores(kv, ptime[following, P_END]
+                            _submit_finished_stores(kv_t[r], ptime[following, P_END]
                                                     if count == 2 else t)
                     if log_on:
                         _log_pass(lhead, ltime, lsched, lpre, lfin, lcount, ws, ptime, head, r,
@@ -405,10 +413,8 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 S = S_t[r]
                 feats[tail, r, :] = 0
                 if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
-                    if kv_t is None:
-                        holders = fast._check_holders(S, running_t[r], None, held_t[r])
-                    else:
-                        holders = fast._check_holders(S, running_t[r], kv_t[r], held_t[r])
+                    holders = fast._check_holders(S, running_t[r], rank_kv(kv_t, r), held_t[r])
+                    if kv_t is not None:
                         KC = kv_t[r][2]
                         for row in range(fast.NUM_KO_ROWS):
                             if row != fast.KO_FSTORES:
@@ -418,14 +424,9 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                                                  priority, holders, outs[tail, r],
                                                  feats[tail, r], taken[n_taken:])
                     continue
-                if kv_t is None:
-                    fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg,
-                                  S, running_t[r], wq_t[r], outs[tail, r], feats[tail, r], None,
-                                  held_t[r])
-                else:
-                    fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg,
-                                  S, running_t[r], wq_t[r], outs[tail, r], feats[tail, r],
-                                  kv_t[r], held_t[r])
+                fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg, S,
+                              running_t[r], wq_t[r], outs[tail, r], feats[tail, r],
+                              rank_kv(kv_t, r), held_t[r])
                 for e in range(feats[tail, r, fast.N_UNFIN]):
                     taken[n_taken] = outs[tail, r, fast.O_UNFIN, e]
                     n_taken += 1
