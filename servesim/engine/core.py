@@ -14,7 +14,10 @@ outside events and what it returns for:
 - an arrival (or a handoff, on a decode worker) wakes an idle engine: a
   decision at that instant, after the arrivals at it (`_wake`);
 - the loop's next event past the horizon (the next outside event that may
-  touch the worker) goes on the event loop, and `_resume` carries on from it;
+  touch the worker) goes on the event loop, and `_resume` carries on from it
+  (a disaggregated deployment's workers run as one loop over all of them,
+  engine/fast_workers.py, which hands each core what its loop returns for:
+  `report`);
 - the finishes and take-outs it returns are reported to the observer (a
   closed loop's release, a prefill worker's handoff);
 - a disaggregated decode decision's transfers are told to their prefill
@@ -108,6 +111,10 @@ class EngineCore:
         # token (an earlier wake replaces it; the one it replaced is ignored)
         self._resume_key = None
         self._resume_token = 0
+        # a disaggregated deployment's workers run as one (engine/fast_workers.py):
+        # the runner of their loop, and this worker's place in it
+        self.runner = None
+        self.slot = -1
 
     busy_ms = property(lambda self: float(self.compiled.wt[fast_run.T_BUSY]))
     num_passes = property(lambda self: int(self.compiled.ws[fast_run.W_PASSES]))
@@ -166,6 +173,8 @@ class EngineCore:
         one already there comes first (an idle engine's transfer wake, then
         an arrival at the same instant: the wake runs first and finds the
         arrival's decision pending)."""
+        if self.runner is not None:  # one loop over the deployment's workers
+            return self.runner.push(self.slot, t, order, seq)
         key = (t, order, seq)
         if self._resume_key is not None and self._resume_key < key:
             return
@@ -181,33 +190,44 @@ class EngineCore:
             return  # replaced by an earlier event
         self._resume_key = None
         c = self.compiled
+        c.ws[fast_run.W_FORCE] = 1
+        while self.report(c.run(self.observer.horizon_key(), self.loop.seq, self.pass_log)):
+            pass
+        self.observer.on_progress(self)
+
+    def report(self, state) -> bool:
+        """What the compiled loop returned for (`state`, engine/fast_run.py):
+        the finishes and take-outs go to the observer, a decode decision's
+        pulls to their senders, the next event past the horizon on the event
+        loop; True if the loop must be called again (to settle a decision, or
+        after the finishes of a pass end, a grown pass log or room)."""
+        c = self.compiled
         loop = self.loop
         observer = self.observer
-        c.ws[fast_run.W_FORCE] = 1
-        while True:
-            state = c.run(observer.horizon_key(), loop.seq, self.pass_log)
-            loop.seq = int(c.ws[fast_run.W_SEQ])
-            if state == fast_run.FINISHED or state == fast_run.TAKEN_OUT:
-                # what the requests leaving release starts at the event run last
-                loop.now = float(c.wt[fast_run.T_NOW])
-            n = c.ws[fast_run.W_NFIN]
-            if n:
-                for i in c.finished[:n].tolist():
-                    observer.on_done(i, finished=True)
-            if state == fast_run.HORIZON:
-                self._push_resume(float(c.wt[fast_run.T_NEXT]), int(c.ws[fast_run.W_NEXT_ORDER]),
-                                  int(c.ws[fast_run.W_NEXT_SEQ]))
-                break
-            if state == fast_run.IDLE:
-                break
-            if state == fast_run.TAKEN_OUT:
-                n = c.ws[fast_run.W_NPULL]
-                if n:  # a decode decision's transfers: their prefill ranks wait for them
-                    transfers = self.ranks[0].transfers.transfers
-                    for i in c.pulls[:n].tolist():
-                        transfers.senders[transfers.link_of[i]].scheduled(i)
-                for i in c.taken[:c.ws[fast_run.W_NOUT]].tolist():
-                    observer.on_done(i, finished=False)
-            elif state == fast_run.LOG_FULL:
-                self.pass_log.grow(len(self.ranks), c.width)
-        observer.on_progress(self)
+        loop.seq = int(c.ws[fast_run.W_SEQ])
+        if state == fast_run.FINISHED or state == fast_run.TAKEN_OUT:
+            # what the requests leaving release starts at the event run last
+            loop.now = float(c.wt[fast_run.T_NOW])
+        n = c.ws[fast_run.W_NFIN]
+        if n:
+            for i in c.finished[:n].tolist():
+                observer.on_done(i, finished=True)
+        if state == fast_run.HORIZON:
+            self._push_resume(float(c.wt[fast_run.T_NEXT]), int(c.ws[fast_run.W_NEXT_ORDER]),
+                              int(c.ws[fast_run.W_NEXT_SEQ]))
+            return False
+        if state == fast_run.IDLE:
+            return False
+        if state == fast_run.TAKEN_OUT:
+            n = c.ws[fast_run.W_NPULL]
+            if n:  # a decode decision's transfers: their prefill ranks wait for them
+                transfers = self.ranks[0].transfers.transfers
+                for i in c.pulls[:n].tolist():
+                    transfers.senders[transfers.link_of[i]].scheduled(i)
+            for i in c.taken[:c.ws[fast_run.W_NOUT]].tolist():
+                observer.on_done(i, finished=False)
+        elif state == fast_run.LOG_FULL:
+            self.pass_log.grow(len(self.ranks), c.width)
+        elif state == fast_run.ROOM:
+            c.regrow()
+        return True

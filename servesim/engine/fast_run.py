@@ -745,11 +745,7 @@ class CompiledWorker:
         event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
         self.ws[W_SEQ] = seq
         buf = log if log is not None else _NO_LOG
-        args = self._args
-        if args is None:
-            args = self._args = self._make_args()
-            self._entry = None
-        call = (*args, float(horizon[0]), int(horizon[1]), int(horizon[2]), log is not None,
+        call = (*self.arguments(), float(horizon[0]), int(horizon[1]), int(horizon[2]), log is not None,
                 buf.head, buf.time, buf.sched, buf.pre, buf.fin, buf.count)
         entry = self._entry
         if entry is None:
@@ -757,9 +753,20 @@ class CompiledWorker:
             self._entry = compiled_for(run_passes, call)
         else:
             state = entry(*call)
-        if state == ROOM:
-            self._args = None  # grown at the next call
         return state
+
+    def arguments(self):
+        """`run_passes`' arguments but the horizon and the pass log (made
+        again after `regrow`)."""
+        if self._args is None:
+            self._args = self._make_args()
+            self._entry = None
+        return self._args
+
+    def regrow(self):
+        """After ROOM: the arrays that may not hold the next event are grown
+        when the arguments are made again (`_make_args`)."""
+        self._args = None
 
     def _make_args(self):
         """The loop's arguments but the horizon and the pass log: each rank's

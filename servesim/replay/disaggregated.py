@@ -33,6 +33,7 @@ import numpy as np
 
 from servesim.engine import fast_disagg
 from servesim.engine.core import EngineCore
+from servesim.engine.fast_workers import CompiledWorkers
 from servesim.engine.fast_run import PassLogBuffer
 from servesim.replay.driver import Replay
 from servesim.results.records import STATUS_REJECTED, PoolStats, RunStats
@@ -194,6 +195,8 @@ class DisaggregatedReplay(Replay):
         sides.connect(self.prefill_workers, self.decode_workers, cluster.kv_transfer)
         self.workers = self.prefill_workers + self.decode_workers
         self._use_compiled_log(buffer)
+        if CompiledWorkers.fit(self.workers, len(self.prefill_workers)):
+            CompiledWorkers(self.workers, len(self.prefill_workers), self.loop, self, buffer)
         (prefill_key, _), (decode_key, _) = cluster.data_parallel_widths()
         self.router = Router(cluster.router, self.prefill_workers, prefill_dp, prefill_key)
         self.decode_router = Router(cluster.router, self.decode_workers, decode_dp, decode_key)
@@ -223,7 +226,9 @@ class DisaggregatedReplay(Replay):
     def horizon_key(self):
         """The pools touch each other (a prefill finish hands a request to a
         decode worker, a decode decision's pull makes a prefill rank wait):
-        a worker's compiled run stops at the next event of any kind."""
+        the workers run as one compiled loop in their events' key order
+        (engine/fast_workers.py), which stops at the next event of any
+        other kind."""
         return min(super().horizon_key(), self.loop.next_key())
 
     # -- arrivals and handoffs -------------------------------------------------

@@ -1,0 +1,197 @@
+"""The workers of a disaggregated deployment as one compiled loop over their
+events (docs/engine.md §13): the one statement of which worker runs next.
+
+A disaggregated pool's workers touch each other at any event (a prefill
+finish hands a request to a decode worker, a decode decision's pull makes a
+prefill rank wait and shares its link with the other decode workers), so
+they run strictly in the order of their events' `(time, order, seq)` keys
+(engine/events.py), with one sequence counter. Each worker's passes are its
+own compiled loop (engine/fast_run.py `run_passes`); `run_workers` keeps every
+worker's next event key (`keys_*`: the key its engine core would put on the
+event loop, `inf` time for none) and runs, from the first key, that worker's
+events below the next of the others' keys and below the `horizon` (the next
+event outside the workers: the event loop's next, an arrival, a telemetry
+tick), then the next worker's, and so on, without going back to Python; so the
+workers' events run, and draw their sequence numbers, in the order the event
+loop would run them one by one, and the outputs are the same.
+
+It hands back to the engine core of worker `ps[P_FROM]` what that worker's
+loop returns for (finishes, take-outs, a decode decision's pulls, a full
+pass log, room): the core reports it, and the next call first continues
+that worker (`ps[P_CONT]`), as a core calls its own loop again. It returns
+HORIZON when the first key is not below the horizon (`ps[P_FROM]` -1: the
+workers' event then goes on the event loop at that key) and IDLE when no
+worker has an event pending. The first worker run in a call may run its first
+event at any key (`ps[P_FORCE]`: the workers' event was just popped off the
+event loop), as a core's run may (`ws[W_FORCE]`).
+"""
+
+import numpy as np
+
+from servesim.engine import fast_run
+from servesim.engine.fast_run import (HORIZON, IDLE, T_NEXT, W_FORCE, W_NEXT_ORDER,
+                                      W_NEXT_SEQ, W_NFIN, W_SEQ, _before, run_passes)
+from servesim.jit import compiled_for, njit
+
+# ps (int64 state of the workers' loop)
+P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST = range(5)
+
+
+@njit
+def _first(keys_t, keys_o, keys_s, skip):
+    """The worker (not `skip`) with the first pending key (-1: none)."""
+    best = -1
+    for k in range(len(keys_t)):
+        if k == skip or keys_t[k] == np.inf:
+            continue
+        if best < 0 or _before(keys_t[k], keys_o[k], keys_s[k],
+                               keys_t[best], keys_o[best], keys_s[best]):
+            best = k
+    return best
+
+
+@njit
+def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, h_time, h_order,
+                h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
+    """Run the workers' events up to the horizon (module docstring). Worker k
+    is `group_a[k]` (a prefill worker's `run_passes` arguments but the
+    horizon and the pass log), or `group_b[k - len(group_a)]`; `ws_t[k]`,
+    `wt_t[k]` are its state arrays."""
+    n_a = len(group_a)
+    while True:
+        k = ps[P_CONT]
+        if k >= 0:  # the core reported what k's loop returned for: k carries on
+            ps[P_CONT] = -1
+        else:
+            k = _first(keys_t, keys_o, keys_s, -1)
+            if k < 0:
+                ps[P_FROM] = -1
+                return IDLE
+            if not (ps[P_FORCE] or _before(keys_t[k], keys_o[k], keys_s[k], h_time, h_order,
+                                           h_seq)):
+                ps[P_FROM] = -1
+                return HORIZON
+            ps[P_FORCE] = 0
+            keys_t[k] = np.inf  # popped: the worker runs from its event
+            ws_t[k][W_FORCE] = 1
+        # k's horizon: the first of the others' events, or the outside one
+        t, order, seq = h_time, h_order, h_seq
+        j = _first(keys_t, keys_o, keys_s, k)
+        if j >= 0 and _before(keys_t[j], keys_o[j], keys_s[j], t, order, seq):
+            t, order, seq = keys_t[j], keys_o[j], keys_s[j]
+        ws = ws_t[k]
+        ws[W_SEQ] = ps[P_SEQ]
+        tail = (t, order, seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount)
+        if k < n_a:
+            state = run_passes(*(group_a[k] + tail))
+        else:
+            state = run_passes(*(group_b[k - n_a] + tail))
+        ps[P_SEQ] = ws[W_SEQ]
+        ps[P_LAST] = k
+        if state == HORIZON:
+            # its next event, unless one pushed meanwhile comes first
+            nt, no, ns = wt_t[k][T_NEXT], ws[W_NEXT_ORDER], ws[W_NEXT_SEQ]
+            if keys_t[k] == np.inf or _before(nt, no, ns, keys_t[k], keys_o[k], keys_s[k]):
+                keys_t[k], keys_o[k], keys_s[k] = nt, no, ns
+        if ws[W_NFIN] or (state != HORIZON and state != IDLE):
+            ps[P_FROM] = k
+            return state
+
+
+class CompiledWorkers:
+    """The engine cores of a disaggregated deployment (`cores`: the prefill
+    pool's, then the decode pool's, `num_prefill` of them first) run by
+    `run_workers`, with one event of theirs on the event loop: the first of
+    their next events. `observer.horizon_key()` is the key of the next event
+    outside them; `observer.on_progress(core)` follows each call."""
+
+    def __init__(self, cores, num_prefill, loop, observer, pass_log):
+        self.cores = cores
+        self.num_prefill = num_prefill
+        self.loop = loop
+        self.observer = observer
+        self.pass_log = pass_log
+        n = len(cores)
+        self.keys_t = np.full(n, np.inf)
+        self.keys_o = np.zeros(n, dtype=np.int64)
+        self.keys_s = np.zeros(n, dtype=np.int64)
+        self.ps = np.zeros(5, dtype=np.int64)
+        self.ps[P_CONT] = -1
+        self.ws_t = tuple(core.compiled.ws for core in cores)
+        self._groups = None
+        self._args = None
+        self._entry = None
+        self._running = False
+        self._key = None  # the workers' live event on the event loop, and its token
+        self._token = 0
+        for slot, core in enumerate(cores):
+            core.runner, core.slot = self, slot
+
+    @staticmethod
+    def fit(cores, num_prefill) -> bool:
+        """Whether each pool's workers pass arguments of one type (a tuple
+        `run_workers` indexes at run time)."""
+        from numba import typeof
+
+        types = [typeof(core.compiled.arguments()) for core in cores]
+        return (len(set(types[:num_prefill])) <= 1 and len(set(types[num_prefill:])) <= 1)
+
+    def push(self, slot, t, order, seq):
+        """Worker `slot`'s next event is at `(t, order, seq)`, unless the one
+        it has pending comes first (`EngineCore._push_resume`)."""
+        key = (t, order, seq)
+        if self.keys_t[slot] != np.inf and (self.keys_t[slot], self.keys_o[slot],
+                                            self.keys_s[slot]) < key:
+            return
+        self.keys_t[slot], self.keys_o[slot], self.keys_s[slot] = key
+        if self._running or (self._key is not None and self._key < key):
+            return  # the workers' loop reads it, or their event comes first
+        self._key = key
+        self._token += 1
+        self.loop.push(t, order, seq, self._resume, self._token)
+
+    def _arguments(self):
+        """`run_workers`' groups and state arrays, made again when a worker's
+        arguments were (`CompiledWorker.regrow`)."""
+        args = [core.compiled.arguments() for core in self.cores]
+        if self._groups is None or any(a is not b for a, b in zip(args, self._args)):
+            self._args = args
+            p = self.num_prefill
+            self._groups = (tuple(args[:p]), tuple(args[p:]), self.ws_t,
+                            tuple(core.compiled.wt for core in self.cores))
+        return self._groups
+
+    def _resume(self, token):
+        """The workers' event, popped off the event loop: run their events up
+        to the horizon, each core reporting what its worker's loop returns for."""
+        if token != self._token:
+            return  # replaced by an earlier event
+        self._key = None
+        self._running = True
+        loop = self.loop
+        ps = self.ps
+        ps[P_FORCE] = 1
+        while True:
+            ps[P_SEQ] = loop.seq
+            h = self.observer.horizon_key()
+            buf = self.pass_log if self.pass_log is not None else fast_run._NO_LOG
+            call = (*self._arguments(), self.keys_t, self.keys_o, self.keys_s, ps,
+                    float(h[0]), int(h[1]), int(h[2]), self.pass_log is not None, buf.head,
+                    buf.time, buf.sched, buf.pre, buf.fin, buf.count)
+            entry = self._entry
+            if entry is None:
+                state = run_workers(*call)
+                self._entry = compiled_for(run_workers, call)
+            else:
+                state = entry(*call)
+            loop.seq = int(ps[P_SEQ])
+            k = int(ps[P_FROM])
+            if k < 0:
+                break
+            if self.cores[k].report(state):
+                ps[P_CONT] = k
+        self._running = False
+        if state == HORIZON:
+            k = int(np.lexsort((self.keys_s, self.keys_o, self.keys_t))[0])
+            self.push(k, float(self.keys_t[k]), int(self.keys_o[k]), int(self.keys_s[k]))
+        self.observer.on_progress(self.cores[int(ps[P_LAST])])
