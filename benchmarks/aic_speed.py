@@ -2,7 +2,9 @@
 
 - start-up: building the deployment's tables from the package (cold: empty
   cache directory) and loading them from the cache (cached), each in a fresh
-  process, median of --repeat runs;
+  process, median of --repeat runs; then one cold build split into the
+  package's engine construction, its first call (it loads its data then),
+  reading the GEMM grid and the table's direct calls (counted), wall and CPU;
 - replay: `servesim example deployment` (500 requests) with `aic` and with
   `polynomial` timing at the same capacity, wall time of the run (median).
 
@@ -42,6 +44,32 @@ data["engine"]["num_gpu_blocks"] = 46773
 run(data)  # warm: Numba cache and table cache
 r = run(data)
 print(json.dumps([r.summary["wall_time_s"], r.summary["passes"]]))
+"""
+
+PARTS = """
+import json, time, logging
+logging.disable(logging.WARNING)
+from servesim.replay.api import resolve_config
+from servesim.config.examples import example_text
+from ruamel.yaml import YAML
+cfg = resolve_config(YAML(typ="safe").load(example_text("deployment")))
+from servesim.deployment import aic, aic_tables
+out, calls = {}, [0]
+def part(name, f, *a):
+    w, c = time.perf_counter(), time.process_time()
+    v = f(*a)
+    out[name] = [time.perf_counter() - w, time.process_time() - c]
+    return v
+dep = cfg.engine.deployment
+direct = part("engine", aic.DirectModel, dep)
+part("first call", direct, 1, 1, 0, 0, 0)
+grid = part("gemm grid", lambda: aic.measured_token_grid(dep.gpu, aic.backend_version(dep.gpu)))
+def counted(*f):
+    calls[0] += 1
+    return direct(*f)
+part("calls", aic_tables.build_table, counted, grid, aic_tables._limits(cfg.engine))
+out["n"] = calls[0]
+print(json.dumps(out))
 """
 
 
@@ -100,12 +128,16 @@ def main():
             env["XDG_CACHE_HOME"] = cache
             cold.append(child(STARTUP, env))
             cached.append(child(STARTUP, env))
+    parts = child(PARTS, env)
     env.pop("XDG_CACHE_HOME")
     replay = {kind: [child(REPLAY, env, kind) for _ in range(args.repeat)] for kind in ("aic", "polynomial")}
     kernel = child(KERNEL, env)
     print(f"pricing kernel: aic table {kernel[0]:.1f} ns/pass, polynomial {kernel[1]:.1f} ns/pass")
     print(f"start-up cold   {statistics.median(cold):.3f} s  (runs {', '.join(f'{x:.2f}' for x in cold)})")
     print(f"start-up cached {statistics.median(cached):.4f} s")
+    n = parts.pop("n")
+    print("cold parts (wall / CPU s): " + ", ".join(f"{k} {w:.2f} / {c:.2f}" for k, (w, c) in parts.items())
+          + f"; {n} direct calls")
     for kind, runs in replay.items():
         walls = [w for w, _ in runs]
         print(f"replay {kind:<10} {statistics.median(walls):.3f} s wall, {runs[0][1]} passes")

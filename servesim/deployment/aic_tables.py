@@ -19,7 +19,7 @@ import numpy as np
 from servesim.deployment import aic
 from servesim.deployment import table_pricing
 
-FORMAT = 3
+FORMAT = 4  # 4: mixed decode terms via _PROBE_CONTEXT (equal to rounding)
 _REQUEST_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 
 
@@ -87,9 +87,33 @@ def _tokens_for(m: int, q: int, steps: set) -> int:
     return max(q, q * (m // q))
 
 
+def _memoized(direct):
+    """`direct` called once per distinct pass (nodes whose requests split
+    their tokens alike, e.g. many prefill nodes of 256 requests, share one)."""
+    memo = {}
+
+    def call(*features):
+        if features not in memo:
+            memo[features] = direct(*features)
+        return memo[features]
+
+    return call
+
+
+# The decode context at which the mixed and remainder tables price their
+# decode requests of context 1. The database adds a step's decode attention
+# apart from the rest of it, so a decode term swapped for another cancels
+# exactly (to rounding: tests/test_deployment.py rebuilds the fixture), and
+# in 0.12.0 a query below ~4 tokens of decode context costs ~20x one above.
+_PROBE_CONTEXT = 64
+
+
 def build_table(direct, grid: list, limits: dict) -> np.ndarray:
     """Direct calls at every node (a prefill node with more requests than
-    tokens copies its neighbour with as many requests as tokens)."""
+    tokens copies its neighbour with as many requests as tokens); a mixed
+    node's decode requests of context 1 are priced at `_PROBE_CONTEXT`
+    less the decode-only difference between the two contexts."""
+    call = _memoized(direct)
     p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, e_nodes = axes(grid, limits)
     steps = {m for m in grid if m - 1 in set(grid)}
     prefill = np.zeros((len(p_nodes), len(q_nodes), len(k_nodes)))
@@ -99,25 +123,27 @@ def build_table(direct, grid: list, limits: dict) -> np.ndarray:
                 if q > p:
                     prefill[i, j, k] = prefill[i, j - 1, k]
                 else:
-                    prefill[i, j, k] = direct(_tokens_for(p, q, steps), q, ctx * q, 0, 0)
+                    prefill[i, j, k] = call(_tokens_for(p, q, steps), q, ctx * q, 0, 0)
     decode = np.zeros((len(d_nodes), len(c_nodes)))
     for i, d in enumerate(d_nodes):
         for j, c in enumerate(c_nodes):
-            decode[i, j] = direct(0, 0, 0, d, c * d)
+            decode[i, j] = call(0, 0, 0, d, c * d)
+    c = _PROBE_CONTEXT
     mixed = np.zeros((len(p_nodes), len(e_nodes)))
     for i, p in enumerate(p_nodes):
         for j, d in enumerate(e_nodes):
-            mixed[i, j] = direct(max(p - d, 1), 1, 0, d, d)
+            mixed[i, j] = call(max(p - d, 1), 1, 0, d, c * d) - call(0, 0, 0, d, c * d) + call(0, 0, 0, d, d)
     # one more prompt of m tokens with context k in a mixed pass: 2m + 1
     # prompt tokens in two prompts (the database prices three) against 2m
-    # (two), one decode each; the one GEMM token more is left in
+    # (two), one decode each (its attention cancels); the one GEMM token
+    # more is left in
     remainder = np.zeros((len(p_nodes), len(k_nodes)))
     for i, m in enumerate(p_nodes):
         if i > 0 and p_nodes[i - 1] >= limits["max_num_batched_tokens"] // 2:
             remainder[i] = remainder[i - 1]  # a pass of Q >= 2 prompts has m <= budget / 2
             continue
         for k, ctx in enumerate(k_nodes):
-            remainder[i, k] = direct(2 * m + 1, 2, 2 * ctx, 1, 1) - direct(2 * m, 2, 2 * ctx, 1, 1)
+            remainder[i, k] = call(2 * m + 1, 2, 2 * ctx, 1, c) - call(2 * m, 2, 2 * ctx, 1, c)
     return table_pricing.pack(p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, e_nodes,
                               prefill, decode, mixed, remainder)
 
