@@ -24,6 +24,13 @@ workers' event then goes on the event loop at that key) and IDLE when no
 worker has an event pending. The first worker run in a call may run its first
 event at any key (`ps[P_FORCE]`: the workers' event was just popped off the
 event loop), as a core's run may (`ws[W_FORCE]`).
+
+Numba compiles `run_workers` once per type of its arguments, and a tuple's
+length is part of its type: a pool's group of workers, and the state arrays,
+are handed over padded to a power of two (`padded`; the padding repeats the
+first entry and is never read, the loop reads how many workers there are from
+`ps[P_NUM_A]` and `keys_t`). A deployment of 1 or 2 workers per pool compiles
+one loop, not four (each ~12 s on a cold cache), 3 or 4 the next.
 """
 
 import numpy as np
@@ -33,8 +40,19 @@ from servesim.engine.fast_run import (HORIZON, IDLE, T_NEXT, W_FORCE, W_NEXT_ORD
                                       W_NEXT_SEQ, W_NFIN, W_SEQ, _before, run_passes)
 from servesim.jit import compiled_for, njit
 
-# ps (int64 state of the workers' loop)
-P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST = range(5)
+# ps (int64 state of the workers' loop); P_NUM_A: how many prefill workers
+P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_NUM_A = range(6)
+NUM_PS = 6
+
+
+def padded(entries, least=2) -> tuple:
+    """`entries` as a tuple of length `least` doubled until it holds them
+    (a power of two by default), the padding repeating the first entry: the
+    lengths `run_workers` is compiled for (module docstring)."""
+    n = least
+    while n < len(entries):
+        n *= 2
+    return tuple(entries) + (entries[0],) * (n - len(entries))
 
 
 @njit
@@ -55,9 +73,10 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, h_time
                 h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
     """Run the workers' events up to the horizon (module docstring). Worker k
     is `group_a[k]` (a prefill worker's `run_passes` arguments but the
-    horizon and the pass log), or `group_b[k - len(group_a)]`; `ws_t[k]`,
-    `wt_t[k]` are its state arrays."""
-    n_a = len(group_a)
+    horizon and the pass log) for k below `ps[P_NUM_A]`, else
+    `group_b[k - ps[P_NUM_A]]`; `ws_t[k]`, `wt_t[k]` are its state arrays
+    (each tuple `padded`: its entries past the workers are never read)."""
+    n_a = ps[P_NUM_A]
     while True:
         k = ps[P_CONT]
         if k >= 0:  # the core reported what k's loop returned for: k carries on
@@ -115,9 +134,13 @@ class CompiledWorkers:
         self.keys_t = np.full(n, np.inf)
         self.keys_o = np.zeros(n, dtype=np.int64)
         self.keys_s = np.zeros(n, dtype=np.int64)
-        self.ps = np.zeros(5, dtype=np.int64)
+        self.ps = np.zeros(NUM_PS, dtype=np.int64)
         self.ps[P_CONT] = -1
-        self.ws_t = tuple(core.compiled.ws for core in cores)
+        self.ps[P_NUM_A] = num_prefill
+        # as long as the two groups padded: 4 for 1-2 workers per pool
+        self._num_slots = (len(padded(cores[:num_prefill]))
+                           + len(padded(cores[num_prefill:])))
+        self.ws_t = padded([core.compiled.ws for core in cores], self._num_slots)
         self._groups = None
         self._args = None
         self._entry = None
@@ -157,8 +180,9 @@ class CompiledWorkers:
         if self._groups is None or any(a is not b for a, b in zip(args, self._args)):
             self._args = args
             p = self.num_prefill
-            self._groups = (tuple(args[:p]), tuple(args[p:]), self.ws_t,
-                            tuple(core.compiled.wt for core in self.cores))
+            self._groups = (padded(args[:p]), padded(args[p:]), self.ws_t,
+                            padded([core.compiled.wt for core in self.cores],
+                                   self._num_slots))
         return self._groups
 
     def _resume(self, token):
