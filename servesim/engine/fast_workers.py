@@ -27,9 +27,9 @@ event loop), as a core's run may (`ws[W_FORCE]`).
 
 Numba compiles `run_workers` once per type of its arguments, and a tuple's
 length is part of its type: a pool's group of workers, and the state arrays,
-are handed over padded to a power of two (`padded`; the padding repeats the
-first entry and is never read, the loop reads how many workers there are from
-`ps[P_NUM_A]` and `keys_t`). A deployment of 1 or 2 workers per pool compiles
+are handed over padded to a power of two (`fast_run.padded`; the padding is
+never read, the loop reads how many workers there are from `ps[P_NUM_A]` and
+`keys_t`). A deployment of 1 or 2 workers per pool compiles
 one loop, not four (each ~12 s on a cold cache), 3 or 4 the next.
 """
 
@@ -37,22 +37,13 @@ import numpy as np
 
 from servesim.engine import fast_run
 from servesim.engine.fast_run import (HORIZON, IDLE, T_NEXT, W_FORCE, W_NEXT_ORDER,
-                                      W_NEXT_SEQ, W_NFIN, W_SEQ, _before, run_passes)
+                                      W_NEXT_SEQ, W_NFIN, W_SEQ, _before, padded,
+                                      run_passes)
 from servesim.jit import compiled_for, njit
 
 # ps (int64 state of the workers' loop); P_NUM_A: how many prefill workers
 P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_NUM_A = range(6)
 NUM_PS = 6
-
-
-def padded(entries, least=2) -> tuple:
-    """`entries` as a tuple of length `least` doubled until it holds them
-    (a power of two by default), the padding repeating the first entry: the
-    lengths `run_workers` is compiled for (module docstring)."""
-    n = least
-    while n < len(entries):
-        n *= 2
-    return tuple(entries) + (entries[0],) * (n - len(entries))
 
 
 @njit

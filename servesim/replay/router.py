@@ -22,6 +22,7 @@ among the ranks with that index.
 import numpy as np
 
 from servesim.errors import InputError
+from servesim.engine.fast_run import padded
 from servesim.jit import compiled_for, njit
 from servesim.kvcache import block_pool as bp
 from servesim.scheduler import check, fast
@@ -94,9 +95,11 @@ class Router:
         if self._kv_args is None:
             ranks = [w.ranks[r] for w in self.workers for r in range(self.dp)]
             self._kv_ranks = ranks
-            self._kv_args = (tuple(rk.pool.blocks for rk in ranks),
-                             tuple(rk.pool.idmap for rk in ranks),
-                             tuple(rk.scheduler.S for rk in ranks))
+            # (padded: one compile for 1-2 ranks in all, 3-4, ...; the
+            # candidates never index the padding)
+            self._kv_args = (padded([rk.pool.blocks for rk in ranks]),
+                             padded([rk.pool.idmap for rk in ranks]),
+                             padded([rk.scheduler.S for rk in ranks]))
             n = len(ranks)
             self._kv_candidates = np.arange(n, dtype=np.int64)
             self._kv_pinned = [np.arange(r, n, self.dp, dtype=np.int64) for r in range(self.dp)]
