@@ -380,6 +380,27 @@ def test_a_local_worker_counts_references_with_plain_adds():
     assert list(local_executor(jit.refcounts_are_plain, [(0, ())])) == [(0, True)]
 
 
+def test_an_interrupted_local_sweep_leaves_no_pool_thread_for_the_exit_to_wake():
+    """Ctrl-C in a local sweep terminates the workers and waits for the pool's
+    manager thread: one still closing its pipe when the interpreter exits made
+    concurrent.futures print an EBADF traceback after "interrupted"."""
+    import threading
+    import time
+
+    import pytest
+
+    from servesim.sweep.executors import local_executor
+
+    sweep = local_executor(time.sleep, [(0, (0.0,)), (1, (60.0,))], jobs=2)
+    assert next(sweep) == (0, None)  # the second task is running now
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        sweep.throw(KeyboardInterrupt)
+    assert time.monotonic() - started < 5
+    managers = [t for t in threading.enumerate() if type(t).__name__ == "_ExecutorManagerThread"]
+    assert managers == []
+
+
 def test_the_debug_mode_goes_with_each_ray_task(monkeypatch):
     """--check reaches Ray workers that did not inherit the caller's
     environment (Ray started before SERVESIM_CHECK was set, as a cluster's)."""

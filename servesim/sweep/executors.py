@@ -52,6 +52,29 @@ def _single_threaded_worker():
     jit.single_thread_refcounts()
 
 
+def _stop_now(pool):
+    """Cancel what has not started, terminate the workers, and wait for the
+    pool's manager thread to end.
+
+    The wait matters: at interpreter exit, concurrent.futures wakes every
+    manager thread still registered, and if one is closing its wake-up pipe
+    at that moment the write fails with EBADF and a traceback is printed
+    after our own message (CPython 3.11's `_python_exit` takes no lock).
+    Once the thread has ended, its pipe is marked closed and the wake-up is
+    a no-op. The pool drops its reference to the thread in `shutdown`, so
+    it is taken first.
+    """
+    processes = list((pool._processes or {}).values())
+    manager = pool._executor_manager_thread
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=1.0)
+    if manager is not None:
+        manager.join(timeout=2.0)
+
+
 def local_executor(fn, tasks, jobs=None, address=None):
     """Run the tasks in a pool of `jobs` worker processes."""
     if address is not None:
@@ -72,12 +95,7 @@ def local_executor(fn, tasks, jobs=None, address=None):
                     result = _crashed(exc)
                 yield futures[future], result
     except BaseException:  # e.g. Ctrl-C: start nothing more, stop what runs
-        processes = list((pool._processes or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.join(timeout=1.0)
+        _stop_now(pool)
         raise
     pool.shutdown(wait=True)
 
