@@ -11,6 +11,8 @@ the prompt length, `O` the output length. Without `hash_ids` a request gets
 """
 
 
+import signal
+
 import attrs
 import numpy as np
 from click.testing import CliRunner
@@ -373,3 +375,11 @@ def after_every_event(replay, hook):
     replay.horizon_key = lambda: min(horizon(), (-np.inf, 0, 0))
     replay.on_progress = checked
     return replay
+
+
+def answers_ctrl_c():
+    """A subprocess's `preexec_fn` for the Ctrl-C tests: SIGINT back to its
+    default action. A shell runs a background job with SIGINT ignored, and
+    Python started with it ignored never raises KeyboardInterrupt, so a suite
+    launched with `&` would otherwise fail these tests for no fault of ours."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -20,7 +20,7 @@ from servesim.results.outdir import LOCK
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(servesim.__file__).resolve().parent
 
-from helpers import TINY, invoke
+from helpers import TINY, answers_ctrl_c, invoke
 
 
 def cli(*args, env=None, **kwargs):
@@ -156,7 +156,8 @@ def start_slow_run(tmp_path, requests):
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "servesim", "run", str(config), "-o", str(out), "-q"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=answers_ctrl_c)
     deadline = time.monotonic() + 60
     while not (out / LOCK).exists():
         assert proc.poll() is None, proc.communicate()

@@ -286,6 +286,8 @@ def test_sigint_stops_a_sweep_within_seconds_exit_130_and_rerunning_resumes(tmp_
     import time
     from pathlib import Path
 
+    from helpers import answers_ctrl_c
+
     root = Path(__file__).resolve().parents[1]
     # each point runs for a second or more, so the interrupt lands mid-point
     (tmp_path / "slow.yaml").write_text(TINY.replace("requests: 20", "requests: 30000")
@@ -296,7 +298,7 @@ def test_sigint_stops_a_sweep_within_seconds_exit_130_and_rerunning_resumes(tmp_
     cmd = [sys.executable, "-m", "servesim", "sweep", str(tmp_path / "slow.yaml"), "--grid",
            str(tmp_path / "grid.yaml"), "-o", str(out)]
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=answers_ctrl_c)
     first = out / "points" / "000-max_num_seqs=8" / "summary.json"
     deadline = time.monotonic() + 120
     while not first.exists():
