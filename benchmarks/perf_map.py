@@ -4,9 +4,10 @@ Numba's kernels live in anonymous memory, so `perf report` shows them as bare
 addresses. This runs one config in-process (the `servesim run` command's plain
 reference counts, as that command sets them), then writes `/tmp/perf-PID.map`
 — the file perf reads to name JIT code — from the symbols of the cached
-object code (every `*.nbc` file under the Numba cache folder; `nm` reads
-their names and sizes) and the addresses this process loaded them at, plus
-Numba's reference-count helpers (`NRT_incref`/`NRT_decref`, compiled at start-up and never cached).
+object code (the `*.nbc` files of this source state's cache folder,
+`servesim.cache.numba_cache_dir()`; `nm` reads their names and sizes) and the
+addresses this process loaded them at, plus Numba's reference-count helpers
+(`NRT_incref`/`NRT_decref`, compiled at start-up, never cached).
 
     perf record -F 4000 -o perf.data python benchmarks/perf_map.py CONFIG.yaml
     perf report -i perf.data --no-children --sort symbol
@@ -67,8 +68,10 @@ def main(config):
     jit.single_thread_refcounts()
     import servesim
 
+    from servesim.cache import numba_cache_dir
+
     servesim.run(config)
-    path = write_perf_map(os.environ["NUMBA_CACHE_DIR"])
+    path = write_perf_map(numba_cache_dir())
     print(f"symbols in {path}", file=sys.stderr)
 
 
