@@ -10,11 +10,16 @@ configs, and a run is deterministic. The rules themselves are held to
 hand-worked timelines in tests/test_engine_rules.py.
 """
 
+from unittest.mock import patch
+
 import attrs
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from servesim.replay.driver import simulate
+from servesim.engine import fast_run
+from servesim.engine.core import EngineCore
+from servesim.replay.driver import Replay, simulate
+from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED
 from servesim.results.output import dict_lines
 from helpers import build, engines, requests
 
@@ -92,3 +97,62 @@ def test_compiled_pass_loop_across_ranks_launch_and_pass_log(spec, engine, dp, w
     lines = [line for chunk in log.lines(chunk=3) for line in chunk]
     assert lines == dict_lines(list(log))
     assert len(log) == len(list(log))
+
+
+CPU_TIERS = st.sampled_from([None, {"num_cpu_blocks": 24, "bytes_per_token": 62500,
+                                    "d2h_gbps": 0.5, "h2d_gbps": 0.5, "connector": "offloading"},
+                             {"num_cpu_blocks": 8, "bytes_per_token": 62500,
+                              "d2h_gbps": 5.0, "h2d_gbps": 0.05, "connector": "simple_cpu"}])
+
+
+@settings(max_examples=120, deadline=None)
+@given(requests, engines, st.booleans(), st.sampled_from([None, 7.0]), CPU_TIERS,
+       st.sampled_from([1, 2, 4096]))
+def test_arrivals_admitted_in_the_compiled_loop_are_the_event_loops(spec, engine, pass_log,
+                                                                   interval, tier, per_call):
+    # one worker of one rank, open loop: the compiled loop admits the
+    # arrivals itself (fast_run `_arrive`), returning to the event loop every
+    # `per_call` arrivals; the same run with every arrival an event-loop event
+    # (`Replay._on_open_arrival`) gives the same records, counters, telemetry
+    # and pass log, rejections (prompts reaching max_model_len) included
+    if tier is not None:
+        engine = dict(engine, kv_offloading=tier)
+    config, workload = build(spec, engine, output={"pass_log": pass_log,
+                                                  "telemetry_interval_ms": interval})
+    with patch.object(fast_run, "ARRIVALS_PER_CALL", per_call):
+        a = simulate(config, workload)
+    with patch.object(Replay, "_arrivals_in_loop", lambda self: False):
+        b = simulate(config, workload)
+    same_results(a, b)
+    if pass_log:
+        assert list(a.pass_log) == list(b.pass_log)
+
+
+def test_the_loop_takes_the_arrivals_only_where_routing_has_nothing_to_choose():
+    # one worker of one rank, open loop: yes; several workers or ranks (the
+    # router chooses), a closed loop (a finish releases the next): no. The
+    # 7th prompt reaches max_model_len: rejected either way, and counted as
+    # routed to the worker
+    from helpers import make_config, make_workload
+
+    rows = [{"id": f"r{i}", "t": 5 * i, "P": 40 if i < 6 else 300, "O": 4,
+             "hash_ids": [i, 100 + i, 200 + i]} for i in range(7)]
+    workload = make_workload(rows)
+    taken = EngineCore.take_arrivals
+    calls = []
+
+    def spy(core, arrival_ms, seq):
+        calls.append(len(arrival_ms))
+        return taken(core, arrival_ms, seq)
+
+    with patch.object(EngineCore, "take_arrivals", spy):
+        for cluster, concurrency, in_loop in [(None, None, True), ({"workers": 2}, None, False),
+                                              ({"data_parallel_size": 2}, None, False),
+                                              (None, 2, False)]:
+            calls.clear()
+            config = make_config(cluster=cluster, block_size=16, num_gpu_blocks=64,
+                                 max_model_len=256)
+            result = simulate(config, attrs.evolve(workload, concurrency=concurrency))
+            assert calls == ([7] if in_loop else []), cluster
+            assert result.records.status.tolist() == [STATUS_FINISHED] * 6 + [STATUS_REJECTED]
+            assert sum(w.requests for w in result.stats.workers) == 7

@@ -12,7 +12,9 @@ with the keys the event loop would give them. The core only hands it the
 outside events and what it returns for:
 
 - an arrival (or a handoff, on a decode worker) wakes an idle engine: a
-  decision at that instant, after the arrivals at it (`_wake`);
+  decision at that instant, after the arrivals at it (`add_request`; a
+  worker of one rank taking an open-loop workload lets its loop admit the
+  arrivals itself, `take_arrivals`);
 - the loop's next event past the horizon (the next outside event that may
   touch the worker) goes on the event loop, and `_resume` carries on from it
   (a disaggregated deployment's workers run as one loop over all of them,
@@ -29,7 +31,7 @@ import numpy as np
 
 from servesim.engine.config import EngineConfig
 from servesim.engine import fast_run
-from servesim.engine.events import DECIDE, EventLoop
+from servesim.engine.events import ARRIVAL, DECIDE, EventLoop
 from servesim.engine.launch import launch_params
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
@@ -147,24 +149,31 @@ class EngineCore:
     # -- arrivals ------------------------------------------------------------
 
     def add_request(self, rank: int, request, num_prompt_tokens: int) -> bool:
-        """A request (the scheduler's handle for it) arrives at `rank`; False if
-        it can never fit (rejected)."""
-        scheduler = self.ranks[rank].scheduler
+        """A request (its row in the scheduler's table) arrives at `rank` now
+        (fast_run `add_request`); False if it can never fit (rejected)."""
         self.ranks[rank].num_requests += 1  # routed here, rejected or not
-        if not scheduler.can_ever_fit(num_prompt_tokens):
+        scheduler = self.ranks[rank].scheduler
+        c = self.compiled
+        loop = self.loop
+        c.ws[fast_run.W_SEQ] = loop.seq
+        idle = c.idle
+        if not fast_run.add_request(scheduler.table.R, scheduler.cfg, scheduler.S, scheduler.wq,
+                                    c.ws, c.wt, request, num_prompt_tokens, loop.now):
             return False
-        scheduler.add_request(request)
-        self._wake()
+        if idle:  # it decides at this instant, after every arrival at it
+            loop.seq = int(c.ws[fast_run.W_SEQ])
+            self._push_resume(loop.now, DECIDE, loop.seq)
         return True
 
-    def _wake(self):
-        """An idle engine decides at this instant, after every arrival at it."""
-        c = self.compiled
-        if c.idle:
-            loop = self.loop
-            loop.seq += 1
-            c.wake(loop.now, loop.seq)
-            self._push_resume(loop.now, DECIDE, loop.seq)
+    def take_arrivals(self, arrival_ms, seq) -> None:
+        """Every request arrives here, in table order, at `arrival_ms`,
+        admitted by the compiled loop itself
+        (fast_run `_arrive`: what `add_request` does, without a return to the
+        event loop at each arrival); the first arrival's event has sequence `seq`.
+        For a worker of one rank that takes the whole open-loop workload."""
+        self.compiled.take_arrivals(arrival_ms, seq)
+        if len(arrival_ms):
+            self._push_resume(float(arrival_ms[0]), ARRIVAL, seq)
 
     # -- the compiled pass loop ---------------------------------------------
 

@@ -74,7 +74,7 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from servesim.engine.events import DECIDE, PASS_END
+from servesim.engine.events import ARRIVAL, DECIDE, PASS_END
 from servesim.engine.launch import launch_end_ms
 from servesim.engine.pricing import price_features
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
@@ -95,14 +95,17 @@ IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL, ROOM = range(6)
 # ws (int64 worker state)
 (W_HEAD, W_COUNT, W_DECIDE, W_DSEQ, W_SEQ, W_PHASE, W_PASSES, W_ASYNC, W_STOP,
  W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE, W_NXW,
- W_NPULL, W_ENDED) = range(19)
-NUM_WS = 19  # W_ENDED: rank 0's index of the last pass whose outputs were processed
+ W_NPULL, W_ENDED, W_ANEXT, W_AEND, W_ALIMIT, W_ASEQ) = range(23)
+NUM_WS = 23  # W_ENDED: rank 0's index of the last pass whose outputs were processed
+# W_ANEXT..W_ASEQ: the arrivals the loop admits itself (`CompiledWorker.take_arrivals`):
+# requests W_ANEXT up to W_AEND, in table order at `arrival_ms[i]`, the next
+# one's event sequence W_ASEQ; the loop stops before request W_ALIMIT
 POOL_PREFILL, POOL_DECODE = 0, 1  # ws[W_POOL] (-1: aggregated)
 # wt (float64 worker times); T_XWAKE: the pending transfer wake's instant (-1: none)
 T_DECIDE, T_BUSY, T_NOW, T_NEXT, T_XWAKE = range(5)
 NUM_WT = 5
 # the kinds of the worker's events
-EV_NONE, EV_END, EV_DECIDE, EV_XWAKE = range(4)
+EV_NONE, EV_END, EV_DECIDE, EV_XWAKE, EV_ARRIVE = range(5)
 # ws[W_DECIDE]: the decision pending
 DEC_NONE, DEC_PASS, DEC_WAKE, DEC_NOW = 0, 1, 2, 3
 PH_NORMAL, PH_SETTLE, PH_ENDED = 0, 1, 2
@@ -192,6 +195,39 @@ def _next_seq(ws):
 
 
 @njit
+def add_request(R, cfg, S, wq, ws, wt, i, num_prompt_tokens, now):
+    """Request i, of `num_prompt_tokens`, arrives at `now` at the rank whose
+    queues are `S`, `wq`: queued unless it can never fit (`fast.can_ever_fit`:
+    rejected, False returned); an idle engine (nothing in flight, no decision
+    due) then decides at `now`, after the other arrivals at that instant (order
+    DECIDE, its sequence drawn) (docs/engine.md §3, §7 "Ties";
+    `EngineCore.add_request` in vllm/v1/engine/core.py queues it for the next
+    `schedule()`)."""
+    if not fast.can_ever_fit(cfg, num_prompt_tokens):
+        return False
+    fast.add_request(R, S, wq, cfg[0].priority_scheduling, i)
+    if ws[W_COUNT] == 0 and ws[W_DECIDE] == DEC_NONE:
+        ws[W_DECIDE] = DEC_WAKE
+        wt[T_DECIDE] = now
+        ws[W_DSEQ] = _next_seq(ws)
+    return True
+
+
+@njit
+def _arrive(R, cfg, S, wq, ws, wt, arrival_ms):
+    """The next of the arrivals the loop admits itself (a worker of one rank
+    taking an open-loop workload, `CompiledWorker.take_arrivals`), as the
+    event loop would run it: the following arrival's event is scheduled first
+    (its sequence drawn), then the request arrives (`add_request`)."""
+    i = ws[W_ANEXT]
+    ws[W_ANEXT] = i + 1
+    R[i].arrival_time = arrival_ms[i]
+    if i + 1 < ws[W_AEND]:
+        ws[W_ASEQ] = _next_seq(ws)
+    add_request(R, cfg, S, wq, ws, wt, i, R[i].num_prompt_tokens, arrival_ms[i])
+
+
+@njit
 def _first_wake(xw_t, xw_s, n):
     """The transfer wake with the smallest key `(time, DECIDE, seq)`."""
     best = 0
@@ -261,7 +297,7 @@ def _has_requests(S_t, ranks):
 
 @njit
 def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, detokenize_ms,
-               blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, held_t, usage, counters,
+               arrival_ms, blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, held_t, usage, counters,
                model, params, kv_capacity, num_gpu_blocks, launch, kv_t,
                side_pending_t, side_state_t, side_log_t, XI, XF, link_free, link_of, xparams,
                outs, feats, pidx, ptime, pseq, ws, wt, xw_t, xw_s, finished, taken, pulls,
@@ -270,7 +306,8 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
     the state handed back. `outs[slot, rank]`, `feats[slot, rank]`,
     `pidx[slot, rank]` (the pass's index on that rank, -1 for an empty batch),
     `ptime[slot]`, `pseq[slot]` describe the batch queue's passes in flight
-    (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`). `kv_t`: each rank's `kv`
+    (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`). `arrival_ms[i]`: when
+    request i arrives, for the arrivals the loop admits (`W_ANEXT`). `kv_t`: each rank's `kv`
     tuple (`FastScheduler._kv`; None: no CPU tier and no remote KV),
     `xw_t[:ws[W_NXW]]`, `xw_s`: the transfer wakes pending (instant,
     sequence). In disaggregated mode (`ws[W_POOL]`) `side_*_t` are each
@@ -317,6 +354,11 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 x = _first_wake(xw_t, xw_s, ws[W_NXW])
                 if kind == EV_NONE or _before(xw_t[x], DECIDE, xw_s[x], t, order, seq):
                     t, order, seq, kind = xw_t[x], DECIDE, xw_s[x], EV_XWAKE
+            a = ws[W_ANEXT]
+            if a < ws[W_AEND] and decide != DEC_NOW:
+                at = arrival_ms[a]
+                if kind == EV_NONE or _before(at, ARRIVAL, ws[W_ASEQ], t, order, seq):
+                    t, order, seq, kind = at, ARRIVAL, ws[W_ASEQ], EV_ARRIVE
             if kind == EV_NONE:
                 ws[W_NFIN] = n_fin
                 return IDLE
@@ -329,8 +371,9 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                             or not _kv_room(kv_t, S_t, ranks, width, num_gpu_blocks)):
                     ws[W_NFIN] = n_fin
                     return ROOM
-            if not (ws[W_FORCE] or decide == DEC_NOW
-                    or _before(t, order, seq, h_time, h_order, h_seq)):
+            if (not (ws[W_FORCE] or decide == DEC_NOW
+                     or _before(t, order, seq, h_time, h_order, h_seq))
+                    or (kind == EV_ARRIVE and a >= ws[W_ALIMIT])):
                 wt[T_NEXT] = t
                 ws[W_NEXT_ORDER] = order
                 ws[W_NEXT_SEQ] = seq
@@ -338,6 +381,9 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 return HORIZON
             ws[W_FORCE] = 0
             wt[T_NOW] = t
+            if kind == EV_ARRIVE:
+                _arrive(R, cfg, S_t[0], wq_t[0], ws, wt, arrival_ms)
+                continue
             if kind == EV_END:
                 # the outputs of the pass at the head of the queue
                 following = 1 - head
@@ -659,6 +705,10 @@ class PassLogBuffer:
 
 _NO_LOG = PassLogBuffer(1)
 
+# a worker admitting its own arrivals returns to the event loop after this many
+# (progress, Ctrl-C and the debug mode's checks get a turn)
+ARRIVALS_PER_CALL = 4096
+
 
 class CompiledWorker:
     """A worker's state for `run_passes`: the batch queue (two slots of every
@@ -711,7 +761,8 @@ class CompiledWorker:
         tok = s0.tokens
         pricer = ranks[0].pricer
         self._shared = (table.R, table.idents, table.tables, s0.cfg, tok.client_ms,
-                        tok.offsets, tok.last_client, tok.detokenize_ms)
+                        tok.offsets, tok.last_client, tok.detokenize_ms,
+                        np.zeros(0, dtype=np.float64))  # arrival_ms (`take_arrivals`)
         self._ranks = (padded([s.pool.blocks for s in schedulers]),
                        padded([s.pool.idmap for s in schedulers]),
                        padded([s.pool.scalars for s in schedulers]),
@@ -750,18 +801,24 @@ class CompiledWorker:
         t = _next_land(side[0], side[1], side[4], d)
         return bool(_wake_at(t, S_t, d, self.ws, self.wt, self.xw_t, self.xw_s))
 
-    def wake(self, now, seq):
-        """An idle engine with a new request decides at `now`, after the
-        arrivals at that instant (order DECIDE, sequence `seq`)."""
-        self.ws[W_DECIDE] = DEC_WAKE
-        self.wt[T_DECIDE] = now
-        self.ws[W_DSEQ] = seq
+    def take_arrivals(self, arrival_ms, seq):
+        """The loop admits requests 0 to `len(arrival_ms)` - 1 itself
+        (`_arrive`), in that order, request i at `arrival_ms[i]`; the first
+        one's event has sequence `seq`."""
+        self.ws[W_ANEXT] = 0
+        self.ws[W_AEND] = len(arrival_ms)
+        self.ws[W_ASEQ] = seq
+        self._shared = self._shared[:-1] + (arrival_ms,)
+        self._args = None
+
+    arrivals = property(lambda self: int(self.ws[W_ANEXT]))  # admitted (or rejected) so far
 
     def run(self, horizon, seq, log):
         """`run_passes` up to the `horizon` key, the event loop's sequence
         counter at `seq` (`ws[W_FORCE]` set: the first event was popped off the
         event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
         self.ws[W_SEQ] = seq
+        self.ws[W_ALIMIT] = min(self.ws[W_AEND], self.ws[W_ANEXT] + ARRIVALS_PER_CALL)
         buf = log if log is not None else _NO_LOG
         call = (*self.arguments(), float(horizon[0]), int(horizon[1]), int(horizon[2]), log is not None,
                 buf.head, buf.time, buf.sched, buf.pre, buf.fin, buf.count)

@@ -114,6 +114,7 @@ class Replay:
         self._next_release = 0  # closed loop: next request to release
         self._last_progress = time.perf_counter()
         self._arrivals = 0  # arrivals so far; open loop: they come in workload order
+        self._own_arrivals = False  # they go to the worker's compiled loop (`_arrivals_in_loop`)
         self.sessions = None  # arrivals that wait for finishes (workload/sessions.py)
         if workload.sessions is not None:
             from servesim.workload.sessions import SessionArrivals
@@ -158,7 +159,13 @@ class Replay:
             return self.sessions.start()
         concurrency = self.workload.concurrency
         n = len(self.workload)
-        if concurrency is None:
+        if concurrency is None and self._arrivals_in_loop():
+            # the worker's compiled loop admits them (sequence drawn as below)
+            self.loop.seq += 1
+            self.workers[0].take_arrivals(self.arrival_ms, self.loop.seq)
+            self._own_arrivals = True
+            self._next_release = n
+        elif concurrency is None:
             # one arrival in the heap at a time: each schedules the next (the
             # heap stays small; arrivals keep their workload order)
             if n:
@@ -170,6 +177,35 @@ class Replay:
                 self.arrival_ms[i] = 0.0
                 self.loop.schedule(0.0, ARRIVAL, self._on_arrival, i)
             self._next_release = first
+
+    def _arrivals_in_loop(self) -> bool:
+        """Whether the open-loop arrivals can go to the worker's compiled loop
+        (`EngineCore.take_arrivals`): one worker of one rank, where routing has
+        nothing to choose, and no request pinned to a rank the router would reject."""
+        cluster = self.config.cluster
+        return (type(self) is Replay and cluster.workers == 1 and cluster.data_parallel_size == 1
+                and not (self.workload.dp_rank >= 1).any())
+
+    def _sync_arrivals(self):
+        """Account for the arrivals the worker's compiled loop admitted since
+        the last call, as `_on_arrival` does one by one."""
+        core = self.workers[0]
+        new, old = core.compiled.arrivals, self._arrivals
+        if new == old:
+            return
+        span = slice(old, new)
+        self.arrived[span] = True
+        self.worker_of[span] = 0
+        self.rank_of[span] = 0
+        core.ranks[0].num_requests += new - old
+        scheduler = core.ranks[0].scheduler
+        prompts = self.workload.input_length[span]
+        lengths, which = np.unique(prompts, return_inverse=True)
+        fits = np.array([scheduler.can_ever_fit(int(p)) for p in lengths.tolist()], dtype=bool)
+        rejected = old + np.flatnonzero(~fits[which])
+        self.status[rejected] = STATUS_REJECTED
+        self.num_done += len(rejected)
+        self._arrivals = new
 
     def _on_open_arrival(self, i):
         if i + 1 < len(self.workload):
@@ -224,6 +260,8 @@ class Replay:
     def on_progress(self, core=None):
         """After a compiled run of `core`'s events: the debug mode's check
         across schedulers, and the progress callback now and then."""
+        if self._own_arrivals:
+            self._sync_arrivals()
         if self._checked_tables and core is not None:
             for table in self._checked_tables:
                 check_table(table, AFTER_OUTPUT, core.num_passes - 1)
@@ -244,7 +282,7 @@ class Replay:
             key = (self.sessions.horizon(), ARRIVAL, 0)
         elif self.workload.concurrency is not None:
             key = self.loop.next_key()
-        elif self._arrivals < len(self.workload):
+        elif self._arrivals < len(self.workload) and not self._own_arrivals:
             key = (float(self.arrival_ms[self._arrivals]), ARRIVAL, 0)
         else:
             key = (math.inf, 0, 0)

@@ -341,6 +341,18 @@ def fits_the_pool(cfg, num_tokens):
     return -(-slots // cfg[0].block_size) <= cfg[0].num_usable_blocks
 
 
+@njit
+def can_ever_fit(cfg, num_prompt_tokens):
+    """A prompt reaching max_model_len, or whose prefill needs more blocks
+    than usable, is rejected at arrival (docs/engine.md §3). The prefill
+    that completes a prompt also reserves the lookahead slots of
+    speculative decoding (`allocate_slots`' `num_lookahead_tokens`,
+    vllm/v1/core/kv_cache_manager.py), capped at max_model_len like every
+    allocation, so those count too: such a request could never be admitted
+    and would hold the queue behind it forever."""
+    return num_prompt_tokens < cfg[0].max_model_len and fits_the_pool(cfg, num_prompt_tokens)
+
+
 @njit(inline="always")
 def _admission_reserve(R, cfg, S, i):
     """What an admission's `allocate_slots` checks beyond its own slots
@@ -1327,18 +1339,8 @@ class FastScheduler:
     # -- requests in ---------------------------------------------------------
 
     def can_ever_fit(self, num_prompt_tokens) -> bool:
-        """A prompt reaching max_model_len, or whose prefill needs more blocks
-        than usable, is rejected at arrival (docs/engine.md §3). The prefill
-        that completes a prompt also reserves the lookahead slots of
-        speculative decoding (`allocate_slots`' `num_lookahead_tokens`,
-        vllm/v1/core/kv_cache_manager.py), capped at max_model_len like every
-        allocation, so those count too: such a request could never be admitted
-        and would hold the queue behind it forever."""
-        return (num_prompt_tokens < self.max_model_len
-                and bool(fits_the_pool(self.cfg, num_prompt_tokens)))
-
-    def add_request(self, i):
-        add_request(self.table.R, self.S, self.wq, self.priority, i)
+        """Whether a prompt of this length is admitted at arrival (`can_ever_fit`)."""
+        return bool(can_ever_fit(self.cfg, num_prompt_tokens))
 
     def has_requests(self) -> bool:
         """Anything to run or wait for — including loads waiting ahead of the
