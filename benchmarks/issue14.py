@@ -5,8 +5,8 @@ Every measurement is a fresh process, timed from outside: wall time, user +
 system CPU time and peak RSS of the child (os.wait4). servesim runs as users
 run it, `python -m servesim run CONFIG -o DIR -q` (it reads the trace,
 simulates, writes summary.json, requests.jsonl and itl_quantiles.json); the
-peer runs `../shared/bench/dynamo_min.py` (see its README: it reads the same
-.gz itself). Within one repetition every runner of a scenario runs once, in
+peer runs `benchmarks/peer_replay.py` in its own interpreter (the replay
+reads the same trace file itself). Within one repetition every runner of a scenario runs once, in
 an order that rotates between repetitions; a ratio is taken within one
 repetition (pairs run back to back) and the median over repetitions is
 reported, so slow drifts in the machine's load cancel out.
@@ -33,8 +33,8 @@ first run).
     python benchmarks/issue14.py --tree before=/tmp/before --tree after=. -n 5
     python benchmarks/issue14.py --parts a,c --sizes 10000,100000 -n 3 --write
 
-Needs the peer installed (../shared/bench/README.md; `--peer-python`,
-default /work/peer-venv/bin/python). `--write` appends the tables to
+Needs the peer installed in a virtual environment of its own (how:
+benchmarks/peer_replay.py; `--peer-python`, default /work/peer-venv/bin/python). `--write` appends the tables to
 benchmarks/RESULTS.md; `--json FILE` keeps every raw measurement.
 """
 
@@ -57,9 +57,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TRACE = HERE / "traces" / "mooncake_conversation_trace.jsonl.gz"
 PEER_PYTHON = "/work/peer-venv/bin/python"
-PEER_DRIVER = ROOT.parent / "shared" / "bench" / "dynamo_min.py"
-if not PEER_DRIVER.exists():  # a worktree beside /work/main
-    PEER_DRIVER = Path("/work/shared/bench/dynamo_min.py")
+PEER_DRIVER = HERE / "peer_replay.py"
 
 ENGINE = {"block_size": 64, "num_gpu_blocks": 16384, "timing": {"type": "polynomial"}}
 TRACE_WORKLOAD = {"trace": str(TRACE), "trace_block_size": 512}
@@ -267,7 +265,7 @@ def main():
              f"{'/'.join(f'{x:.1f}' for x in load_before)} before, "
              f"{'/'.join(f'{x:.1f}' for x in load_after)} after.",
              f"Trees: {', '.join(f'{r.label} = {r.tree}' for r in runners)}; peer: NVIDIA Dynamo "
-             f"1.6.1 offline replay via dynamo_min.py. `python benchmarks/issue14.py "
+             f"1.6.1 offline replay via peer_replay.py. `python benchmarks/issue14.py "
              f"{' '.join(sys.argv[1:])}`.", "",
              "Wall and CPU (user + system) seconds are medians over repetitions; a ratio is the "
              "median of per-repetition ratios (pairs run back to back, order rotating).", ""]
