@@ -287,6 +287,34 @@ def test_ctrl_c_on_run_exits_130_and_leaves_no_lock(tmp_path):
     assert not out.exists() or list(out.iterdir()) == []
 
 
+def test_a_ctrl_c_swallowed_while_numba_compiles_is_not_lost():
+    # Ctrl-C raised inside a callback from C code (llvmlite's object cache,
+    # while Numba compiles) is printed as "Exception ignored" by ctypes and
+    # lost; under `remembered()` (`servesim run`) it is raised again once the
+    # run returns, before anything is written
+    import ctypes
+
+    from servesim.cli.ctrl_c import remembered
+
+    def pressed_in_a_callback():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the handler runs here, inside the callback
+
+    callback = ctypes.CFUNCTYPE(None)(pressed_in_a_callback)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # even in a background job
+    try:
+        callback()  # swallowed: no KeyboardInterrupt comes out
+        with remembered() as ctrl_c:
+            callback()
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c.check()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with remembered() as ctrl_c:
+            ctrl_c.check()  # no Ctrl-C: nothing raised
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 # --------------------------------------------------------------------------- smaller things
 
 

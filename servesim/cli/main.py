@@ -192,6 +192,7 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
          html_report, baseline):
     import json
 
+    from servesim.cli.ctrl_c import remembered
     from servesim.replay.api import run as api_run
 
     if html_report:
@@ -205,7 +206,7 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
         if fmt == "table" and not quiet and sys.stdout.isatty():
             progress = _Progress()
         try:
-            with warnings.catch_warnings():  # the run's warnings are printed below, once
+            with warnings.catch_warnings(), remembered() as ctrl_c:  # warnings: printed below, once
                 warnings.simplefilter("ignore", UserWarning)
                 report = api_run(
                     config,
@@ -217,6 +218,7 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
                     on_start=None if quiet else announce_compile,
                     baseline=baseline,
                 )
+                ctrl_c.check()  # pressed while Numba compiled: nothing is written
         finally:
             if progress is not None:
                 progress.close()
