@@ -220,6 +220,9 @@ class DisaggregatedReplay(Replay):
         "decode")."""
         return self.sides.blocks_of(pool, i)
 
+    def _arrivals_in_loop(self) -> bool:
+        return False  # every arrival is routed to the prefill pool (`_on_arrival`)
+
     def _tables(self):
         return [self.sides.prefill, self.sides.decode]
 

@@ -183,7 +183,7 @@ class Replay:
         (`EngineCore.take_arrivals`): one worker of one rank, where routing has
         nothing to choose, and no request pinned to a rank the router would reject."""
         cluster = self.config.cluster
-        return (type(self) is Replay and cluster.workers == 1 and cluster.data_parallel_size == 1
+        return (cluster.workers == 1 and cluster.data_parallel_size == 1
                 and not (self.workload.dp_rank >= 1).any())
 
     def _sync_arrivals(self):
