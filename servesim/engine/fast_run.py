@@ -9,13 +9,18 @@ with `launch` timing, the pass log, a CPU tier's transfers (§9) and a
 disaggregated pool's handoffs (§13). The engine core (engine/core.py) only
 hands it the outside events — arrivals and handoffs, a transfer submitted for
 it elsewhere — and what the loop returns for: finishes, requests taken out, a
-decode decision's transfers, the horizon.
+decode decision's transfers, the horizon. A worker of one rank serving an
+open-loop workload alone takes its arrivals here too (`take_arrivals`).
 
 The loop is the worker's events, kept as the event loop would hold them, each
 with its `(time, order, seq)` key (engine/events.py), `seq` drawn from the event
 loop's counter as it goes:
 
 - the end of each pass in flight (order PASS_END), scheduled at its launch;
+- the next of the arrivals it takes (order ARRIVAL), scheduled when the one
+  before it arrived (`_arrive`: queued, or rejected if it can never fit, and
+  an idle engine woken, `add_request`); it returns HORIZON at the arrival
+  `ws[W_ALIMIT]`, so the event loop gets a turn every ARRIVALS_PER_CALL;
 - under async scheduling, the decision due at `max(launch_end(k), end(k-1))`
   (order PASS_END), scheduled at pass k's launch just before its end;
 - the wake of an idle engine with requests (order DECIDE: after arrivals at
@@ -297,8 +302,8 @@ def _has_requests(S_t, ranks):
 
 @njit
 def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, detokenize_ms,
-               arrival_ms, blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, held_t, usage, counters,
-               model, params, kv_capacity, num_gpu_blocks, launch, kv_t,
+               arrival_ms, blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, held_t,
+               usage, counters, model, params, kv_capacity, num_gpu_blocks, launch, kv_t,
                side_pending_t, side_state_t, side_log_t, XI, XF, link_free, link_of, xparams,
                outs, feats, pidx, ptime, pseq, ws, wt, xw_t, xw_s, finished, taken, pulls,
                h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
@@ -307,8 +312,8 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
     `pidx[slot, rank]` (the pass's index on that rank, -1 for an empty batch),
     `ptime[slot]`, `pseq[slot]` describe the batch queue's passes in flight
     (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`). `arrival_ms[i]`: when
-    request i arrives, for the arrivals the loop admits (`W_ANEXT`). `kv_t`: each rank's `kv`
-    tuple (`FastScheduler._kv`; None: no CPU tier and no remote KV),
+    request i arrives, for the arrivals the loop admits (`W_ANEXT`). `kv_t`:
+    each rank's `kv` tuple (`FastScheduler._kv`; None: no CPU tier and no remote KV),
     `xw_t[:ws[W_NXW]]`, `xw_s`: the transfer wakes pending (instant,
     sequence). In disaggregated mode (`ws[W_POOL]`) `side_*_t` are each
     rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
