@@ -156,3 +156,23 @@ def test_the_loop_takes_the_arrivals_only_where_routing_has_nothing_to_choose():
             assert calls == ([7] if in_loop else []), cluster
             assert result.records.status.tolist() == [STATUS_FINISHED] * 6 + [STATUS_REJECTED]
             assert sum(w.requests for w in result.stats.workers) == 7
+
+
+def test_progress_reports_the_compiled_loops_clock_in_order():
+    # the progress callback sees simulated time as far as the worker's loop
+    # has run (arrivals admitted inside it move no event-loop clock), never
+    # going back, ending at the run's end with every request done
+    from servesim.replay import driver
+    from helpers import make_config, make_workload
+
+    rows = [{"id": f"r{i}", "t": 3 * i, "P": 40, "O": 6, "hash_ids": [i, 100 + i, 200 + i]}
+            for i in range(40)]
+    calls = []
+    with patch.object(driver, "_PROGRESS_EVERY_S", 0.0), patch.object(fast_run, "ARRIVALS_PER_CALL", 3):
+        replay = Replay(make_config(block_size=16, num_gpu_blocks=64), make_workload(rows),
+                        lambda now, done: calls.append((now, done)))
+        replay.run()
+    times = [now for now, _ in calls]
+    assert len(calls) > 10 and times == sorted(times)
+    assert times[-1] == replay.loop.now and calls[-1][1] == 40
+    assert max(t for t in times[:-1]) > 3 * 39  # the arrivals' loop ran past the last arrival

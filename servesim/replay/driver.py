@@ -269,7 +269,9 @@ class Replay:
             now = time.perf_counter()
             if now - self._last_progress >= _PROGRESS_EVERY_S:
                 self._last_progress = now
-                self.progress(self.loop.now, self.num_done)
+                # (a compiled run may have gone past the event loop's clock)
+                clock = self.loop.now if core is None else max(self.loop.now, core.clock_ms)
+                self.progress(clock, self.num_done)
 
     def horizon_key(self):
         """The event-loop key `(time, order, seq)` below which nothing outside
