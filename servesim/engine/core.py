@@ -156,11 +156,10 @@ class EngineCore:
         c = self.compiled
         loop = self.loop
         c.ws[fast_run.W_SEQ] = loop.seq
-        idle = c.idle
         if not fast_run.add_request(scheduler.table.R, scheduler.cfg, scheduler.S, scheduler.wq,
                                     c.ws, c.wt, request, num_prompt_tokens, loop.now):
             return False
-        if idle:  # it decides at this instant, after every arrival at it
+        if c.ws[fast_run.W_SEQ] != loop.seq:  # it woke the engine: a decision at this instant
             loop.seq = int(c.ws[fast_run.W_SEQ])
             self._push_resume(loop.now, DECIDE, loop.seq)
         return True

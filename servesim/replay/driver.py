@@ -161,6 +161,10 @@ class Replay:
         n = len(self.workload)
         if concurrency is None and self._arrivals_in_loop():
             # the worker's compiled loop admits them (sequence drawn as below)
+            scheduler = self.workers[0].ranks[0].scheduler
+            lengths, which = np.unique(self.workload.input_length, return_inverse=True)
+            fits = np.array([scheduler.can_ever_fit(int(p)) for p in lengths.tolist()], dtype=bool)
+            self._never_fits = ~fits[which]  # rejected at arrival (`_sync_arrivals`)
             self.loop.seq += 1
             self.workers[0].take_arrivals(self.arrival_ms, self.loop.seq)
             self._own_arrivals = True
@@ -198,11 +202,7 @@ class Replay:
         self.worker_of[span] = 0
         self.rank_of[span] = 0
         core.ranks[0].num_requests += new - old
-        scheduler = core.ranks[0].scheduler
-        prompts = self.workload.input_length[span]
-        lengths, which = np.unique(prompts, return_inverse=True)
-        fits = np.array([scheduler.can_ever_fit(int(p)) for p in lengths.tolist()], dtype=bool)
-        rejected = old + np.flatnonzero(~fits[which])
+        rejected = old + np.flatnonzero(self._never_fits[span])
         self.status[rejected] = STATUS_REJECTED
         self.num_done += len(rejected)
         self._arrivals = new
