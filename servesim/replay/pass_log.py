@@ -80,10 +80,11 @@ class CompiledPassLog(Sequence):
     def __eq__(self, other):
         return isinstance(other, Sequence) and list(self) == list(other)
 
-    def lines(self, chunk: int = 1024):
-        """The JSON text of every line, as lists of at most `chunk` lines: each
-        line's lists and counts are written by `_line_tails` (compiled), its
-        head with the four times (`repr`) here."""
+    def chunks(self, chunk: int = 1024):
+        """The JSON lines of the log, each ending in a newline, as bytes of at
+        most `chunk` lines each (`_lines`, compiled), each valid until the
+        next is asked for (they share one buffer). Only the four times are
+        formatted here: `repr`, the text `json.JSONEncoder` gives a float."""
         b = self.buffer
         ids = self.ids
         texts = [t.encode("ascii") for t in _ids(ids)]
@@ -94,30 +95,27 @@ class CompiledPassLog(Sequence):
         np.cumsum([len(t) for t in texts], out=id_offsets[1:])
         id_bytes = np.frombuffer(b"".join(texts), dtype=np.uint8) if texts else np.zeros(0, np.uint8)
         longest = int(np.diff(id_offsets).max()) if texts else 0
+        # a scheduled entry's text up to its token count, per request
+        entry_offsets = id_offsets + 19 * np.arange(len(texts) + 1, dtype=np.int64)
+        entry_bytes = np.frombuffer(b"".join(b'{"id": ' + t + b', "tokens": ' for t in texts),
+                                    dtype=np.uint8) if texts else id_bytes
         n = len(self)
+        out = np.zeros(0, dtype=np.uint8)  # one buffer: its pages are faulted in once, not per chunk
         for first in range(0, n, chunk):
             last = min(n, first + chunk)
             ends = b.head[first - 1] if first else np.zeros(fr.NUM_LHEAD, dtype=np.int64)
             s0, p0, f0 = int(ends[fr.L_SCHED_END]), int(ends[fr.L_PRE_END]), int(ends[fr.L_FIN_END])
             h = b.head[last - 1]
+            times = ("\n".join(map(repr, b.time[first:last].ravel().tolist())) + "\n").encode("ascii")
             size = ((int(h[fr.L_SCHED_END]) - s0) * (longest + 96)
                     + (int(h[fr.L_PRE_END]) - p0 + int(h[fr.L_FIN_END]) - f0) * (longest + 2)
-                    + (last - first) * 128)
-            out = np.empty(size, dtype=np.uint8)
-            offsets = np.zeros(last - first + 1, dtype=np.int64)
-            _line_tails(b.head, b.sched, b.pre, b.fin, first, last, s0, p0, f0, id_bytes,
-                        id_offsets, rank, self.speculative, out, offsets)
-            text = out[:offsets[-1]].tobytes().decode("ascii")
-            cuts = offsets.tolist()
-            lines = []
-            for k, (row, times) in enumerate(zip(b.head[first:last].tolist(),
-                                                 b.time[first:last].tolist())):
-                pool = ('"pool": "%s", ' % _POOLS[row[fr.L_POOL]]) if row[fr.L_POOL] >= 0 else ""
-                lines.append('{"pass": %d, %s"worker": %d, "dp_rank": %d, "start_ms": %r, '
-                             '"end_ms": %r, "decided_ms": %r, "launch_end_ms": %r, %s' % (
-                                 row[fr.L_PASS], pool, row[fr.L_WORKER], row[fr.L_RANK],
-                                 *times, text[cuts[k]:cuts[k + 1]]))
-            yield lines
+                    + (last - first) * 256 + len(times))
+            if out.shape[0] < size:
+                out = np.empty(max(size, 2 * out.shape[0]), dtype=np.uint8)
+            at = _lines(b.head, np.frombuffer(times, dtype=np.uint8), b.sched, b.pre, b.fin,
+                        first, last, s0, p0, f0, id_bytes, id_offsets, entry_bytes, entry_offsets,
+                        rank, self.speculative, out)
+            yield out[:at]
 
 
 @njit
@@ -130,6 +128,9 @@ def _put(out, at, text):
 
 @njit
 def _put_int(out, at, v):
+    if 0 <= v < 10:
+        out[at] = 48 + v
+        return at + 1
     if v < 0:
         out[at] = 45  # "-"
         at += 1
@@ -173,30 +174,62 @@ def _put_sorted_ids(out, at, requests, rank, id_bytes, id_offsets):
 
 
 @njit
-def _line_tails(head, sched, pre, fin, first, last, s0, p0, f0, id_bytes, id_offsets, rank,
-                speculative, out, offsets):
-    """The text of lines `first:last` from `"scheduled"` to their end, one after
-    another in `out`; line k's is `out[offsets[k]:offsets[k + 1]]`."""
-    kinds = (b'"new"', b'"resumed"', b'"running"')  # KIND_NAMES, in kind order
+def _put_time(out, at, times, t):
+    """The next of `times`' newline-ended texts, from `t`; returns both ends."""
+    while times[t] != 10:
+        out[at] = times[t]
+        at += 1
+        t += 1
+    return at, t + 1
+
+
+@njit
+def _lines(head, times, sched, pre, fin, first, last, s0, p0, f0, id_bytes, id_offsets,
+           entry_bytes, entry_offsets, rank, speculative, out):
+    """The text of lines `first:last`, one after another in `out`, each ending
+    in a newline; returns its length. `times`: the `repr` of each line's four
+    times, in order, each ending in a newline; `entry_bytes` (sliced as
+    `id_bytes` is): each request's scheduled entry up to its token count."""
+    pools = (b'"pool": "prefill", ', b'"pool": "decode", ')  # _POOLS, in pool order
+    t = 0
+    # KIND_NAMES, in kind order, without and with the entry's end
+    kinds = (b', "kind": "new"', b', "kind": "resumed"', b', "kind": "running"')
+    ends = (b', "kind": "new"}', b', "kind": "resumed"}', b', "kind": "running"}')
     at = 0
     s, p, f = s0, p0, f0
     for row in range(first, last):
-        at = _put(out, at, b'"scheduled": [')
+        at = _put(out, at, b'{"pass": ')
+        at = _put_int(out, at, head[row, fr.L_PASS])
+        at = _put(out, at, b", ")
+        if head[row, fr.L_POOL] >= 0:
+            at = _put(out, at, pools[head[row, fr.L_POOL]])
+        at = _put(out, at, b'"worker": ')
+        at = _put_int(out, at, head[row, fr.L_WORKER])
+        at = _put(out, at, b', "dp_rank": ')
+        at = _put_int(out, at, head[row, fr.L_RANK])
+        at = _put(out, at, b', "start_ms": ')
+        at, t = _put_time(out, at, times, t)
+        at = _put(out, at, b', "end_ms": ')
+        at, t = _put_time(out, at, times, t)
+        at = _put(out, at, b', "decided_ms": ')
+        at, t = _put_time(out, at, times, t)
+        at = _put(out, at, b', "launch_end_ms": ')
+        at, t = _put_time(out, at, times, t)
+        at = _put(out, at, b', "scheduled": [')
         for e in range(s, head[row, fr.L_SCHED_END]):
             if e > s:
                 at = _put(out, at, b", ")
-            at = _put(out, at, b'{"id": ')
-            at = _put_id(out, at, id_bytes, id_offsets, sched[e, fr.E_REQ])
-            at = _put(out, at, b', "tokens": ')
+            at = _put_id(out, at, entry_bytes, entry_offsets, sched[e, fr.E_REQ])
             at = _put_int(out, at, sched[e, fr.E_TOK])
             at = _put(out, at, b', "cached": ')
             at = _put_int(out, at, sched[e, fr.E_CACHED])
-            at = _put(out, at, b', "kind": ')
-            at = _put(out, at, kinds[sched[e, fr.E_KIND]])
             if speculative:
+                at = _put(out, at, kinds[sched[e, fr.E_KIND]])
                 at = _put(out, at, b', "spec": ')
                 at = _put_int(out, at, sched[e, fr.E_SPEC])
-            at = _put(out, at, b"}")
+                at = _put(out, at, b"}")
+            else:
+                at = _put(out, at, ends[sched[e, fr.E_KIND]])
         s = head[row, fr.L_SCHED_END]
         at = _put(out, at, b'], "preempted": [')
         at = _put_sorted_ids(out, at, pre[p:head[row, fr.L_PRE_END]], rank, id_bytes, id_offsets)
@@ -206,5 +239,5 @@ def _line_tails(head, sched, pre, fin, first, last, s0, p0, f0, id_bytes, id_off
         f = head[row, fr.L_FIN_END]
         at = _put(out, at, b'], "free_blocks_after_schedule": ')
         at = _put_int(out, at, head[row, fr.L_FREE])
-        at = _put(out, at, b"}")
-        offsets[row - first + 1] = at
+        at = _put(out, at, b"}\n")
+    return at

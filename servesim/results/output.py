@@ -168,12 +168,17 @@ def dict_lines(rows) -> list:
 
 
 def _write_text(path: Path, chunks) -> None:
-    """Write lists of lines, each line ending in a newline."""
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    """Write chunks of lines: each a list of texts (each line then ends in a
+    newline) or bytes already holding whole lines, newlines included, which
+    may be overwritten once the next chunk is asked for
+    (`CompiledPassLog.chunks`)."""
+    with open(path, "wb") as f:
         for lines in chunks:
-            if lines:
-                f.write("\n".join(lines))
-                f.write("\n")
+            if isinstance(lines, list):
+                if lines:
+                    f.write(("\n".join(lines) + "\n").encode("utf-8"))
+            else:
+                f.write(lines)
 
 
 def write_outputs(
@@ -200,7 +205,7 @@ def write_outputs(
                                                        or itl_quantiles(result.records))]]
     if pass_log and result.pass_log is not None:
         log = result.pass_log  # a list of dicts, or a compiled run's log (replay/pass_log.py)
-        contents[PASSES] = (log.lines if hasattr(log, "lines")
+        contents[PASSES] = (log.chunks if hasattr(log, "chunks")
                             else lambda: [dict_lines(log)])
     if telemetry and result.telemetry is not None:
         contents[TELEMETRY] = lambda: [dict_lines(result.telemetry)]
