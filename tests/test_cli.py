@@ -2,6 +2,7 @@
 error messages without tracebacks, report files."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,6 +28,16 @@ def test_help_does_not_import_numpy_or_numba():
     code = "import sys, servesim.cli.main; print(sorted(m for m in ('numpy', 'numba') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_command_runs_numpy_with_one_blas_thread_unless_the_user_chose():
+    code = "import os, servesim.cli.main; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.stdout.strip() == "1"
+    env["OPENBLAS_NUM_THREADS"] = "3"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.stdout.strip() == "3"
 
 
 def test_unknown_option_is_a_usage_error():

@@ -11,11 +11,17 @@ Numba, the engine) are imported inside the commands so `--help` is instant.
 """
 
 import gc
+import os
 import sys
 import traceback
 import warnings
 
-import click
+# NumPy's OpenBLAS starts a thread per core that spins while NumPy loads; no
+# command simulates with BLAS (only `fit` solves small least squares), so one
+# thread, unless the user chose (~0.1 s of CPU a run on a 2-core box)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import click  # noqa: E402
 
 from servesim.cli.debug import check_option, traceback_wanted
 from servesim.errors import InputError, InvariantError
