@@ -109,7 +109,7 @@ class CompiledPassLog(Sequence):
             times = ("\n".join(map(repr, b.time[first:last].ravel().tolist())) + "\n").encode("ascii")
             size = ((int(h[fr.L_SCHED_END]) - s0) * (longest + 96)
                     + (int(h[fr.L_PRE_END]) - p0 + int(h[fr.L_FIN_END]) - f0) * (longest + 2)
-                    + (last - first) * 256 + len(times))
+                    + (last - first) * 384 + len(times))  # keys, pool and four int64s a line
             if out.shape[0] < size:
                 out = np.empty(max(size, 2 * out.shape[0]), dtype=np.uint8)
             at = _lines(b.head, np.frombuffer(times, dtype=np.uint8), b.sched, b.pre, b.fin,
