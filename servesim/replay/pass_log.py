@@ -96,8 +96,9 @@ class CompiledPassLog(Sequence):
         id_bytes = np.frombuffer(b"".join(texts), dtype=np.uint8) if texts else np.zeros(0, np.uint8)
         longest = int(np.diff(id_offsets).max()) if texts else 0
         # a scheduled entry's text up to its token count, per request
-        entry_offsets = id_offsets + 19 * np.arange(len(texts) + 1, dtype=np.int64)
-        entry_bytes = np.frombuffer(b"".join(b'{"id": ' + t + b', "tokens": ' for t in texts),
+        before, after = b'{"id": ', b', "tokens": '
+        entry_offsets = id_offsets + len(before + after) * np.arange(len(texts) + 1, dtype=np.int64)
+        entry_bytes = np.frombuffer(b"".join(before + t + after for t in texts),
                                     dtype=np.uint8) if texts else id_bytes
         n = len(self)
         out = np.zeros(0, dtype=np.uint8)  # one buffer: its pages are faulted in once, not per chunk
