@@ -91,6 +91,7 @@ from servesim.scheduler import fast
 from servesim.scheduler.fast import LIVELOCK_PREEMPTIONS
 from servesim.scheduler.fast_table import KVHandoff, KVLoad
 from servesim.engine import fast_disagg
+from servesim.engine.worker_arrays import new_worker_arrays
 
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
 U_AREA, U_MAX, U_VALUE, U_SINCE = range(4)
@@ -301,14 +302,12 @@ def _has_requests(S_t, ranks):
 
 
 @njit
-def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, detokenize_ms,
-               arrival_ms, blocks_t, idmap_t, pscal_t, S_t, running_t, wq_t, spec_t, held_t,
-               usage, counters, model, params, kv_capacity, num_gpu_blocks, launch, kv_t,
-               side_pending_t, side_state_t, side_log_t, XI, XF, link_free, link_of, xparams,
-               outs, feats, pidx, ptime, pseq, ws, wt, xw_t, xw_s, finished, taken, pulls,
-               h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
+def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin,
+               lcount):
     """Run the worker's events up to the horizon (module docstring); returns
-    the state handed back. `outs[slot, rank]`, `feats[slot, rank]`,
+    the state handed back. `w`: the worker's arrays (a `WorkerArrays`,
+    engine/worker_arrays.py; read as `w.name` where used, so that entering the
+    loop costs one reference, not one per array). `outs[slot, rank]`, `feats[slot, rank]`,
     `pidx[slot, rank]` (the pass's index on that rank, -1 for an empty batch),
     `ptime[slot]`, `pseq[slot]` describe the batch queue's passes in flight
     (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`). `arrival_ms[i]`: when
@@ -320,10 +319,12 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
     `link_free`, `link_of`, `xparams` the handoffs' transfers and links
     (engine/fast_disagg.py); a decode decision's transfers go into
     `pulls[:ws[W_NPULL]]` for the core to tell their senders."""
-    ranks = feats.shape[1]
-    width = outs.shape[3]
-    priority = cfg[0].priority_scheduling
-    cpu = cfg[0].kv_source == fast.KV_SOURCE_CPU  # (read under `kv_t is not None`)
+    ws = w.ws  # (read everywhere below: held for the call)
+    wt = w.wt
+    ranks = w.feats.shape[1]
+    width = w.outs.shape[3]
+    priority = w.cfg[0].priority_scheduling
+    cpu = w.cfg[0].kv_source == fast.KV_SOURCE_CPU  # (read under `kv_t is not None`)
     pool = ws[W_POOL]
     n_fin = 0
     ws[W_NOUT] = 0
@@ -337,7 +338,7 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
             # after the finishes of a pass end went out (`stop_on_finish`):
             # with nothing left in flight, an idle engine with requests wakes
             ws[W_PHASE] = PH_NORMAL
-            if count == 0 and decide == DEC_NONE and _has_requests(S_t, ranks):
+            if count == 0 and decide == DEC_NONE and _has_requests(w.S_t, ranks):
                 ws[W_DECIDE] = DEC_WAKE
                 wt[T_DECIDE] = wt[T_NOW]
                 ws[W_DSEQ] = _next_seq(ws)
@@ -350,18 +351,18 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
             kind = EV_NONE
             t, order, seq = 0.0, 0, 0
             if count == 2 or (count == 1 and decide != DEC_PASS):
-                t, order, seq, kind = ptime[head, P_END], PASS_END, pseq[head], EV_END
+                t, order, seq, kind = w.ptime[head, P_END], PASS_END, w.pseq[head], EV_END
             elif decide != DEC_NONE:
                 order = PASS_END if decide == DEC_PASS else DECIDE
                 t, seq, kind = wt[T_DECIDE], ws[W_DSEQ], EV_DECIDE
             x = -1
             if ws[W_NXW] and decide != DEC_NOW:
-                x = _first_wake(xw_t, xw_s, ws[W_NXW])
-                if kind == EV_NONE or _before(xw_t[x], DECIDE, xw_s[x], t, order, seq):
-                    t, order, seq, kind = xw_t[x], DECIDE, xw_s[x], EV_XWAKE
+                x = _first_wake(w.xw_t, w.xw_s, ws[W_NXW])
+                if kind == EV_NONE or _before(w.xw_t[x], DECIDE, w.xw_s[x], t, order, seq):
+                    t, order, seq, kind = w.xw_t[x], DECIDE, w.xw_s[x], EV_XWAKE
             a = ws[W_ANEXT]
             if a < ws[W_AEND] and decide != DEC_NOW:
-                at = arrival_ms[a]
+                at = w.arrival_ms[a]
                 if kind == EV_NONE or _before(at, ARRIVAL, ws[W_ASEQ], t, order, seq):
                     t, order, seq, kind = at, ARRIVAL, ws[W_ASEQ], EV_ARRIVE
             if kind == EV_NONE:
@@ -372,8 +373,8 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                 ws[W_NFIN] = n_fin
                 return LOG_FULL
             if kv_t is not None:
-                if cpu and (ws[W_NXW] + 1 >= len(xw_t)
-                            or not _kv_room(kv_t, S_t, ranks, width, num_gpu_blocks)):
+                if cpu and (ws[W_NXW] + 1 >= len(w.xw_t)
+                            or not _kv_room(kv_t, w.S_t, ranks, width, w.num_gpu_blocks)):
                     ws[W_NFIN] = n_fin
                     return ROOM
             if (not (ws[W_FORCE] or decide == DEC_NOW
@@ -387,44 +388,44 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
             ws[W_FORCE] = 0
             wt[T_NOW] = t
             if kind == EV_ARRIVE:
-                _arrive(R, cfg, S_t[0], wq_t[0], ws, wt, arrival_ms)
+                _arrive(w.R, w.cfg, w.S_t[0], w.wq_t[0], ws, wt, w.arrival_ms)
                 continue
             if kind == EV_END:
                 # the outputs of the pass at the head of the queue
                 following = 1 - head
-                release = max(t, ptime[following, P_LAUNCH_END]) if count == 2 else t
+                release = max(t, w.ptime[following, P_LAUNCH_END]) if count == 2 else t
                 finished_here = 0
                 for r in range(ranks):
-                    index = pidx[head, r]
+                    index = w.pidx[head, r]
                     if index < 0:
                         continue
-                    pscal = pscal_t[r]
+                    pscal = w.pscal_t[r]
                     n = fast.update_from_output(
-                        R, idents, tables, blocks_t[r], idmap_t[r], pscal, cfg, spec_t[r],
-                        S_t[r], running_t[r], wq_t[r], outs[head, r],
-                        feats[head, r, fast.N_SCHED], release, index, detokenize_ms,
-                        client_ms, token_offsets, last_client, finished[n_fin:],
-                        rank_kv(kv_t, r), held_t[r])
+                        w.R, w.idents, w.tables, w.blocks_t[r], w.idmap_t[r], pscal, w.cfg,
+                        w.spec_t[r], w.S_t[r], w.running_t[r], w.wq_t[r], w.outs[head, r],
+                        w.feats[head, r, fast.N_SCHED], release, index, w.detokenize_ms,
+                        w.client_ms, w.token_offsets, w.last_client, w.finished[n_fin:],
+                        rank_kv(kv_t, r), w.held_t[r])
                     if kv_t is not None:
                         if cpu:
-                            _submit_finished_stores(kv_t[r], ptime[following, P_END]
+                            _submit_finished_stores(kv_t[r], w.ptime[following, P_END]
                                                     if count == 2 else t)
                     if log_on:
-                        _log_pass(lhead, ltime, lsched, lpre, lfin, lcount, ws, ptime, head, r,
-                                  index, outs[head, r], feats[head, r], finished[n_fin:], n)
+                        _log_pass(lhead, ltime, lsched, lpre, lfin, lcount, ws, w.ptime, head, r,
+                                  index, w.outs[head, r], w.feats[head, r], w.finished[n_fin:], n)
                     n_fin += n
                     finished_here += n
-                    track_usage(usage[r], pscal, num_gpu_blocks, t)
+                    track_usage(w.usage[r], pscal, w.num_gpu_blocks, t)
                 ws[W_HEAD] = following
                 ws[W_COUNT] = count - 1
-                ws[W_ENDED] = pidx[head, 0]
+                ws[W_ENDED] = w.pidx[head, 0]
                 if finished_here and ws[W_STOP]:
                     # the finishes go out first (a handoff wakes a decode
                     # worker, a closed loop releases an arrival), then the wake
                     ws[W_PHASE] = PH_ENDED
                     ws[W_NFIN] = n_fin
                     return FINISHED
-                if count == 1 and _has_requests(S_t, ranks):
+                if count == 1 and _has_requests(w.S_t, ranks):
                     # an idle engine wakes (after arrivals at t)
                     ws[W_DECIDE] = DEC_WAKE
                     wt[T_DECIDE] = t
@@ -433,8 +434,8 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
             if kind == EV_XWAKE:
                 # a transfer's end wakes an idle engine (`_wake_at_next_transfer`)
                 last = ws[W_NXW] - 1
-                xw_t[x] = xw_t[last]
-                xw_s[x] = xw_s[last]
+                w.xw_t[x] = w.xw_t[last]
+                w.xw_s[x] = w.xw_s[last]
                 ws[W_NXW] = last
                 if wt[T_XWAKE] == t:
                     wt[T_XWAKE] = -1.0
@@ -447,39 +448,41 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
             if kv_t is not None:
                 if cpu:
                     for r in range(ranks):
-                        _poll(kv_t[r], R, t)
+                        _poll(kv_t[r], w.R, t)
             if pool == POOL_PREFILL:
                 for r in range(ranks):
-                    if side_state_t[r][fast_disagg.P_COUNT]:
-                        fast_disagg.poll_sender(R, tables, blocks_t[r], pscal_t[r], S_t[r],
-                                                held_t[r], side_pending_t[r], side_state_t[r],
-                                                side_log_t[r], XF, t)
+                    if w.side_state_t[r][fast_disagg.P_COUNT]:
+                        fast_disagg.poll_sender(w.R, w.tables, w.blocks_t[r], w.pscal_t[r],
+                                                w.S_t[r], w.held_t[r], w.side_pending_t[r],
+                                                w.side_state_t[r], w.side_log_t[r], w.XF, t)
             elif pool == POOL_DECODE:
                 for r in range(ranks):
-                    if side_state_t[r][fast_disagg.P_COUNT]:
-                        fast_disagg.poll_receiver(R, side_pending_t[r], side_state_t[r], XI, XF,
-                                                  t)
+                    if w.side_state_t[r][fast_disagg.P_COUNT]:
+                        fast_disagg.poll_receiver(w.R, w.side_pending_t[r], w.side_state_t[r],
+                                                  w.XI, w.XF, t)
             n_taken = 0
             for r in range(ranks):
-                S = S_t[r]
-                feats[tail, r, :] = 0
+                S = w.S_t[r]
+                w.feats[tail, r, :] = 0
                 if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
-                    holders = fast._check_holders(S, running_t[r], rank_kv(kv_t, r), held_t[r])
+                    holders = fast._check_holders(S, w.running_t[r], rank_kv(kv_t, r), w.held_t[r])
                     if kv_t is not None:
                         KC = kv_t[r][2]
                         for row in range(fast.NUM_KO_ROWS):
                             if row != fast.KO_FSTORES:
                                 KC[row] = 0
-                    n_taken += fast.take_out_all(R, idents, tables, blocks_t[r], idmap_t[r],
-                                                 pscal_t[r], cfg, S, running_t[r], wq_t[r],
-                                                 priority, holders, outs[tail, r],
-                                                 feats[tail, r], taken[n_taken:])
+                    n_taken += fast.take_out_all(w.R, w.idents, w.tables, w.blocks_t[r],
+                                                 w.idmap_t[r], w.pscal_t[r], w.cfg, S,
+                                                 w.running_t[r], w.wq_t[r],
+                                                 priority, holders, w.outs[tail, r],
+                                                 w.feats[tail, r], w.taken[n_taken:])
                     continue
-                fast.schedule(R, idents, tables, blocks_t[r], idmap_t[r], pscal_t[r], cfg, S,
-                              running_t[r], wq_t[r], outs[tail, r], feats[tail, r],
-                              rank_kv(kv_t, r), held_t[r])
-                for e in range(feats[tail, r, fast.N_UNFIN]):
-                    taken[n_taken] = outs[tail, r, fast.O_UNFIN, e]
+                fast.schedule(w.R, w.idents, w.tables, w.blocks_t[r], w.idmap_t[r], w.pscal_t[r],
+                              w.cfg, S, w.running_t[r], w.wq_t[r], w.outs[tail, r],
+                              w.feats[tail, r],
+                              rank_kv(kv_t, r), w.held_t[r])
+                for e in range(w.feats[tail, r, fast.N_UNFIN]):
+                    w.taken[n_taken] = w.outs[tail, r, fast.O_UNFIN, e]
                     n_taken += 1
             n_pulls = 0
             if kv_t is not None:
@@ -488,11 +491,11 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                         _submit_decided(kv_t[r], t)
                 elif pool == POOL_DECODE:
                     for r in range(ranks):
-                        n_pulls = _submit_pulls(R, kv_t[r], side_pending_t[r], side_state_t[r],
-                                                XI, XF, link_free, link_of, xparams, t, pulls,
-                                                n_pulls)
+                        n_pulls = _submit_pulls(w.R, kv_t[r], w.side_pending_t[r],
+                                                w.side_state_t[r], w.XI, w.XF, w.link_free,
+                                                w.link_of, w.xparams, t, w.pulls, n_pulls)
             for r in range(ranks):
-                track_usage(usage[r], pscal_t[r], num_gpu_blocks, t)
+                track_usage(w.usage[r], w.pscal_t[r], w.num_gpu_blocks, t)
             if n_taken or n_pulls:
                 ws[W_PHASE] = PH_SETTLE
                 ws[W_NOUT] = n_taken
@@ -502,9 +505,9 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
         # settle the decision in slot `tail`, made at t
         scheduled = preempted = False
         for r in range(ranks):
-            if feats[tail, r, fast.N_SCHED]:
+            if w.feats[tail, r, fast.N_SCHED]:
                 scheduled = True
-            if feats[tail, r, fast.N_PRE]:
+            if w.feats[tail, r, fast.N_PRE]:
                 preempted = True
         if not scheduled:
             if count == 0:
@@ -512,16 +515,16 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                     ws[W_DECIDE] = DEC_NOW
                     wt[T_DECIDE] = t
                 elif pool >= 0:
-                    _wake_at(_next_land(side_pending_t, side_state_t, XF, ranks), S_t, ranks,
-                             ws, wt, xw_t, xw_s)
+                    _wake_at(_next_land(w.side_pending_t, w.side_state_t, w.XF, ranks), w.S_t,
+                             ranks, ws, wt, w.xw_t, w.xw_s)
                 elif kv_t is not None:
                     if cpu:
-                        _wake_at(_next_completion_ms(kv_t, ranks), S_t, ranks, ws, wt, xw_t,
-                                 xw_s)
+                        _wake_at(_next_completion_ms(kv_t, ranks), w.S_t, ranks, ws, wt, w.xw_t,
+                                 w.xw_s)
             continue  # else wait: for the pass in flight's end, or an arrival
         # launch it: it starts when the pass in flight ends, and no earlier
         # than the stores still reading the G1 blocks it writes
-        start = max(t, ptime[head, P_END]) if count == 1 else t
+        start = max(t, w.ptime[head, P_END]) if count == 1 else t
         if kv_t is not None:
             if cpu:
                 for r in range(ranks):
@@ -529,24 +532,24 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
         duration = 0.0
         prefill_tokens = total_tokens = 0
         for r in range(ranks):
-            f = feats[tail, r]
+            f = w.feats[tail, r]
             n_sched = f[fast.N_SCHED]
             if n_sched == 0:
-                pidx[tail, r] = -1
+                w.pidx[tail, r] = -1
                 continue
-            pidx[tail, r] = counters[r, C_PASSES]
-            counters[r, C_PASSES] += 1
-            counters[r, C_TOKENS] += f[fast.TOTAL_TOKENS]
+            w.pidx[tail, r] = w.counters[r, C_PASSES]
+            w.counters[r, C_PASSES] += 1
+            w.counters[r, C_TOKENS] += f[fast.TOTAL_TOKENS]
             prefill_tokens += f[fast.PREFILL_TOKENS]
             total_tokens += f[fast.TOTAL_TOKENS]
-            duration = max(duration, price_features(model, params, f, kv_capacity))
-            fast.mark_started(R, outs[tail, r], n_sched, start)
+            duration = max(duration, price_features(w.model, w.params, f, w.kv_capacity))
+            fast.mark_started(w.R, w.outs[tail, r], n_sched, start)
         end = start + duration
-        launch_end = launch_end_ms(launch, total_tokens, prefill_tokens, t, start, end)
-        ptime[tail, P_DECIDED] = t
-        ptime[tail, P_START] = start
-        ptime[tail, P_END] = end
-        ptime[tail, P_LAUNCH_END] = launch_end
+        launch_end = launch_end_ms(w.launch, total_tokens, prefill_tokens, t, start, end)
+        w.ptime[tail, P_DECIDED] = t
+        w.ptime[tail, P_START] = start
+        w.ptime[tail, P_END] = end
+        w.ptime[tail, P_LAUNCH_END] = launch_end
         wt[T_BUSY] += duration
         ws[W_PASSES] += 1
         if kv_t is not None:
@@ -557,9 +560,9 @@ def run_passes(R, idents, tables, cfg, client_ms, token_offsets, last_client, de
                         _submit(kv, kv[1][fast.KO_STORES, k], end)
         if ws[W_ASYNC]:
             ws[W_DECIDE] = DEC_PASS
-            wt[T_DECIDE] = max(launch_end, ptime[head, P_END]) if count == 1 else launch_end
+            wt[T_DECIDE] = max(launch_end, w.ptime[head, P_END]) if count == 1 else launch_end
             ws[W_DSEQ] = _next_seq(ws)
-        pseq[tail] = _next_seq(ws)
+        w.pseq[tail] = _next_seq(ws)
         ws[W_COUNT] = count + 1
 
 
@@ -849,16 +852,17 @@ class CompiledWorker:
         self._args = None
 
     def _make_args(self):
-        """The loop's arguments but the horizon and the pass log: each rank's
-        `kv` tuple (`FastScheduler._kv`, which grows the CPU tier's job arrays
+        """The loop's arguments but the horizon and the pass log: the worker's
+        arrays (engine/worker_arrays.py) and each rank's `kv` tuple (`FastScheduler._kv`, which grows the CPU tier's job arrays
         so that one call's jobs fit; only this worker calls it during a run)
         and the transfer wakes' arrays, grown when they may run short."""
         kv = (padded([s._kv() for s in self.schedulers])
               if self.schedulers[0].kv_state is not None else None)
         self._grow_wakes()
-        return (*self._shared, *self._ranks, kv, *self._side_args, self.outs, self.feats,
-                self.pidx, self.ptime, self.pseq, self.ws, self.wt, self.xw_t, self.xw_s,
-                self.finished, self.taken, self.pulls)
+        w = new_worker_arrays(*self._shared, *self._ranks, *self._side_args, self.outs,
+                              self.feats, self.pidx, self.ptime, self.pseq, self.ws, self.wt,
+                              self.xw_t, self.xw_s, self.finished, self.taken, self.pulls)
+        return w, kv
 
     def _grow_wakes(self):
         if self.ws[W_NXW] + 1 >= len(self.xw_t):

@@ -1,0 +1,63 @@
+"""A worker's arrays for its compiled pass loop (engine/fast_run.py
+`run_passes`), as one named bundle: `WorkerArrays`, a Numba StructRef.
+
+The loop is entered at every outside event of an aggregated worker and, in a
+disaggregated deployment, at nearly every event of each worker
+(engine/fast_workers.py switches workers in their events' key order). Handed
+over as ~45 positional arrays and per-rank tuples of arrays, entering it cost
+a reference count on and off for each of them and a copy of every array's
+descriptor, a few µs a switch; a StructRef is handed over as one pointer, and
+its fields are read where they are used.
+
+The fields carry the names the loop's docstring uses (the request table `R`,
+its `idents` and block `tables`, the scheduler's `cfg`, each rank's arrays as
+tuples `*_t`, the batch queue's `outs` / `feats` / `pidx` / `ptime` / `pseq`,
+the worker's state `ws` / `wt`, ...); `CompiledWorker._make_args` builds one,
+again whenever one of its arrays is replaced by a larger one. The rank's `kv`
+bundle stays an argument of the loop: it is None on a worker without a CPU
+tier or remote KV, and the loop's code for it is chosen by that argument's
+type when it compiles.
+"""
+
+from numba.core import types
+from numba.experimental import structref
+
+from servesim.jit import njit
+
+FIELDS = (
+    # the request table and what every rank shares
+    "R", "idents", "tables", "cfg", "client_ms", "token_offsets", "last_client",
+    "detokenize_ms", "arrival_ms",
+    # each attention-DP rank's (tuples, `padded`)
+    "blocks_t", "idmap_t", "pscal_t", "S_t", "running_t", "wq_t", "spec_t", "held_t",
+    # KV usage, counters and pricing
+    "usage", "counters", "model", "params", "kv_capacity", "num_gpu_blocks", "launch",
+    # disaggregated mode: each rank's sender or receiver, the handoffs' transfers
+    "side_pending_t", "side_state_t", "side_log_t", "XI", "XF", "link_free", "link_of",
+    "xparams",
+    # the batch queue, the worker's state, transfer wakes, what the loop hands back
+    "outs", "feats", "pidx", "ptime", "pseq", "ws", "wt", "xw_t", "xw_s", "finished",
+    "taken", "pulls",
+)
+
+
+@structref.register
+class WorkerArraysType(types.StructRef):
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+class WorkerArrays(structref.StructRefProxy):
+    """One worker's arrays, in the order of `FIELDS` (make with
+    `new_worker_arrays`: its constructor is compiled once and cached)."""
+
+
+structref.define_proxy(WorkerArrays, WorkerArraysType, list(FIELDS))
+
+
+@njit
+def new_worker_arrays(*fields):
+    """A `WorkerArrays` of `fields` (in `FIELDS` order). Compiled and cached
+    like the kernels; the proxy's own constructor would compile in every
+    process."""
+    return WorkerArrays(*fields)
