@@ -176,3 +176,37 @@ def test_progress_reports_the_compiled_loops_clock_in_order():
     assert len(calls) > 10 and times == sorted(times)
     assert times[-1] == replay.loop.now and calls[-1][1] == 40
     assert max(t for t in times[:-1]) > 3 * 39  # the arrivals' loop ran past the last arrival
+
+
+def test_the_loops_bundle_holds_the_workers_own_arrays():
+    # the compiled loop reads a worker's arrays through one `WorkerArrays`
+    # (engine/worker_arrays.py), built positionally in `FIELDS` order: a
+    # field from each of its groups, first to last, is that worker's own
+    # array (two attention-DP ranks: the per-rank tuples hold each rank's)
+    from numba import njit
+
+    from helpers import make_config, make_workload
+
+    @njit
+    def fields(w):  # (the proxy has no Python attributes: read them compiled)
+        return (w.R, w.cfg, w.S_t, w.blocks_t, w.usage, w.launch, w.num_gpu_blocks,
+                w.outs, w.ws, w.wt, w.pulls)
+
+    rows = [{"id": f"r{i}", "t": 3 * i, "P": 40, "O": 6, "hash_ids": [i, 100 + i, 200 + i]}
+            for i in range(8)]
+    replay = Replay(make_config(block_size=16, num_gpu_blocks=64,
+                                cluster={"data_parallel_size": 2}), make_workload(rows))
+    replay.run()
+    compiled = replay.workers[0].compiled
+    w, kv = compiled.arguments()
+    s = compiled.schedulers
+    R, cfg, S_t, blocks_t, usage, launch, num_gpu_blocks, outs, ws, wt, pulls = fields(w)
+    assert kv is None
+    assert np.shares_memory(R, s[0].table.R) and np.shares_memory(cfg, s[0].cfg)
+    assert [np.shares_memory(a, r.S) for a, r in zip(S_t, s)] == [True, True]
+    assert [np.shares_memory(a, r.pool.blocks) for a, r in zip(blocks_t, s)] == [True, True]
+    assert np.shares_memory(usage, compiled.usage) and np.shares_memory(launch, compiled.launch)
+    assert num_gpu_blocks == s[0].pool.num_gpu_blocks
+    for mine, its in ((outs, compiled.outs), (ws, compiled.ws), (wt, compiled.wt),
+                      (pulls, compiled.pulls)):
+        assert np.shares_memory(mine, its)

@@ -306,13 +306,14 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
                lcount):
     """Run the worker's events up to the horizon (module docstring); returns
     the state handed back. `w`: the worker's arrays (a `WorkerArrays`,
-    engine/worker_arrays.py; read as `w.name` where used, so that entering the
-    loop costs one reference, not one per array). `outs[slot, rank]`, `feats[slot, rank]`,
-    `pidx[slot, rank]` (the pass's index on that rank, -1 for an empty batch),
-    `ptime[slot]`, `pseq[slot]` describe the batch queue's passes in flight
-    (`ws[W_COUNT]` of them from slot `ws[W_HEAD]`). `arrival_ms[i]`: when
-    request i arrives, for the arrivals the loop admits (`W_ANEXT`). `kv_t`:
-    each rank's `kv` tuple (`FastScheduler._kv`; None: no CPU tier and no remote KV),
+    engine/worker_arrays.py; read as `w.name` where used, so that entering
+    the loop costs one reference, not one per array), of which:
+    `outs[slot, rank]`, `feats[slot, rank]`, `pidx[slot, rank]` (the pass's
+    index on that rank, -1 for an empty batch), `ptime[slot]`, `pseq[slot]`
+    describe the batch queue's passes in flight (`ws[W_COUNT]` of them from
+    slot `ws[W_HEAD]`). `arrival_ms[i]`: when request i arrives, for the
+    arrivals the loop admits (`W_ANEXT`). `kv_t` (an argument): each rank's
+    `kv` tuple (`FastScheduler._kv`; None: no CPU tier and no remote KV),
     `xw_t[:ws[W_NXW]]`, `xw_s`: the transfer wakes pending (instant,
     sequence). In disaggregated mode (`ws[W_POOL]`) `side_*_t` are each
     rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
@@ -758,8 +759,9 @@ class CompiledWorker:
         self._side_args = self._side_tuple()
         self._args = None  # (made at the first call)
         # run_passes compiled for the arguments' types (jit.compiled_for): a worker
-        # calls it at every outside event with the same ~60 arguments, whose types
-        # stay those of the first call until `_args` is rebuilt
+        # calls it at every outside event with the same arguments (the worker's
+        # arrays as one bundle, the `kv` tuples, the horizon and the pass log),
+        # whose types stay those of the first call until `_args` is rebuilt
         self._entry = None
         self.launch = launch_params
         self.usage = usage
