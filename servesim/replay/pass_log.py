@@ -193,9 +193,7 @@ def _lines(head, times, sched, pre, fin, first, last, s0, p0, f0, id_bytes, id_o
     `id_bytes` is): each request's scheduled entry up to its token count."""
     pools = (b'"pool": "prefill", ', b'"pool": "decode", ')  # _POOLS, in pool order
     t = 0
-    # KIND_NAMES, in kind order, without and with the entry's end
-    kinds = (b', "kind": "new"', b', "kind": "resumed"', b', "kind": "running"')
-    ends = (b', "kind": "new"}', b', "kind": "resumed"}', b', "kind": "running"}')
+    kinds = (b', "kind": "new"', b', "kind": "resumed"', b', "kind": "running"')  # KIND_NAMES
     at = 0
     s, p, f = s0, p0, f0
     for row in range(first, last):
@@ -224,13 +222,11 @@ def _lines(head, times, sched, pre, fin, first, last, s0, p0, f0, id_bytes, id_o
             at = _put_int(out, at, sched[e, fr.E_TOK])
             at = _put(out, at, b', "cached": ')
             at = _put_int(out, at, sched[e, fr.E_CACHED])
+            at = _put(out, at, kinds[sched[e, fr.E_KIND]])
             if speculative:
-                at = _put(out, at, kinds[sched[e, fr.E_KIND]])
                 at = _put(out, at, b', "spec": ')
                 at = _put_int(out, at, sched[e, fr.E_SPEC])
-                at = _put(out, at, b"}")
-            else:
-                at = _put(out, at, ends[sched[e, fr.E_KIND]])
+            at = _put(out, at, b"}")
         s = head[row, fr.L_SCHED_END]
         at = _put(out, at, b'], "preempted": [')
         at = _put_sorted_ids(out, at, pre[p:head[row, fr.L_PRE_END]], rank, id_bytes, id_offsets)
