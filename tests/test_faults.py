@@ -287,6 +287,7 @@ def test_ctrl_c_on_run_exits_130_and_leaves_no_lock(tmp_path):
     assert not out.exists() or list(out.iterdir()) == []
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowing, by design
 def test_a_ctrl_c_swallowed_while_numba_compiles_is_not_lost():
     # Ctrl-C raised inside a callback from C code (llvmlite's object cache,
     # while Numba compiles) is printed as "Exception ignored" by ctypes and
@@ -319,6 +320,36 @@ def test_a_ctrl_c_swallowed_while_numba_compiles_is_not_lost():
                 raise RuntimeError("a bug")
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_swallowed_ctrl_c_stops_the_run_at_its_next_return_to_python(tmp_path, monkeypatch):
+    # a Ctrl-C swallowed while Numba compiled (as above) must not leave the
+    # user waiting for the whole run: the run stops at its first return to
+    # Python (every 4,096 arrivals at the latest), writing nothing
+    from servesim.cli import ctrl_c
+    from servesim.replay import driver
+
+    def swallowed_before_the_run(self):
+        self.pressed = True
+
+    reached_the_end = []
+    close_unfinished = driver.Replay._close_unfinished
+    monkeypatch.setattr(ctrl_c._CtrlC, "__init__", swallowed_before_the_run)
+    monkeypatch.setattr(driver, "_PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(driver.Replay, "_close_unfinished",
+                        lambda self: reached_the_end.append(1) or close_unfinished(self))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # even in a background job
+    try:
+        config = tmp_path / "long.yaml"
+        config.write_text(TINY.replace("requests: 6", "requests: 40000"))
+        out = tmp_path / "out"
+        result = invoke("run", config, "-o", out, "-q")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.exit_code == 130, result.output
+    assert "interrupted" in result.stderr
+    assert reached_the_end == []
+    assert not out.exists() or list(out.iterdir()) == []
 
 
 # --------------------------------------------------------------------------- smaller things

@@ -214,17 +214,25 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
         try:
             with warnings.catch_warnings(), remembered() as ctrl_c:  # warnings: printed below, once
                 warnings.simplefilter("ignore", UserWarning)
+
+                def on_progress(sim_time_ms, requests_done, requests_total):
+                    # a Ctrl-C swallowed while Numba compiled stops the run here,
+                    # at its next return to Python, not after its last request
+                    ctrl_c.check()
+                    if progress is not None:
+                        progress(sim_time_ms, requests_done, requests_total)
+
                 report = api_run(
                     config,
                     overrides=overrides,
                     limit=limit,
                     pass_log=True if pass_log else None,
                     telemetry_interval_ms=telemetry_interval_ms,
-                    progress=progress,
+                    progress=on_progress,
                     on_start=None if quiet else announce_compile,
                     baseline=baseline,
                 )
-                ctrl_c.check()  # pressed while Numba compiled: nothing is written
+                ctrl_c.check()  # pressed while Numba compiled, after the last progress: nothing is written
         finally:
             if progress is not None:
                 progress.close()
