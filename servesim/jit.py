@@ -162,6 +162,23 @@ def njit(func=None, **options):
     return numba.njit(**options)(func)
 
 
+def plain_python() -> bool:
+    """Whether the kernels run as plain Python (NUMBA_DISABLE_JIT=1, for
+    debugging: a breakpoint or a print inside the scheduler works)."""
+    return bool(numba.config.DISABLE_JIT)
+
+
+def records(n, dtype):
+    """`n` zeroed records of the structured `dtype`: the request table, a
+    scheduler's config and state. The kernels read a record's fields as
+    attributes (`R[i].num_tokens`), which Numba compiles; NumPy answers it
+    only on a record array, so as plain Python (`plain_python`) it is one."""
+    import numpy as np
+
+    array = np.zeros(n, dtype=dtype)
+    return array.view(np.recarray) if plain_python() else array
+
+
 def compiled_for(dispatcher, args):
     """The function `dispatcher` (a kernel) compiled for `args`' types
     (`Dispatcher.get_overload`), for a caller that calls the kernel again and
@@ -171,6 +188,8 @@ def compiled_for(dispatcher, args):
     through Python. The dispatcher itself when no compiled function matches
     the types exactly. The caller must call it with arguments of exactly
     those types (it does not check them)."""
+    if plain_python():
+        return dispatcher  # a plain function
     try:
         return dispatcher.get_overload(tuple(dispatcher.typeof_pyval(a) for a in args))
     except KeyError:

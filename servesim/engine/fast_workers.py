@@ -39,7 +39,7 @@ from servesim.engine import fast_run
 from servesim.engine.fast_run import (HORIZON, IDLE, T_NEXT, W_FORCE, W_NEXT_ORDER,
                                       W_NEXT_SEQ, W_NFIN, W_SEQ, _before, padded,
                                       run_passes)
-from servesim.jit import compiled_for, njit
+from servesim.jit import compiled_for, njit, plain_python
 
 # ps (int64 state of the workers' loop); P_NUM_A: how many prefill workers
 P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_NUM_A = range(6)
@@ -147,6 +147,8 @@ class CompiledWorkers:
         `run_workers` indexes at run time)."""
         from numba import typeof
 
+        if plain_python():
+            return True  # no types to agree on
         types = [typeof(core.compiled.arguments()) for core in cores]
         return (len(set(types[:num_prefill])) <= 1 and len(set(types[num_prefill:])) <= 1)
 

@@ -22,7 +22,7 @@ type when it compiles.
 from numba.core import types
 from numba.experimental import structref
 
-from servesim.jit import njit
+from servesim.jit import njit, plain_python
 
 FIELDS = (
     # the request table and what every rank shares
@@ -56,8 +56,25 @@ structref.define_proxy(WorkerArrays, WorkerArraysType, list(FIELDS))
 
 
 @njit
-def new_worker_arrays(*fields):
-    """A `WorkerArrays` of `fields` (in `FIELDS` order). Compiled and cached
-    like the kernels; the proxy's own constructor would compile in every
-    process."""
+def _new_worker_arrays(*fields):
     return WorkerArrays(*fields)
+
+
+class PlainWorkerArrays:
+    """The bundle when the kernels run as plain Python (servesim/jit.py
+    `plain_python`): the same fields, as attributes."""
+
+    __slots__ = FIELDS
+
+    def __init__(self, *fields):
+        for name, value in zip(FIELDS, fields, strict=True):
+            setattr(self, name, value)
+
+
+def new_worker_arrays(*fields):
+    """A `WorkerArrays` of `fields` (in `FIELDS` order), made by a compiled
+    and cached constructor (the proxy's own would compile in every
+    process); a `PlainWorkerArrays` as plain Python."""
+    if plain_python():
+        return PlainWorkerArrays(*fields)
+    return _new_worker_arrays(*fields)

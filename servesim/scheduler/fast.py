@@ -38,7 +38,7 @@ import enum
 import numpy as np
 
 from servesim.scheduler.speculative import accepted_drafts
-from servesim.jit import njit
+from servesim.jit import njit, records
 from servesim.kvcache import block_pool as bp
 from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.scheduler import check
@@ -1240,7 +1240,7 @@ class FastScheduler:
         self.num_gpu_blocks = pool.num_gpu_blocks
         self.max_model_len = config.max_model_len or (1 << 62)
         self.priority = config.scheduling_policy == "priority"
-        self.cfg = np.zeros(1, dtype=CONFIG_DTYPE)
+        self.cfg = records(1, CONFIG_DTYPE)
         self.cfg[0]["num_usable_blocks"] = pool.num_gpu_blocks - 1
         self.cfg[0]["max_num_seqs"] = config.max_num_seqs
         self.cfg[0]["max_num_batched_tokens"] = config.max_num_batched_tokens
@@ -1266,7 +1266,7 @@ class FastScheduler:
         # each request's key for its acceptance draws)
         self.spec = (table.accepted_offsets, table.accepted_values, rates,
                      np.zeros((2, max(k, 1)), dtype=np.int64), table.request_keys())
-        self.S = np.zeros(1, dtype=STATE_DTYPE)
+        self.S = records(1, STATE_DTYPE)
         self.running = np.zeros(config.max_num_seqs + 1, dtype=np.int64)
         self.wq = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
         self._out_width = config.max_num_seqs + 1

@@ -89,7 +89,9 @@ class RequestTable:
     def __init__(self, request_ids, prompt, max_tokens, priority, idents, ident_offsets,
                  accepted_offsets=None, accepted_values=None):
         n = len(request_ids)
-        R = np.zeros(n, dtype=REQUEST_DTYPE)
+        from servesim.jit import records
+
+        R = records(n, REQUEST_DTYPE)
         R["num_prompt_tokens"] = prompt
         R["max_tokens"] = max_tokens
         R["num_tokens"] = prompt

@@ -17,7 +17,7 @@ workload.
 import attrs
 import numpy as np
 
-from servesim.jit import njit
+from servesim.jit import njit, plain_python
 
 METHODS = ("mtp", "eagle", "ngram")
 MAX_SPECULATIVE_TOKENS = 8
@@ -40,10 +40,19 @@ DEFAULT_RATE = 0.7
 
 @njit(inline="always")
 def _mix(x):
-    """splitmix64's finaliser: a well-mixed 64-bit value of x."""
+    """splitmix64's finaliser: a well-mixed 64-bit value of x (its products
+    wrap modulo 2**64)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
+
+
+if plain_python():  # NumPy's scalars wrap too, but warn each time: not here
+    _mix_wrapping = _mix
+
+    def _mix(x):
+        with np.errstate(over="ignore"):
+            return _mix_wrapping(x)
 
 
 @njit(inline="always")
