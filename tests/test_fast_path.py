@@ -135,8 +135,8 @@ def test_the_loop_takes_the_arrivals_only_where_routing_has_nothing_to_choose():
     # routed to the worker
     from helpers import make_config, make_workload
 
-    rows = [{"id": f"r{i}", "t": 5 * i, "P": 40 if i < 6 else 300, "O": 4,
-             "hash_ids": [i, 100 + i, 200 + i]} for i in range(7)]
+    rows = [{"id": f"r{i}", "t": 5 * i, "P": 40, "O": 4, "hash_ids": [i, 100 + i, 200 + i]}
+            for i in range(6)] + [{"id": "r6", "t": 30, "P": 300, "O": 4}]
     workload = make_workload(rows)
     taken = EngineCore.take_arrivals
     calls = []

@@ -80,6 +80,10 @@ def block_identities(hash_flat, hash_offsets, trace_block_size, input_length,
     full prompt blocks first, then blocks unique to it.
     """
     input_length = np.asarray(input_length, dtype=np.int64)
+    # every prompt token has its trace block (the trace reader checks it for
+    # users' traces); the compiled loop below reads them unchecked
+    if np.any(np.diff(hash_offsets) < -(-input_length // trace_block_size)):
+        raise ValueError("a request has fewer hash ids than its prompt has trace blocks")
     offsets = np.zeros(len(input_length) + 1, dtype=np.int64)
     np.cumsum(np.asarray(num_blocks, dtype=np.int64), out=offsets[1:])
     chain = chain_ids(hash_flat, hash_offsets)
