@@ -254,7 +254,8 @@ def test_vectorised_prediction_equals_the_pricing_kernel():
     s = synth_workload("A", passes_per_worker=300)
     r = s.records()
     for coefficients in (TRUE_COEFFICIENTS, (-30.0, 16.3, 0.021, 0.27, -3e-6)):
-        params = np.array(coefficients, dtype=np.float64)
+        params = np.zeros(6)  # the kernel's six parameters (PassPricer pads them)
+        params[:len(coefficients)] = coefficients
         kernel = [price_pass(FITTED, params, r.sum_prefill_tokens[i], r.num_prefill_requests[i],
                              r.num_decode_requests[i], r.sum_decode_kv_tokens[i],
                              r.tokens[i], 0, 1.0) for i in range(len(r))]
