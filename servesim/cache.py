@@ -67,8 +67,12 @@ def cache_root() -> str:
 
 def numba_cache_dir() -> str:
     """The folder Numba's cache goes to: this source state's sub-folder of
-    `cache_root()`."""
-    return os.path.join(cache_root(), sources_key())
+    `cache_root()`, or its own beside it for kernels compiled with every index
+    checked (NUMBA_BOUNDSCHECK=1: Numba's cache does not tell the two apart)."""
+    key = sources_key()
+    if os.environ.get("NUMBA_BOUNDSCHECK", "").strip() == "1":
+        key += "-boundscheck"
+    return os.path.join(cache_root(), key)
 
 
 def _remove_stale(root: str, keep: str) -> None:
@@ -83,7 +87,8 @@ def _remove_stale(root: str, keep: str) -> None:
         return
     limit = time.time() - STALE_DAYS * 86400
     for entry in entries:
-        if entry.name == keep or len(entry.name) != 16 or not entry.is_dir():
+        if (entry.name == keep or len(entry.name.removesuffix("-boundscheck")) != 16
+                or not entry.is_dir()):
             continue
         try:
             if entry.stat().st_mtime < limit:
@@ -105,7 +110,7 @@ def configure_numba() -> str:
     config = sys.modules.get("numba.core.config")
     if config is not None:
         config.CACHE_DIR = folder
-        _remove_stale(cache_root(), sources_key())
+        _remove_stale(cache_root(), os.path.basename(folder))
     return folder
 
 

@@ -48,7 +48,13 @@ def test_numba_cache_folder_precedence(monkeypatch, tmp_path):
     assert cache_root() == str(tmp_path / "nb")
     monkeypatch.setenv("SERVESIM_CACHE_DIR", str(tmp_path / "ss"))
     assert cache_root() == str(tmp_path / "ss" / "numba")
-    # the kernels of this source state go to their own sub-folder
+    # the kernels of this source state go to their own sub-folder, and those
+    # compiled with index checks to theirs
+    monkeypatch.delenv("NUMBA_BOUNDSCHECK", raising=False)
+    assert numba_cache_dir() == os.path.join(cache_root(), sources_key())
+    monkeypatch.setenv("NUMBA_BOUNDSCHECK", "1")
+    assert numba_cache_dir() == os.path.join(cache_root(), sources_key() + "-boundscheck")
+    monkeypatch.setenv("NUMBA_BOUNDSCHECK", "0")
     assert numba_cache_dir() == os.path.join(cache_root(), sources_key())
 
 
@@ -80,14 +86,16 @@ def test_sub_folders_of_other_source_states_unused_for_weeks_are_removed(tmp_pat
     from servesim import cache
 
     old, recent, keep = (tmp_path / n for n in ("a" * 16, "b" * 16, "c" * 16))
+    old_checked = tmp_path / ("d" * 16 + "-boundscheck")  # kernels compiled with index checks
     other = tmp_path / "not-ours"
-    for folder in (old, recent, keep, other):
+    for folder in (old, recent, keep, old_checked, other):
         folder.mkdir()
     weeks = time.time() - (cache.STALE_DAYS + 1) * 86400
-    for folder in (old, keep, other):
+    for folder in (old, keep, old_checked, other):
         os.utime(folder, (weeks, weeks))
     cache._remove_stale(str(tmp_path), keep.name)
-    assert not old.exists() and recent.exists() and keep.exists() and other.exists()
+    assert not old.exists() and not old_checked.exists()
+    assert recent.exists() and keep.exists() and other.exists()
 
 
 @pytest.mark.cold_compile
