@@ -17,17 +17,23 @@ from helpers import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# preemptions, CPU-tier reloads and prefix hits, async
-CPU_TIER_ASYNC = """\
+
+def workload(seed):
+    return f"""\
 workload:
   synthetic:
     requests: 40
-    input_tokens: {distribution: uniform, min: 32, max: 256}
-    output_tokens: {distribution: uniform, min: 4, max: 64}
+    input_tokens: {{distribution: uniform, min: 32, max: 256}}
+    output_tokens: {{distribution: uniform, min: 4, max: 64}}
     shared_prefix_tokens: 32
     arrival: poisson
     rate: 50.0
-    seed: 7
+    seed: {seed}
+"""
+
+
+# preemptions, CPU-tier reloads and prefix hits, async
+CPU_TIER_ASYNC = workload(7) + """\
 engine:
   block_size: 16
   num_gpu_blocks: 48
@@ -40,16 +46,7 @@ engine:
 """
 
 # two prefill workers routed by cached prefix, one decode worker of 2 DP ranks
-DISAGGREGATED_DP = """\
-workload:
-  synthetic:
-    requests: 40
-    input_tokens: {distribution: uniform, min: 32, max: 256}
-    output_tokens: {distribution: uniform, min: 4, max: 64}
-    shared_prefix_tokens: 32
-    arrival: poisson
-    rate: 50.0
-    seed: 8
+DISAGGREGATED_DP = workload(8) + """\
 engine:
   block_size: 16
   num_gpu_blocks: 96
