@@ -14,8 +14,8 @@ and a launch never ends after its pass. Without `launch` a launch costs nothing
 (`launch_end = decided`).
 
 The rule is one kernel, `launch_end_ms`, over the parameter array of
-`launch_params`, used by the compiled pass loop (engine/fast_run.py) and the
-pass-by-pass path (engine/core.py) alike.
+`launch_params` (made by the engine core, engine/core.py), used by the
+compiled pass loop (engine/fast_run.py).
 """
 
 import numpy as np
@@ -23,15 +23,8 @@ import numpy as np
 from servesim.engine.config import LaunchConfig
 from servesim.jit import njit
 
-DECODE, PIECEWISE, EAGER = "decode", "piecewise", "eager"
 # launch parameters: [on, capture size, decode_ms, piecewise_ms, eager_ms, eager_queue_fraction]
 L_ON, L_CAPTURE, L_DECODE, L_PIECEWISE, L_EAGER, L_FRACTION = range(6)
-
-
-def pass_kind(total_tokens: int, prefill_tokens: int, capture_size: int) -> str:
-    if total_tokens > capture_size:
-        return EAGER
-    return PIECEWISE if prefill_tokens > 0 else DECODE
 
 
 def launch_params(launch: LaunchConfig | None) -> np.ndarray:
@@ -56,11 +49,3 @@ def launch_end_ms(params, total_tokens, prefill_tokens, decided, gpu_start, end)
     else:  # decode
         t = decided + params[L_DECODE]
     return min(t, end)
-
-
-def launch_end(launch: LaunchConfig | None, total_tokens: int, prefill_tokens: int,
-               decided: float, gpu_start: float, end: float) -> float:
-    if launch is None:
-        return decided
-    return float(launch_end_ms(launch_params(launch), total_tokens, prefill_tokens,
-                               decided, gpu_start, end))

@@ -1438,14 +1438,3 @@ class FastScheduler:
                 self.finished_stores.extend(KO[KO_FSTORES, :KC[KO_FSTORES]].tolist())
                 KC[KO_FSTORES] = 0
         return self.finished_buffer[:n].tolist() if n else []
-
-    def log_entries(self, out: FastOutput):
-        ids = self.table.request_ids
-        o = out.out
-        scheduled = [{"id": ids[o[O_REQ, e]], "tokens": int(o[O_TOK, e]),
-                      "cached": int(o[O_CACHED, e]), "kind": KIND_NAMES[o[O_KIND, e]]}
-                     for e in range(out.num_scheduled)]
-        if self.speculative is not None:
-            for e, entry in enumerate(scheduled):
-                entry["spec"] = int(o[O_SPEC, e])
-        return scheduled, sorted(ids[i] for i in o[O_PRE, :out.num_preempted])
