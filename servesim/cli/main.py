@@ -232,7 +232,7 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
                     on_start=None if quiet else announce_compile,
                     baseline=baseline,
                 )
-                ctrl_c.check()  # pressed while Numba compiled, after the last progress: nothing is written
+                ctrl_c.check()  # pressed after the last progress: nothing is written
         finally:
             if progress is not None:
                 progress.close()
