@@ -44,21 +44,28 @@ def percentiles_of_sorted(ordered: np.ndarray, qs=PERCENTILES) -> list:
 
     Rank v = q/100 * (n-1) between order statistics a = x[floor(v)] and
     b = x[floor(v)+1], interpolated as numpy's `_lerp` does (a + (b-a)*g, or
-    b - (b-a)*(1-g) when g >= 0.5) so the values equal np.percentile's. One
-    sort of the samples is about twice as fast as np.percentile's multi-kth
-    partition on millions of ITL samples.
+    b - (b-a)*(1-g) when g >= 0.5) so the values equal np.percentile's.
+    Only those order statistics are read: an array partitioned at them
+    (`_read_ranks`) does as well as a sorted one.
     """
-    n = ordered.size
     out = []
-    for q in qs:
-        rank = q / 100 * (n - 1)
-        lo = int(math.floor(rank))
-        hi = min(lo + 1, n - 1)
+    for rank, lo, hi in _percentile_ranks(ordered.size, qs):
         g = rank - lo
         a = float(ordered[lo])
         d = float(ordered[hi]) - a
         out.append(float(ordered[hi]) - d * (1 - g) if g >= 0.5 else a + d * g)
     return out
+
+
+def _percentile_ranks(n, qs=PERCENTILES) -> list:
+    """For each percentile q of n samples: its rank v = q/100 * (n-1) and the
+    order statistics it lies between, floor(v) and floor(v)+1 (at most n-1)."""
+    ranks = []
+    for q in qs:
+        rank = q / 100 * (n - 1)
+        lo = int(math.floor(rank))
+        ranks.append((rank, lo, min(lo + 1, n - 1)))
+    return ranks
 
 
 def latency_stats(samples: np.ndarray) -> dict:
@@ -90,15 +97,7 @@ def quantiles_of_sorted(ordered: np.ndarray, q: np.ndarray) -> np.ndarray:
     interpolated as a + (b-a)*g, or b - (b-a)*(1-g) when g >= 0.5.
     np.quantile itself would copy the samples and partition them again around
     every index (seconds on millions of ITL samples)."""
-    n = ordered.size
-    virtual = (n - 1) * q
-    lower = np.floor(virtual)
-    upper = lower + 1
-    last = virtual >= n - 1
-    lower[last] = -1
-    upper[last] = -1
-    lower = lower.astype(np.intp)
-    upper = upper.astype(np.intp)
+    virtual, lower, upper = _quantile_ranks(ordered.size, q)
     gamma = virtual - lower
     a = ordered[lower]
     b = ordered[upper]
@@ -106,6 +105,19 @@ def quantiles_of_sorted(ordered: np.ndarray, q: np.ndarray) -> np.ndarray:
     out = a + diff * gamma
     np.subtract(b, diff * (1 - gamma), out=out, where=gamma >= 0.5)
     return out
+
+
+def _quantile_ranks(n, q):
+    """numpy's (`_get_indexes`) for quantiles q of n samples: the virtual
+    indices (n-1)*q and the order statistics each lies between, floor and
+    floor+1, both -1 (the last) from n-1 on."""
+    virtual = (n - 1) * q
+    lower = np.floor(virtual)
+    upper = lower + 1
+    last = virtual >= n - 1
+    lower[last] = -1
+    upper[last] = -1
+    return virtual, lower.astype(np.intp), upper.astype(np.intp)
 
 
 def tpot_samples(records, finished: np.ndarray) -> np.ndarray:
@@ -146,11 +158,9 @@ def _read_ranks(n, q) -> np.ndarray:
     `_sorted_stats` read of n samples (each q's two neighbours, each
     percentile's, the maximum): with the samples partitioned at these ranks
     (np.partition), both return what they would on the sorted samples."""
-    ranks = [n - 1]
-    for v in [*((n - 1) * q), *(p / 100 * (n - 1) for p in PERCENTILES)]:
-        lo = min(int(math.floor(v)), n - 1)
-        ranks += [lo, min(lo + 1, n - 1)]
-    return np.unique(np.array(ranks, dtype=np.intp))
+    _, lower, upper = _quantile_ranks(n, q)
+    ranks = [n - 1, *(r for _, lo, hi in _percentile_ranks(n) for r in (lo, hi))]
+    return np.unique(np.concatenate([lower % n, upper % n, np.array(ranks, dtype=np.intp)]))
 
 
 def itl_figures(records) -> tuple:
