@@ -282,6 +282,56 @@ def test_a_full_disk_exits_2_and_keeps_the_previous_outputs(tmp_path, tiny_confi
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_a_full_disk_under_the_pass_log_writer_thread_exits_2(tmp_path, tiny_config, monkeypatch):
+    # passes.jsonl's chunks are written on a second thread (output._Writer);
+    # its error must reach the command as the same clean message
+    out = tmp_path / "out"
+    assert invoke("run", tiny_config, "-o", out, "-q").exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    class FillsUp:
+        def __init__(self, path):
+            self.path, self.file = path, open(path, "wb")
+
+        def write(self, data):
+            if self.path.name == "passes.jsonl":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+            return self.file.write(data)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    monkeypatch.setattr(output, "open", lambda path, mode: FillsUp(path), raising=False)
+    result = invoke("run", tiny_config, "-o", out, "-q", "--pass-log")
+    assert result.exit_code == 2
+    assert "No space left on device" in result.stderr and "previous outputs are kept" in result.stderr
+    assert "Traceback" not in result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_the_writer_thread_writes_in_order_and_raises_its_error_on_the_next_call():
+    written = []
+
+    class File:
+        def write(self, data):
+            if data == b"bad":
+                raise OSError(errno.EIO, "boom")
+            written.append(bytes(data))
+
+    with output._Writer(File()) as writer:
+        for k in range(50):
+            writer.write(b"%d," % k)
+    assert b"".join(written) == b"".join(b"%d," % k for k in range(50))
+    with pytest.raises(OSError, match="boom"):
+        with output._Writer(File()) as writer:
+            writer.write(b"bad")
+            writer.write(b"never")  # raises the first write's error
+    assert written[-1] == b"49,"
+
+
 # --------------------------------------------------------------------------- Ctrl-C
 
 

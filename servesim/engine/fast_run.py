@@ -682,14 +682,27 @@ class PassLogBuffer:
     order their outputs were processed: head and time columns per line, and
     flat arrays of scheduled entries (request, tokens, cached, kind, drafts),
     preempted and finished requests, each line holding the end of its slice.
-    `grow()` doubles what is full."""
+    `grow()` doubles what is full. `for_workload` reserves what a workload
+    is expected to need up front: zeroed arrays are mapped lazily, so a page
+    costs only once it is written, where each doubling writes it again."""
 
-    def __init__(self, rows=4096):
+    def __init__(self, rows=4096, entries=None, finished=None):
         self.head = np.zeros((rows, NUM_LHEAD), dtype=np.int64)
         self.time = np.zeros((rows, 4), dtype=np.float64)
-        self.sched = np.zeros((rows * 8, NUM_LENTRY), dtype=np.int32)
+        self.sched = np.zeros((entries or rows * 8, NUM_LENTRY), dtype=np.int32)
         self.pre = np.zeros(rows, dtype=np.int32)
-        self.fin = np.zeros(rows, dtype=np.int32)
+        self.fin = np.zeros(finished or rows, dtype=np.int32)
+        self.count = np.zeros(4, dtype=np.int64)
+
+    @classmethod
+    def for_workload(cls, input_length, output_length):
+        """A buffer for requests of these lengths: a scheduled entry for each
+        output token and prompt chunk (taken as 512 tokens; preemptions and
+        disaggregated hand-offs add a few, and `grow` the rest), a finished
+        entry for each request."""
+        n = len(input_length)
+        entries = int(output_length.sum()) + int(input_length.sum()) // 512 + 2 * n
+        return cls(entries=entries + 4096, finished=n + 1)
         self.count = np.zeros(4, dtype=np.int64)
 
     def grow(self, ranks, width):

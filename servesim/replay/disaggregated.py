@@ -181,7 +181,8 @@ class DisaggregatedReplay(Replay):
         self.prefill_worker_of = np.full(n, -1, dtype=np.int64)
         self.prefill_rank_of = np.full(n, -1, dtype=np.int64)
         sides = self.sides
-        buffer = PassLogBuffer() if self.pass_log is not None else None
+        buffer = (PassLogBuffer.for_workload(self.workload.input_length, self.workload.output_length)
+                  if self.pass_log is not None else None)
         self.prefill_workers = [
             EngineCore(w, cluster.prefill, prefill_dp, self.loop, num_identities,
                        _PrefillObserver(self), sides.make_scheduler(cluster.prefill, "prefill"),

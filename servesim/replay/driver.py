@@ -127,7 +127,8 @@ class Replay:
         config = self.config
         self.store = ArrayRequests(self)
         cluster = config.cluster
-        buffer = PassLogBuffer() if self.pass_log is not None else None
+        buffer = (PassLogBuffer.for_workload(self.workload.input_length, self.workload.output_length)
+                  if self.pass_log is not None else None)
         self.workers = [EngineCore(w, config.engine, cluster.data_parallel_size, self.loop,
                                    num_identities, self, self.store.make_scheduler,
                                    pass_log=buffer)

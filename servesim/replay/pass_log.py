@@ -80,11 +80,13 @@ class CompiledPassLog(Sequence):
     def __eq__(self, other):
         return isinstance(other, Sequence) and list(self) == list(other)
 
-    def chunks(self, chunk: int = 1024):
+    def chunks(self, chunk: int = 256):
         """The JSON lines of the log, each ending in a newline, as bytes of at
-        most `chunk` lines each (`_lines`, compiled), each valid until the
-        next is asked for (they share one buffer). Only the four times are
-        formatted here: `repr`, the text `json.JSONEncoder` gives a float."""
+        most `chunk` lines each (`_lines`, compiled), each valid until the one
+        after next is asked for (two buffers take turns, so one chunk can be
+        written while the next is formatted: `output._write_text`). Only the
+        four times are formatted here: `repr`, the text `json.JSONEncoder`
+        gives a float."""
         b = self.buffer
         ids = self.ids
         texts = [t.encode("ascii") for t in _ids(ids)]
@@ -101,7 +103,7 @@ class CompiledPassLog(Sequence):
         entry_bytes = np.frombuffer(b"".join(before + t + after for t in texts),
                                     dtype=np.uint8) if texts else id_bytes
         n = len(self)
-        out = np.zeros(0, dtype=np.uint8)  # one buffer: its pages are faulted in once, not per chunk
+        buffers = [np.zeros(0, dtype=np.uint8)] * 2  # reused: their pages are faulted in once
         for first in range(0, n, chunk):
             last = min(n, first + chunk)
             ends = b.head[first - 1] if first else np.zeros(fr.NUM_LHEAD, dtype=np.int64)
@@ -111,8 +113,10 @@ class CompiledPassLog(Sequence):
             size = ((int(h[fr.L_SCHED_END]) - s0) * (longest + 96)
                     + (int(h[fr.L_PRE_END]) - p0 + int(h[fr.L_FIN_END]) - f0) * (longest + 2)
                     + (last - first) * 384 + len(times))  # keys, pool and four int64s a line
+            out = buffers[(first // chunk) % 2]
             if out.shape[0] < size:
-                out = np.empty(max(size, 2 * out.shape[0]), dtype=np.uint8)
+                out = buffers[(first // chunk) % 2] = np.empty(max(size, 2 * out.shape[0]),
+                                                               dtype=np.uint8)
             at = _lines(b.head, np.frombuffer(times, dtype=np.uint8), b.sched, b.pre, b.fin,
                         first, last, s0, p0, f0, id_bytes, id_offsets, entry_bytes, entry_offsets,
                         rank, self.speculative, out)

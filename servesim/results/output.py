@@ -170,15 +170,54 @@ def dict_lines(rows) -> list:
 def _write_text(path: Path, chunks) -> None:
     """Write chunks of lines: each a list of texts (each line then ends in a
     newline) or bytes already holding whole lines, newlines included, which
-    may be overwritten once the next chunk is asked for
-    (`CompiledPassLog.chunks`)."""
-    with open(path, "wb") as f:
+    may be overwritten once the chunk after next is asked for
+    (`CompiledPassLog.chunks`). Those are written by a second thread while
+    the next is made: a file's fresh pages cost as much as its formatting."""
+    with open(path, "wb") as f, _Writer(f) as writer:
         for lines in chunks:
             if isinstance(lines, list):
                 if lines:
-                    f.write(("\n".join(lines) + "\n").encode("utf-8"))
+                    writer.write(("\n".join(lines) + "\n").encode("utf-8"))
             else:
-                f.write(lines)
+                writer.write(lines)
+
+
+class _Writer:
+    """Writes to `file` on a thread of its own, one write at a time, in order:
+    `write` returns once the previous write is done and this one has begun.
+    A write's error is raised by the next `write` or on leaving."""
+
+    def __init__(self, file):
+        self.file = file
+        self.thread = None
+        self.error = None
+
+    def _write(self, data):
+        try:
+            self.file.write(data)
+        except BaseException as exc:  # raised on the caller's thread
+            self.error = exc
+
+    def wait(self):
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def write(self, data):
+        import threading
+
+        self.wait()
+        self.thread = threading.Thread(target=self._write, args=(data,), daemon=True)
+        self.thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.wait()
 
 
 def write_outputs(
