@@ -703,7 +703,6 @@ class PassLogBuffer:
         n = len(input_length)
         entries = int(output_length.sum()) + int(input_length.sum()) // 512 + 2 * n
         return cls(entries=entries + 4096, finished=n + 1)
-        self.count = np.zeros(4, dtype=np.int64)
 
     def grow(self, ranks, width):
         def bigger(a, used, need):
