@@ -127,7 +127,11 @@ NUM_KO_ROWS = 6
 # queue (it writes them). With `kv` None none of this exists (compiled away).
 
 
-@njit
+# No reference counts in here (`_nrt=False`: it allocates nothing and keeps no
+# array): the running loop calls it for every running request at every pass, and
+# counting its eight arrays in and out was ~a seventh of a 4-worker run's counts
+# (benchmarks/RESULTS.md, 2026-12-04).
+@njit(_nrt=False)
 def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, num_hit,
               reserve_tokens, extra_blocks, delay_cache=False, kv=None):
     """`KVCacheManager.allocate_slots` (vllm/v1/core/kv_cache_manager.py) over the table.
