@@ -21,6 +21,7 @@ import math
 import numbers
 import os
 import shutil
+import threading
 from itertools import repeat
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
@@ -207,8 +208,6 @@ class _Writer:
             raise error
 
     def write(self, data):
-        import threading
-
         self.wait()
         self.thread = threading.Thread(target=self._write, args=(data,), daemon=True)
         self.thread.start()
