@@ -85,8 +85,9 @@ class CompiledPassLog(Sequence):
         most `chunk` lines each (`_lines`, compiled), each valid until the one
         after next is asked for (two buffers take turns, so one chunk can be
         written while the next is formatted: `output._write_text`). Only the
-        four times are formatted here: `repr`, the text `json.JSONEncoder`
-        gives a float."""
+        times are formatted here, each distinct value once (a pass's start is
+        mostly its decision and the previous pass's end): `repr`, the text
+        `json.JSONEncoder` gives a float."""
         b = self.buffer
         ids = self.ids
         texts = [t.encode("ascii") for t in _ids(ids)]
@@ -109,15 +110,22 @@ class CompiledPassLog(Sequence):
             ends = b.head[first - 1] if first else np.zeros(fr.NUM_LHEAD, dtype=np.int64)
             s0, p0, f0 = int(ends[fr.L_SCHED_END]), int(ends[fr.L_PRE_END]), int(ends[fr.L_FIN_END])
             h = b.head[last - 1]
-            times = ("\n".join(map(repr, b.time[first:last].ravel().tolist())) + "\n").encode("ascii")
+            # by bit pattern, so -0.0 keeps its own text
+            values, which = np.unique(b.time[first:last].ravel().view(np.int64),
+                                      return_inverse=True)
+            time_texts = list(map(repr, values.view(np.float64).tolist()))
+            time_offsets = np.zeros(len(time_texts) + 1, dtype=np.int64)
+            np.cumsum([len(t) for t in time_texts], out=time_offsets[1:])
+            time_bytes = np.frombuffer("".join(time_texts).encode("ascii"), dtype=np.uint8)
+            longest_time = int(np.diff(time_offsets).max())
             size = ((int(h[fr.L_SCHED_END]) - s0) * (longest + 96)
                     + (int(h[fr.L_PRE_END]) - p0 + int(h[fr.L_FIN_END]) - f0) * (longest + 2)
-                    + (last - first) * 384 + len(times))  # keys, pool and four int64s a line
+                    + (last - first) * (384 + 4 * longest_time))  # keys, pool, int64s, times
             out = buffers[(first // chunk) % 2]
             if out.shape[0] < size:
                 out = buffers[(first // chunk) % 2] = np.empty(max(size, 2 * out.shape[0]),
                                                                dtype=np.uint8)
-            at = _lines(b.head, np.frombuffer(times, dtype=np.uint8), b.sched, b.pre, b.fin,
+            at = _lines(b.head, time_bytes, time_offsets, which, b.sched, b.pre, b.fin,
                         first, last, s0, p0, f0, id_bytes, id_offsets, entry_bytes, entry_offsets,
                         rank, self.speculative, out)
             yield out[:at]
@@ -152,9 +160,10 @@ def _put_int(out, at, v):
 
 
 @njit
-def _put_id(out, at, id_bytes, id_offsets, i):
-    for k in range(id_offsets[i], id_offsets[i + 1]):
-        out[at] = id_bytes[k]
+def _put_text(out, at, text_bytes, text_offsets, i):
+    """Text i of a table of texts (`text_bytes[text_offsets[i]:text_offsets[i + 1]]`)."""
+    for k in range(text_offsets[i], text_offsets[i + 1]):
+        out[at] = text_bytes[k]
         at += 1
     return at
 
@@ -174,27 +183,18 @@ def _put_sorted_ids(out, at, requests, rank, id_bytes, id_offsets):
     for k in range(n):
         if k:
             at = _put(out, at, b", ")
-        at = _put_id(out, at, id_bytes, id_offsets, order[k])
+        at = _put_text(out, at, id_bytes, id_offsets, order[k])
     return at
 
 
 @njit
-def _put_time(out, at, times, t):
-    """The next of `times`' newline-ended texts, from `t`; returns both ends."""
-    while times[t] != 10:
-        out[at] = times[t]
-        at += 1
-        t += 1
-    return at, t + 1
-
-
-@njit
-def _lines(head, times, sched, pre, fin, first, last, s0, p0, f0, id_bytes, id_offsets,
-           entry_bytes, entry_offsets, rank, speculative, out):
+def _lines(head, time_bytes, time_offsets, which, sched, pre, fin, first, last, s0, p0, f0,
+           id_bytes, id_offsets, entry_bytes, entry_offsets, rank, speculative, out):
     """The text of lines `first:last`, one after another in `out`, each ending
-    in a newline; returns its length. `times`: the `repr` of each line's four
-    times, in order, each ending in a newline; `entry_bytes` (sliced as
-    `id_bytes` is): each request's scheduled entry up to its token count."""
+    in a newline; returns its length. The four times of line `first + k` are
+    texts `which[4 k:4 k + 4]` of `time_bytes` (sliced by `time_offsets`);
+    `entry_bytes` (sliced as `id_bytes` is): each request's scheduled entry
+    up to its token count."""
     pools = (b'"pool": "prefill", ', b'"pool": "decode", ')  # _POOLS, in pool order
     t = 0
     kinds = (b', "kind": "new"', b', "kind": "resumed"', b', "kind": "running"')  # KIND_NAMES
@@ -211,18 +211,22 @@ def _lines(head, times, sched, pre, fin, first, last, s0, p0, f0, id_bytes, id_o
         at = _put(out, at, b', "dp_rank": ')
         at = _put_int(out, at, head[row, fr.L_RANK])
         at = _put(out, at, b', "start_ms": ')
-        at, t = _put_time(out, at, times, t)
+        at = _put_text(out, at, time_bytes, time_offsets, which[t])
+        t += 1
         at = _put(out, at, b', "end_ms": ')
-        at, t = _put_time(out, at, times, t)
+        at = _put_text(out, at, time_bytes, time_offsets, which[t])
+        t += 1
         at = _put(out, at, b', "decided_ms": ')
-        at, t = _put_time(out, at, times, t)
+        at = _put_text(out, at, time_bytes, time_offsets, which[t])
+        t += 1
         at = _put(out, at, b', "launch_end_ms": ')
-        at, t = _put_time(out, at, times, t)
+        at = _put_text(out, at, time_bytes, time_offsets, which[t])
+        t += 1
         at = _put(out, at, b', "scheduled": [')
         for e in range(s, head[row, fr.L_SCHED_END]):
             if e > s:
                 at = _put(out, at, b", ")
-            at = _put_id(out, at, entry_bytes, entry_offsets, sched[e, fr.E_REQ])
+            at = _put_text(out, at, entry_bytes, entry_offsets, sched[e, fr.E_REQ])
             at = _put_int(out, at, sched[e, fr.E_TOK])
             at = _put(out, at, b', "cached": ')
             at = _put_int(out, at, sched[e, fr.E_CACHED])
