@@ -34,7 +34,6 @@ import numpy as np
 from servesim.engine import fast_disagg
 from servesim.engine.core import EngineCore
 from servesim.engine.fast_workers import CompiledWorkers
-from servesim.engine.fast_run import PassLogBuffer
 from servesim.replay.driver import Replay
 from servesim.results.records import STATUS_REJECTED, PoolStats, RunStats
 from servesim.replay.router import Router
@@ -181,8 +180,7 @@ class DisaggregatedReplay(Replay):
         self.prefill_worker_of = np.full(n, -1, dtype=np.int64)
         self.prefill_rank_of = np.full(n, -1, dtype=np.int64)
         sides = self.sides
-        buffer = (PassLogBuffer.for_workload(self.workload.input_length, self.workload.output_length)
-                  if self.pass_log is not None else None)
+        buffer = self._pass_log_buffer()
         self.prefill_workers = [
             EngineCore(w, cluster.prefill, prefill_dp, self.loop, num_identities,
                        _PrefillObserver(self), sides.make_scheduler(cluster.prefill, "prefill"),

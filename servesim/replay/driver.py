@@ -127,14 +127,20 @@ class Replay:
         config = self.config
         self.store = ArrayRequests(self)
         cluster = config.cluster
-        buffer = (PassLogBuffer.for_workload(self.workload.input_length, self.workload.output_length)
-                  if self.pass_log is not None else None)
+        buffer = self._pass_log_buffer()
         self.workers = [EngineCore(w, config.engine, cluster.data_parallel_size, self.loop,
                                    num_identities, self, self.store.make_scheduler,
                                    pass_log=buffer)
                         for w in range(cluster.workers)]
         self._use_compiled_log(buffer)
         self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
+
+    def _pass_log_buffer(self):
+        """The compiled pass loops' log buffer, sized for this workload (None:
+        no pass log)."""
+        if self.pass_log is None:
+            return None
+        return PassLogBuffer.for_workload(self.workload.input_length, self.workload.output_length)
 
     def _tables(self):
         """The request tables the workers' schedulers share."""
