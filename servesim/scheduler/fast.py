@@ -828,7 +828,7 @@ def schedule(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, 
         threshold = 0
     budget = _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running,
                                wq, out, feats, cfg[0].max_num_batched_tokens, threshold, kv)
-    if feats[N_PRE] == 0:
+    if feats[N_PRE] == 0 and waiting > 0:  # (nothing to admit: no call)
         _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                           out, feats, budget, threshold, kv)
     _update_after_schedule(R, cfg, S, out, feats)
