@@ -194,3 +194,25 @@ def compiled_for(dispatcher, args):
         return dispatcher.get_overload(tuple(dispatcher.typeof_pyval(a) for a in args))
     except KeyError:
         return dispatcher
+
+
+class Entry:
+    """A kernel that one caller calls again and again with arguments of the
+    same types (a worker's pass loop, the loops over workers): the first
+    call goes through the dispatcher (which compiles or loads it), later
+    ones straight to the function compiled for those types (`compiled_for`).
+    `reset()` when the arguments' types may change."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.function = None
+
+    def __call__(self, *args):
+        if self.function is None:
+            result = self.kernel(*args)
+            self.function = compiled_for(self.kernel, args)
+            return result
+        return self.function(*args)
+
+    def reset(self):
+        self.function = None

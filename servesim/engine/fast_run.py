@@ -84,7 +84,7 @@ from servesim.engine.launch import launch_end_ms
 from servesim.engine.pricing import price_features
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
 # change; edit this line with them. Table layout 3.)
-from servesim.jit import compiled_for, njit
+from servesim.jit import Entry, njit
 from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.kvcache.block_pool import NUM_FREE
 from servesim.scheduler import fast
@@ -726,6 +726,13 @@ class PassLogBuffer:
 
 _NO_LOG = PassLogBuffer(1)
 
+
+def log_arguments(log):
+    """The pass loops' last arguments: whether they log passes, and the
+    `PassLogBuffer`'s arrays (stand-ins without a pass log, `log` None)."""
+    buf = log if log is not None else _NO_LOG
+    return (log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin, buf.count)
+
 # a worker admitting its own arrivals returns to the event loop after this many
 # (progress, Ctrl-C and the debug mode's checks get a turn)
 ARRIVALS_PER_CALL = 4096
@@ -770,11 +777,11 @@ class CompiledWorker:
                       np.zeros(1, dtype=np.float64), none, np.zeros(3, dtype=np.float64))
         self._side_args = self._side_tuple()
         self._args = None  # (made at the first call)
-        # run_passes compiled for the arguments' types (jit.compiled_for): a worker
+        # run_passes compiled for the arguments' types (jit.Entry): a worker
         # calls it at every outside event with the same arguments (the worker's
         # arrays as one bundle, the `kv` tuples, the horizon and the pass log),
         # whose types stay those of the first call until `_args` is rebuilt
-        self._entry = None
+        self._entry = Entry(run_passes)
         self.launch = launch_params
         self.usage = usage
         self.counters = counters
@@ -841,23 +848,15 @@ class CompiledWorker:
         event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
         self.ws[W_SEQ] = seq
         self.ws[W_ALIMIT] = min(self.ws[W_AEND], self.ws[W_ANEXT] + ARRIVALS_PER_CALL)
-        buf = log if log is not None else _NO_LOG
-        call = (*self.arguments(), float(horizon[0]), int(horizon[1]), int(horizon[2]), log is not None,
-                buf.head, buf.time, buf.sched, buf.pre, buf.fin, buf.count)
-        entry = self._entry
-        if entry is None:
-            state = run_passes(*call)
-            self._entry = compiled_for(run_passes, call)
-        else:
-            state = entry(*call)
-        return state
+        return self._entry(*self.arguments(), float(horizon[0]), int(horizon[1]),
+                           int(horizon[2]), *log_arguments(log))
 
     def arguments(self):
         """`run_passes`' arguments but the horizon and the pass log (made
         again after `regrow`)."""
         if self._args is None:
             self._args = self._make_args()
-            self._entry = None
+            self._entry.reset()
         return self._args
 
     def regrow(self):

@@ -39,7 +39,7 @@ from servesim.engine import fast_run
 from servesim.engine.fast_run import (HORIZON, IDLE, T_NEXT, W_FORCE, W_NEXT_ORDER,
                                       W_NEXT_SEQ, W_NFIN, W_SEQ, _before, padded,
                                       run_passes)
-from servesim.jit import compiled_for, njit, plain_python
+from servesim.jit import Entry, njit, plain_python
 
 # ps (int64 state of the workers' loop); P_NUM_A: how many prefill workers
 P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_NUM_A = range(6)
@@ -134,7 +134,7 @@ class CompiledWorkers:
         self.ws_t = padded([core.compiled.ws for core in cores], self._num_slots)
         self._groups = None
         self._args = None
-        self._entry = None
+        self._entry = Entry(run_workers)
         self._running = False
         self._key = None  # the workers' live event on the event loop, and its token
         self._token = 0
@@ -191,16 +191,9 @@ class CompiledWorkers:
         while True:
             ps[P_SEQ] = loop.seq
             h = self.observer.horizon_key()
-            buf = self.pass_log if self.pass_log is not None else fast_run._NO_LOG
-            call = (*self._arguments(), self.keys_t, self.keys_o, self.keys_s, ps,
-                    float(h[0]), int(h[1]), int(h[2]), self.pass_log is not None, buf.head,
-                    buf.time, buf.sched, buf.pre, buf.fin, buf.count)
-            entry = self._entry
-            if entry is None:
-                state = run_workers(*call)
-                self._entry = compiled_for(run_workers, call)
-            else:
-                state = entry(*call)
+            state = self._entry(*self._arguments(), self.keys_t, self.keys_o, self.keys_s, ps,
+                                float(h[0]), int(h[1]), int(h[2]),
+                                *fast_run.log_arguments(self.pass_log))
             loop.seq = int(ps[P_SEQ])
             k = int(ps[P_FROM])
             if k < 0:
