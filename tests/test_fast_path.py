@@ -133,32 +133,87 @@ def test_arrivals_admitted_in_the_compiled_loop_are_the_event_loops(spec, engine
         assert list(a.pass_log) == list(b.pass_log)
 
 
-def test_the_loop_takes_the_arrivals_only_where_routing_has_nothing_to_choose():
-    # one worker of one rank, open loop: yes; several workers or ranks (the
-    # router chooses), a closed loop (a finish releases the next): no. The
-    # 7th prompt reaches max_model_len: rejected either way, and counted as
-    # routed to the worker
+# (up to 2 ranks a worker: the pass loop compiled for 3-4 ranks is another ~30 s cold)
+CLUSTERS = st.tuples(st.integers(1, 3), st.integers(1, 2)).filter(lambda c: c != (1, 1))
+ROUTERS = st.sampled_from(["round_robin", "least_loaded", "kv_aware", "session_affinity"])
+
+
+@settings(max_examples=120, deadline=None)
+@given(requests, engines, CLUSTERS, ROUTERS, st.booleans(), st.sampled_from([None, 7.0]),
+       st.sampled_from([1, 2, 4096]), st.lists(st.integers(-1, 2), max_size=30))
+def test_arrivals_routed_in_the_cluster_loop_are_the_event_loops(spec, engine, cluster, router,
+                                                                 pass_log, interval, per_call,
+                                                                 pins):
+    # several workers or ranks, open loop: the workers' compiled loop routes
+    # and admits the arrivals itself (engine/fast_cluster.py), returning to
+    # the event loop every `per_call` arrivals; the same run with every
+    # arrival an event-loop event routed by the replay's router gives the
+    # same records (placements included), counters, telemetry and pass log,
+    # with requests pinned to a rank and rejections (prompts reaching
+    # max_model_len) among them
+    from servesim.engine.fast_cluster import CompiledCluster
+
+    workers, dp = cluster
+    config, workload = build(spec, engine, output={"pass_log": pass_log,
+                                                  "telemetry_interval_ms": interval},
+                             cluster={"workers": workers, "data_parallel_size": dp,
+                                      "router": router})
+    pinned = np.array([(p if p < dp else -1) for p in pins][:len(workload)]
+                      + [-1] * max(0, len(workload) - len(pins)), dtype=np.int64)
+    workload = attrs.evolve(workload, dp_rank=pinned)
+    taken = CompiledCluster.take_arrivals
+    calls = []
+
+    def spy(cluster_loop, seq):
+        calls.append(seq)
+        return taken(cluster_loop, seq)
+
+    with patch.object(fast_run, "ARRIVALS_PER_CALL", per_call), \
+            patch.object(CompiledCluster, "take_arrivals", spy):
+        a = simulate(config, workload)
+    assert len(calls) == 1
+    with patch.object(Replay, "_cluster_takes_arrivals", lambda self: False):
+        b = simulate(config, workload)
+    same_results(a, b)
+    if pass_log:
+        assert list(a.pass_log) == list(b.pass_log)
+
+
+def test_which_compiled_loop_takes_the_arrivals():
+    # open loop: one worker of one rank takes them in its own pass loop
+    # (nothing to route); several workers or ranks in the cluster loop, which
+    # routes them; a closed loop (a finish releases the next) leaves them to
+    # the event loop. The 7th prompt reaches max_model_len: rejected either
+    # way, and counted as routed to its worker
+    from servesim.engine.fast_cluster import CompiledCluster
     from helpers import make_config, make_workload
 
     rows = [{"id": f"r{i}", "t": 5 * i, "P": 40, "O": 4, "hash_ids": [i, 100 + i, 200 + i]}
             for i in range(6)] + [{"id": "r6", "t": 30, "P": 300, "O": 4}]
     workload = make_workload(rows)
-    taken = EngineCore.take_arrivals
+    worker_taken = EngineCore.take_arrivals
+    cluster_taken = CompiledCluster.take_arrivals
     calls = []
 
-    def spy(core, arrival_ms, seq):
-        calls.append(len(arrival_ms))
-        return taken(core, arrival_ms, seq)
+    def worker_spy(core, arrival_ms, seq):
+        calls.append(("worker", len(arrival_ms)))
+        return worker_taken(core, arrival_ms, seq)
 
-    with patch.object(EngineCore, "take_arrivals", spy):
-        for cluster, concurrency, in_loop in [(None, None, True), ({"workers": 2}, None, False),
-                                              ({"data_parallel_size": 2}, None, False),
-                                              (None, 2, False)]:
+    def cluster_spy(cluster, seq):
+        calls.append(("cluster", len(cluster.arrival_ms)))
+        return cluster_taken(cluster, seq)
+
+    with patch.object(EngineCore, "take_arrivals", worker_spy), \
+            patch.object(CompiledCluster, "take_arrivals", cluster_spy):
+        for cluster, concurrency, taker in [(None, None, "worker"),
+                                            ({"workers": 2}, None, "cluster"),
+                                            ({"data_parallel_size": 2}, None, "cluster"),
+                                            (None, 2, None), ({"workers": 2}, 2, None)]:
             calls.clear()
             config = make_config(cluster=cluster, block_size=16, num_gpu_blocks=64,
                                  max_model_len=256)
             result = simulate(config, attrs.evolve(workload, concurrency=concurrency))
-            assert calls == ([7] if in_loop else []), cluster
+            assert calls == ([(taker, 7)] if taker else []), cluster
             assert result.records.status.tolist() == [STATUS_FINISHED] * 6 + [STATUS_REJECTED]
             assert sum(w.requests for w in result.stats.workers) == 7
 

@@ -222,6 +222,9 @@ class DisaggregatedReplay(Replay):
     def _arrivals_in_loop(self) -> bool:
         return False  # every arrival is routed to the prefill pool (`_on_arrival`)
 
+    def _cluster_takes_arrivals(self) -> bool:
+        return False  # (as above)
+
     def _tables(self):
         return [self.sides.prefill, self.sides.decode]
 

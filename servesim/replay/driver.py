@@ -25,6 +25,7 @@ from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_U
 from servesim.replay.router import Router
 from servesim.replay.telemetry import Telemetry
 from servesim.workload.workload import Workload
+from servesim.scheduler import check
 from servesim.scheduler.check import AFTER_OUTPUT, check_table
 from servesim.scheduler.fast import FastScheduler
 from servesim.scheduler import fast_table
@@ -114,7 +115,9 @@ class Replay:
         self._next_release = 0  # closed loop: next request to release
         self._last_progress = time.perf_counter()
         self._arrivals = 0  # arrivals so far; open loop: they come in workload order
-        self._own_arrivals = False  # they go to the worker's compiled loop (`_arrivals_in_loop`)
+        self._own_arrivals = False  # they go to the workers' compiled loop (`_arrivals_in_loop`)
+        self.cluster = None  # that loop over several workers or ranks (`_cluster_takes_arrivals`)
+        self._cluster_done = 0  # requests it finished or rejected, accounted for
         self.sessions = None  # arrivals that wait for finishes (workload/sessions.py)
         if workload.sessions is not None:
             from servesim.workload.sessions import SessionArrivals
@@ -176,6 +179,19 @@ class Replay:
             self.workers[0].take_arrivals(self.arrival_ms, self.loop.seq)
             self._own_arrivals = True
             self._next_release = n
+        elif concurrency is None and self._cluster_takes_arrivals():
+            # the workers' compiled loop routes and admits them (fast_cluster.py)
+            from servesim.engine.fast_cluster import CompiledCluster
+
+            w = self.workload
+            self.cluster = CompiledCluster(
+                self.workers, self.loop, self, self.workers[0].pass_log, self.router.arrays,
+                self.router.code, self.arrival_ms, np.ascontiguousarray(w.dp_rank, np.int64),
+                self.worker_of, self.rank_of, self.status, STATUS_FINISHED, STATUS_REJECTED)
+            self.loop.seq += 1
+            self.cluster.take_arrivals(self.loop.seq)
+            self._own_arrivals = True
+            self._next_release = n
         elif concurrency is None:
             # one arrival in the heap at a time: each schedules the next (the
             # heap stays small; arrivals keep their workload order)
@@ -197,9 +213,31 @@ class Replay:
         return (cluster.workers == 1 and cluster.data_parallel_size == 1
                 and not (self.workload.dp_rank >= 1).any())
 
+    def _cluster_takes_arrivals(self) -> bool:
+        """Whether the open-loop arrivals can go to the workers' compiled loop,
+        which routes them itself (engine/fast_cluster.py): several workers
+        or ranks whose loops take arguments of one type, no request pinned to
+        a rank out of range (the router names it when it arrives), and not
+        the debug mode (it checks across schedulers after every event)."""
+        from servesim.engine.fast_cluster import CompiledCluster
+
+        cluster = self.config.cluster
+        return ((cluster.workers > 1 or cluster.data_parallel_size > 1) and not check.enabled()
+                and not (self.workload.dp_rank >= cluster.data_parallel_size).any()
+                and CompiledCluster.fit(self.workers))
+
     def _sync_arrivals(self):
-        """Account for the arrivals the worker's compiled loop admitted since
-        the last call, as `_on_arrival` does one by one."""
+        """Account for the arrivals the workers' compiled loop admitted since
+        the last call, as `_on_arrival` does one by one (`_on_done` for the
+        requests it finished)."""
+        if self.cluster is not None:
+            new = self.cluster.arrivals
+            self.arrived[self._arrivals:new] = True
+            self._arrivals = new
+            done = self.cluster.done
+            self.num_done += done - self._cluster_done
+            self._cluster_done = done
+            return
         core = self.workers[0]
         new, old = core.compiled.arrivals, self._arrivals
         if new == old:
