@@ -33,7 +33,7 @@ from servesim.engine.events import ARRIVAL, DECIDE
 from servesim.engine.fast_run import (ARRIVALS_PER_CALL, HORIZON, IDLE, T_NEXT, T_NOW, W_FORCE,
                                       W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN, W_SEQ, _before,
                                       add_request, log_arguments, padded, run_passes)
-from servesim.engine.fast_workers import _first
+from servesim.engine.fast_workers import _first, offer_key
 from servesim.engine import routing
 from servesim.jit import Entry, njit, plain_python
 
@@ -48,14 +48,6 @@ NUM_CS = 10
 # the workers' tuples are this long at least: one compile of the loop for every
 # deployment of up to 8 workers (a tuple's length is part of its type)
 WORKERS_PADDED = 8
-
-
-@njit
-def _push(keys_t, keys_o, keys_s, k, t, order, seq):
-    """Worker k's next event is at `(t, order, seq)`, unless the one it has
-    pending comes first (`EngineCore._push_resume`)."""
-    if keys_t[k] == np.inf or _before(t, order, seq, keys_t[k], keys_o[k], keys_s[k]):
-        keys_t[k], keys_o[k], keys_s[k] = t, order, seq
 
 
 @njit
@@ -90,7 +82,7 @@ def _arrive_routed(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, policy, rr, cf
         cs[C_DONE] += 1
     elif ws[W_SEQ] != cs[C_SEQ]:  # it woke the engine: a decision at this instant
         cs[C_SEQ] = ws[W_SEQ]
-        _push(keys_t, keys_o, keys_s, k, now, DECIDE, cs[C_SEQ])
+        offer_key(keys_t, keys_o, keys_s, k, now, DECIDE, cs[C_SEQ])
 
 
 @njit
@@ -145,8 +137,8 @@ def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, policy, rr, cfg_t
             cs[C_DONE] += ws[W_NFIN]
             ws[W_NFIN] = 0
             if state == HORIZON:
-                _push(keys_t, keys_o, keys_s, k, wt_t[k][T_NEXT], ws[W_NEXT_ORDER],
-                      ws[W_NEXT_SEQ])
+                offer_key(keys_t, keys_o, keys_s, k, wt_t[k][T_NEXT], ws[W_NEXT_ORDER],
+                          ws[W_NEXT_SEQ])
             elif state != IDLE:
                 cs[C_FROM] = k
                 return state
@@ -238,12 +230,8 @@ class CompiledCluster:
     def push(self, slot, t, order, seq):
         """Worker `slot`'s next event is at `(t, order, seq)`, unless the one
         it has pending comes first (`EngineCore._push_resume`)."""
-        key = (t, order, seq)
-        if self.keys_t[slot] != np.inf and (self.keys_t[slot], self.keys_o[slot],
-                                            self.keys_s[slot]) < key:
-            return
-        self.keys_t[slot], self.keys_o[slot], self.keys_s[slot] = key
-        if not self._running:
+        if offer_key(self.keys_t, self.keys_o, self.keys_s, slot, float(t), int(order),
+                     int(seq)) and not self._running:
             self._push_next()
 
     def _next_key(self):

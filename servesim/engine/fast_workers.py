@@ -60,6 +60,18 @@ def _first(keys_t, keys_o, keys_s, skip):
 
 
 @njit
+def offer_key(keys_t, keys_o, keys_s, slot, t, order, seq):
+    """Worker `slot`'s next event is at `(t, order, seq)` unless the one it
+    has pending comes first (`EngineCore._push_resume`); whether it is (its
+    own key offered again is)."""
+    if keys_t[slot] != np.inf and _before(keys_t[slot], keys_o[slot], keys_s[slot], t, order,
+                                          seq):
+        return False
+    keys_t[slot], keys_o[slot], keys_s[slot] = t, order, seq
+    return True
+
+
+@njit
 def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, h_time, h_order,
                 h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
     """Run the workers' events up to the horizon (module docstring). Worker k
@@ -100,9 +112,8 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, h_time
         ps[P_LAST] = k
         if state == HORIZON:
             # its next event, unless one pushed meanwhile comes first
-            nt, no, ns = wt_t[k][T_NEXT], ws[W_NEXT_ORDER], ws[W_NEXT_SEQ]
-            if keys_t[k] == np.inf or _before(nt, no, ns, keys_t[k], keys_o[k], keys_s[k]):
-                keys_t[k], keys_o[k], keys_s[k] = nt, no, ns
+            offer_key(keys_t, keys_o, keys_s, k, wt_t[k][T_NEXT], ws[W_NEXT_ORDER],
+                      ws[W_NEXT_SEQ])
         if ws[W_NFIN] or (state != HORIZON and state != IDLE):
             ps[P_FROM] = k
             return state
@@ -155,11 +166,10 @@ class CompiledWorkers:
     def push(self, slot, t, order, seq):
         """Worker `slot`'s next event is at `(t, order, seq)`, unless the one
         it has pending comes first (`EngineCore._push_resume`)."""
-        key = (t, order, seq)
-        if self.keys_t[slot] != np.inf and (self.keys_t[slot], self.keys_o[slot],
-                                            self.keys_s[slot]) < key:
+        if not offer_key(self.keys_t, self.keys_o, self.keys_s, slot, float(t), int(order),
+                         int(seq)):
             return
-        self.keys_t[slot], self.keys_o[slot], self.keys_s[slot] = key
+        key = (t, order, seq)
         if self._running or (self._key is not None and self._key < key):
             return  # the workers' loop reads it, or their event comes first
         self._key = key
