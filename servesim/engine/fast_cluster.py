@@ -32,7 +32,8 @@ import numpy as np
 from servesim.engine.events import ARRIVAL, DECIDE
 from servesim.engine.fast_run import (ARRIVALS_PER_CALL, HORIZON, IDLE, T_NEXT, T_NOW, W_FORCE,
                                       W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN, W_SEQ, _before,
-                                      add_request, log_arguments, padded, run_passes)
+                                      add_request, log_arguments, next_arrival, padded,
+                                      run_passes)
 from servesim.engine.fast_workers import _first, offer_key
 from servesim.engine import routing
 from servesim.jit import Entry, njit, plain_python
@@ -55,15 +56,10 @@ def _arrive_routed(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, policy, rr, cf
                    blocks_t, idmap_t, pscal_t, num_workers, dp, arrival_ms, pinned, worker_of,
                    rank_of, routed, status, scratch, rejected_code):
     """The next arrival, routed and queued (module docstring)."""
-    i = cs[C_ANEXT]
-    cs[C_ANEXT] = i + 1
-    now = arrival_ms[i]
-    if i + 1 < cs[C_AEND]:  # the next arrival's event first (fast_run `_arrive`)
-        cs[C_SEQ] += 1
-        cs[C_ASEQ] = cs[C_SEQ]
     w = group[0][0]
     R = w.R
-    R[i].arrival_time = now
+    i = next_arrival(R, cs, arrival_ms, C_ANEXT, C_AEND, C_ASEQ, C_SEQ)
+    now = arrival_ms[i]
     off = R[i].block_offset
     prompt = R[i].num_prompt_tokens
     c = cfg_t[0][0]

@@ -220,16 +220,27 @@ def add_request(R, cfg, S, wq, ws, wt, i, num_prompt_tokens, now):
 
 
 @njit
+def next_arrival(R, state, arrival_ms, NEXT, END, ASEQ, SEQ):
+    """The next of the arrivals a compiled loop admits itself (request
+    `state[NEXT]`; they end before `state[END]`), as the event loop runs an
+    arrival (`Replay._on_open_arrival`): the following arrival's event is
+    scheduled first (its sequence drawn from `state[SEQ]` into
+    `state[ASEQ]`), then the request arrives at `arrival_ms[i]`. Returns i."""
+    i = state[NEXT]
+    state[NEXT] = i + 1
+    R[i].arrival_time = arrival_ms[i]
+    if i + 1 < state[END]:
+        state[SEQ] += 1
+        state[ASEQ] = state[SEQ]
+    return i
+
+
+@njit
 def _arrive(R, cfg, S, wq, ws, wt, arrival_ms):
     """The next of the arrivals the loop admits itself (a worker of one rank
-    taking an open-loop workload, `CompiledWorker.take_arrivals`), as the
-    event loop would run it: the following arrival's event is scheduled first
-    (its sequence drawn), then the request arrives (`add_request`)."""
-    i = ws[W_ANEXT]
-    ws[W_ANEXT] = i + 1
-    R[i].arrival_time = arrival_ms[i]
-    if i + 1 < ws[W_AEND]:
-        ws[W_ASEQ] = _next_seq(ws)
+    taking an open-loop workload, `CompiledWorker.take_arrivals`): it
+    arrives (`next_arrival`) and is queued (`add_request`)."""
+    i = next_arrival(R, ws, arrival_ms, W_ANEXT, W_AEND, W_ASEQ, W_SEQ)
     add_request(R, cfg, S, wq, ws, wt, i, R[i].num_prompt_tokens, arrival_ms[i])
 
 
