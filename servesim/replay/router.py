@@ -18,7 +18,7 @@ import numpy as np
 from servesim.errors import InputError
 from servesim.engine import routing
 from servesim.engine.routing import RankArrays, RoutePolicy
-from servesim.jit import compiled_for
+from servesim.jit import Entry
 from servesim.scheduler import check
 
 POLICIES = {"round_robin": RoutePolicy.ROUND_ROBIN, "least_loaded": RoutePolicy.LEAST_LOADED,
@@ -45,7 +45,7 @@ class Router:
             self._arrays = RankArrays(self.workers, self.dp)
         return self._arrays
 
-    def check_pinned(self, request_id: str, pinned_rank: int):
+    def _check_pinned(self, request_id: str, pinned_rank: int):
         if pinned_rank >= self.dp:
             raise InputError(
                 f"request {request_id!r}: dp_rank {pinned_rank} is out of range "
@@ -55,7 +55,7 @@ class Router:
               session: int = -1):
         """The (worker, rank) for a request with these prompt block identities
         (`session`: its session's index, -1 outside sessions)."""
-        self.check_pinned(request_id, pinned_rank)
+        self._check_pinned(request_id, pinned_rank)
         if self.policy == "session_affinity":
             target = self._session_target.get(session)
             if target is None or (pinned_rank >= 0 and target[1] != pinned_rank):
@@ -73,14 +73,13 @@ class Router:
 
     def _call(self, kernel, *args):
         """`kernel(*args)`, through its compiled function for these types
-        (jit.compiled_for: no per-argument dispatch at every arrival)."""
+        (jit.Entry, one per kernel and array types: no per-argument dispatch
+        at every arrival)."""
         key = (kernel, *((a.dtype, a.flags.c_contiguous) if isinstance(a, np.ndarray) else None
                          for a in args))
         entry = self._entries.get(key)
         if entry is None:
-            result = kernel(*args)
-            self._entries[key] = compiled_for(kernel, args)
-            return result
+            entry = self._entries[key] = Entry(kernel)
         return entry(*args)
 
     def _round_robin(self, pinned_rank):
