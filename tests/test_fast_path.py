@@ -270,3 +270,76 @@ def test_the_loops_bundle_holds_the_workers_own_arrays():
     for mine, its in ((outs, compiled.outs), (ws, compiled.ws), (wt, compiled.wt),
                       (pulls, compiled.pulls)):
         assert np.shares_memory(mine, its)
+
+
+def test_kernels_compiled_without_reference_counts_hand_back_no_arrays(tmp_path):
+    # `schedule`, `update_from_output` and `_allocate` run without Numba's
+    # reference counts, and so does every kernel they call that does not set
+    # `_nrt` itself (servesim/scheduler/fast.py, "Reference counts"). Such a
+    # kernel may hand back no array: a caller that counts would count the
+    # returned array down once more than it was counted up, and free it under
+    # its owner. Which kernel returns what is seen on the kernels as plain
+    # Python (what a cached compiled run leaves in its dispatchers depends on
+    # the cache): runs with a CPU tier (async), disaggregated DP ranks and
+    # speculative decoding, in the debug mode (whose holders list is an array
+    # handed back, so the watch is seen to work), record every kernel of the
+    # scheduler's and KV cache's modules that returns an array (other functions
+    # of those modules are Python, which counts for itself)
+    import json
+    import subprocess
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    from servesim.kvcache import block_pool, cpu_tier_kernels
+    from servesim.scheduler import fast, fast_queue, speculative
+    from test_plain_python import CPU_TIER_ASYNC, DISAGGREGATED_DP, ROOT, plain_env
+
+    modules = [fast, fast_queue, speculative, block_pool, cpu_tier_kernels]
+    kernels = {(m.__name__, name): k for m in modules for name, k in vars(m).items()
+               if isinstance(k, CPUDispatcher) and k.py_func.__module__ == m.__name__}
+    counted = {key for key, k in kernels.items() if k.targetoptions.get("_nrt") is True}
+    assert fast.schedule.targetoptions["_nrt"] is False
+    assert fast.update_from_output.targetoptions["_nrt"] is False
+    assert fast._allocate.targetoptions["_nrt"] is False
+    speculative_config = CPU_TIER_ASYNC.split("engine:")[0] + """\
+engine:
+  block_size: 16
+  num_gpu_blocks: 48
+  async_scheduling: true
+  speculative: {method: mtp, num_speculative_tokens: 2, acceptance_rates: [0.7, 0.5]}
+  timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}
+"""
+    paths = []
+    for k, text in enumerate([CPU_TIER_ASYNC, DISAGGREGATED_DP, speculative_config]):
+        paths.append(tmp_path / f"config{k}.yaml")
+        paths[-1].write_text(text)
+    script = """
+import importlib, json, sys
+import numpy as np
+from servesim.replay.api import run
+names = %r
+files = {importlib.import_module(n).__file__: n for n in names}
+seen = set()
+
+def holds_an_array(value):
+    return isinstance(value, np.ndarray) or (
+        isinstance(value, tuple) and any(holds_an_array(v) for v in value))
+
+def watch(frame, event, value):
+    if event == "return" and frame.f_code.co_filename in files and holds_an_array(value):
+        seen.add((files[frame.f_code.co_filename], frame.f_code.co_qualname))
+
+sys.setprofile(watch)
+for path in sys.argv[1:]:
+    run(path)
+sys.setprofile(None)
+print(json.dumps(sorted(seen)))
+""" % [m.__name__ for m in modules]
+    env = dict(plain_env(), SERVESIM_CHECK="1")
+    proc = subprocess.run([sys.executable, "-c", script, *map(str, paths)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    returned = {tuple(x) for x in json.loads(proc.stdout.splitlines()[-1])} & kernels.keys()
+    assert ("servesim.scheduler.fast", "_check_holders") in returned
+    assert returned <= counted, returned - counted

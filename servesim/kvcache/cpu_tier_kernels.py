@@ -288,7 +288,7 @@ def update_state_after_alloc(tier, slot_of, jobs, job_times, job_blocks, KS, req
     return j
 
 
-@njit
+@njit(_nrt=True)  # it allocates (`new`), called by kernels compiled without counts
 def prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS, idents, table,
                   first_block, stop_block):
     """`OffloadingConnectorScheduler._get_reqs_to_store` for one request: a

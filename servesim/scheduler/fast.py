@@ -31,6 +31,22 @@ pool's kernels are servesim/kvcache/block_pool.py.
 A pass's output is `out[ROW, e]` for its scheduled entries e (request, tokens,
 cached, kind, flags) plus the preempted and unfinishable requests, and
 `feats[...]` for its counts and pricing features.
+
+Reference counts. `schedule`, `update_from_output` and `_allocate` are
+compiled without Numba's reference counts (`_nrt=False`), and so is every
+kernel they call that does not say otherwise (Numba hands the flag down to
+callees that do not set it). The pass loop calls the first two once per rank
+and pass; counting each of their ~20 array arguments in and out, and every
+view their callees take, was a fifth of a 4-worker run's compiled time
+(benchmarks/RESULTS.md, 2026-12-06). Their callers hold every array they
+get, so nothing is freed under them. Two rules keep this sound. A kernel
+compiled without counts allocates nothing (Numba refuses to compile one
+that does), so those they reach that allocate say `_nrt=True`:
+`_schedule_waiting` (called only when something waits), the CPU tier's
+`prepare_store`, and the debug mode's `_check_after` and `_check_holders`.
+And a kernel they may reach hands back no array unless it says `_nrt=True`
+(a counting caller would count it down once too often;
+tests/test_fast_path.py watches every kernel's returns).
 """
 
 import enum
@@ -127,10 +143,9 @@ NUM_KO_ROWS = 6
 # queue (it writes them). With `kv` None none of this exists (compiled away).
 
 
-# No reference counts in here (`_nrt=False`: it allocates nothing and keeps no
-# array): the running loop calls it for every running request at every pass, and
-# counting its eight arrays in and out was ~a seventh of a 4-worker run's counts
-# (benchmarks/RESULTS.md, 2026-12-04).
+# No reference counts in here, whoever calls it (the waiting loop counts its
+# own; module docstring): the running loop calls it for every running request at
+# every pass (benchmarks/RESULTS.md, 2026-12-04).
 @njit(_nrt=False)
 def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, num_hit,
               reserve_tokens, extra_blocks, delay_cache=False, kv=None):
@@ -146,8 +161,7 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     `watermark`), counting hit blocks nobody holds as used; when it does not
     fit it returns False, changing nothing. With `kv`, the blocks taken from
     the free queue for a pass (not for a load) are noted in KO_NEW_BLOCKS
-    (only `kv[1:3]`, KO and KC, are read: the running loop, which calls this
-    for every running request at every pass, passes `kv[:3]`)."""
+    (only `kv[1:3]`, KO and KC, are read)."""
     bs = cfg[0].block_size
     off = R[i].block_offset
     end = off + R[i].block_capacity
@@ -277,13 +291,10 @@ def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
             continue
         scheduled = True
         while True:
-            if kv is None:
-                fits = _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
-                                 no_hits, 0, 0, 0, False)
-            else:  # kv[:3]: all 13 arrays of `kv` cost ~0.7 s (user) of a 2.2 s trace run
-                fits = _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
-                                 no_hits, 0, 0, 0, False, kv[:3])
-            if fits:
+            # (`kv` whole: without reference counts a slice of it, `kv[:3]`,
+            # made this call ~5× slower, benchmarks/RESULTS.md 2026-12-06)
+            if _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, no_hits,
+                         0, 0, 0, False, kv):
                 break
             n_run = S[0].num_running
             v = _victim_index(R, running, n_run, priority)
@@ -384,7 +395,7 @@ def _admission_tokens(cfg, num_new, threshold, budget):
     return min(num_new, budget)
 
 
-@njit
+@njit(_nrt=True)  # it allocates (`hits`, `skipped`): counted, whoever calls it
 def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
                       out, feats, budget, threshold, kv=None):
     """Admission, strict head of line (docs/engine.md §3, waiting loop).
@@ -809,7 +820,7 @@ def _update_after_schedule(R, cfg, S, out, feats):
         out[O_FLAGS, e] = flags
 
 
-@njit
+@njit(_nrt=False)  # see "Reference counts" in the module docstring
 def schedule(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats,
              kv=None, held=None):
     """One `Scheduler.schedule()`; fills `out` and `feats` (and, with `kv`,
@@ -837,11 +848,11 @@ def schedule(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, 
             _connector_after_schedule(R, idents, tables, cfg, out, feats, kv)
     feats[FREE_BLOCKS] = pscal[bp.NUM_FREE]
     if cfg[0].invariant_check:
-        check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                   _check_holders(S, running, kv, held), out, feats, check.AFTER_SCHEDULE, -1)
+        _check_after(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, kv, held,
+                     out, feats, check.AFTER_SCHEDULE, -1)
 
 
-@njit
+@njit(_nrt=True)  # it allocates and hands back its array (module docstring)
 def _check_holders(S, running, kv=None, held=None):
     """The requests that hold G1 blocks outside `running` and the waiting
     queue, for the debug mode's check: those in `waiting_for_kv` (a CPU-tier
@@ -897,6 +908,15 @@ def check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, oth
                      cfg[0].block_size, cfg[0].num_speculative_tokens,
                      cfg[0].max_model_len, cfg[0].invariant_check == 2,
                      S[0].pending_prefill_tokens, where, pass_index)
+
+
+@njit(_nrt=True)  # it allocates; called by kernels compiled without counts
+def _check_after(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, kv, held, out,
+                 feats, where, pass_index):
+    """`check_pass` with the holders `_check_holders` finds: the debug
+    mode's check, as `schedule` and `update_from_output` call it."""
+    check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
+               _check_holders(S, running, kv, held), out, feats, where, pass_index)
 
 
 @njit(inline="always")
@@ -977,7 +997,7 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
     return 1 + accepted
 
 
-@njit
+@njit(_nrt=False)  # see "Reference counts" in the module docstring
 def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
                        out, n_sched, release_ms, pass_index, detokenize_ms, client_ms,
                        token_offsets, last_client, finished, kv=None, held=None):
@@ -1063,9 +1083,8 @@ def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, ru
                 kept += 1
         S[0].num_running = kept
     if cfg[0].invariant_check:
-        check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                   _check_holders(S, running, kv, held), out, out[0, :0], check.AFTER_OUTPUT,
-                   pass_index)
+        _check_after(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, kv, held,
+                     out, out[0, :0], check.AFTER_OUTPUT, pass_index)
     return num_finished
 
 
