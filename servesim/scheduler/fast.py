@@ -148,7 +148,7 @@ NUM_KO_ROWS = 6
 # every pass (benchmarks/RESULTS.md, 2026-12-04).
 @njit(_nrt=False)
 def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, num_hit,
-              reserve_tokens, extra_blocks, delay_cache=False, kv=None):
+              reserve_tokens, extra_blocks, delay_cache=False):
     """`KVCacheManager.allocate_slots` (vllm/v1/core/kv_cache_manager.py) over the table.
     Slots cover `min(total + num_lookahead_tokens, max_model_len)` tokens
     (the lookahead is k under speculative decoding, else 0); blocks are
@@ -159,13 +159,11 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     free-block check covers `max(those blocks, reserve_tokens' blocks) +
     extra_blocks` (the admission checks of `reserve_full_isl` and
     `watermark`), counting hit blocks nobody holds as used; when it does not
-    fit it returns False, changing nothing. With `kv`, the blocks taken from
-    the free queue for a pass (not for a load) are noted in KO_NEW_BLOCKS
-    (only `kv[1:3]`, KO and KC, are read)."""
+    fit it returns False, changing nothing. (A rank with `kv` then notes
+    the blocks it took for the pass: `_note_new_blocks`.)"""
     bs = cfg[0].block_size
     off = R[i].block_offset
     end = off + R[i].block_capacity
-    held_before = R[i].num_held_blocks
     total = R[i].num_computed_tokens + num_hit * bs + num_new
     needed = -(-min(total + cfg[0].num_lookahead_tokens, cfg[0].max_model_len) // bs)
     checked = max(needed, -(-reserve_tokens // bs)) + extra_blocks
@@ -178,19 +176,26 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     # else: the blocks it holds cover the tokens and the check (most decodes)
     if num_hit > 0:
         R[i].num_cached_blocks = num_hit
-    if kv is not None:
-        if delay_cache:
-            return True
-        KO, KC = kv[1], kv[2]
-        n = KC[KO_NEW_BLOCKS]
-        if n + R[i].num_held_blocks - held_before - num_hit > KO.shape[1]:
-            raise RuntimeError("KO_NEW_BLOCKS overflows")
-        for k in range(off + held_before + num_hit, off + R[i].num_held_blocks):
-            KO[KO_NEW_BLOCKS, n] = tables[k]
-            n += 1
-        KC[KO_NEW_BLOCKS] = n
-    cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
+    if not delay_cache:
+        cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
     return True
+
+
+@njit(inline="always")  # (called only where `kv` exists: its arrays are not passed)
+def _note_new_blocks(R, tables, KO, KC, i, first):
+    """The blocks request i just took from the free queue for a pass (not
+    for a load), its table's entries from `first` on, noted in
+    KO_NEW_BLOCKS: the pass writes them, so it starts no earlier than the
+    CPU tier's stores still reading them (docs/engine.md §9). vLLM's
+    connector sees them in the pass's block ids (`update_state_after_alloc`)."""
+    n = KC[KO_NEW_BLOCKS]
+    off = R[i].block_offset
+    if n + R[i].num_held_blocks - first > KO.shape[1]:
+        raise RuntimeError("KO_NEW_BLOCKS overflows")
+    for k in range(off + first, off + R[i].num_held_blocks):
+        KO[KO_NEW_BLOCKS, n] = tables[k]
+        n += 1
+    KC[KO_NEW_BLOCKS] = n
 
 
 @njit(inline="always")  # runs for every sampled token: kept to a compare
@@ -291,10 +296,11 @@ def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
             continue
         scheduled = True
         while True:
-            # (`kv` whole: without reference counts a slice of it, `kv[:3]`,
-            # made this call ~5× slower, benchmarks/RESULTS.md 2026-12-06)
+            held = R[i].num_held_blocks
             if _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, no_hits,
-                         0, 0, 0, False, kv):
+                         0, 0, 0):
+                if kv is not None:
+                    _note_new_blocks(R, tables, kv[1], kv[2], i, held)
                 break
             n_run = S[0].num_running
             v = _victim_index(R, running, n_run, priority)
@@ -468,9 +474,12 @@ def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
                 break
             num_new += drafts
         reserve, extra = _admission_reserve(R, cfg, S, i)
+        held = R[i].num_held_blocks
         if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
-                         hits[:num_hit], num_hit, reserve, extra, False, kv):
+                         hits[:num_hit], num_hit, reserve, extra):
             break
+        if kv is not None:
+            _note_new_blocks(R, tables, kv[1], kv[2], i, held + num_hit)
         wq_pop(R, S, wq, priority)
         _admit(R, S, running, out, feats, i, hit, num_new, hit, drafts, cfg, kv)
         budget -= num_new
@@ -544,7 +553,7 @@ def _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S, wq, hits, num_h
     (KO_LOAD_REQS lists it). False, changing nothing, if it does not fit."""
     reserve, extra = _admission_reserve(R, cfg, S, i)
     if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_tokens, hits,
-                     num_hit, reserve, extra, True, kv):
+                     num_hit, reserve, extra, True):
         return False
     wq_pop(R, S, wq, cfg[0].priority_scheduling)
     wfk, KO, KC = kv[0], kv[1], kv[2]
@@ -581,9 +590,11 @@ def _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S, running, o
         if num_new < 0:
             return 0
         reserve, extra = _admission_reserve(R, cfg, S, i)
+        held = R[i].num_held_blocks
         if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
-                         np.zeros(0, dtype=np.int64), 0, reserve, extra, False, kv):
+                         np.zeros(0, dtype=np.int64), 0, reserve, extra):
             return 0
+        _note_new_blocks(R, tables, kv[1], kv[2], i, held)
         n = S[0].num_waiting_for_kv - 1
         for m in range(k, n):
             wfk[m] = wfk[m + 1]
