@@ -186,8 +186,9 @@ def _note_new_blocks(R, tables, KO, KC, i, first):
     """The blocks request i just took from the free queue for a pass (not
     for a load), its table's entries from `first` on, noted in
     KO_NEW_BLOCKS: the pass writes them, so it starts no earlier than the
-    CPU tier's stores still reading them (docs/engine.md §9). vLLM's
-    connector sees them in the pass's block ids (`update_state_after_alloc`)."""
+    CPU tier's stores still reading them (docs/engine.md §9): vLLM's
+    offloading connector reads them from the pass's new block ids, after
+    `allocate_slots`."""
     n = KC[KO_NEW_BLOCKS]
     off = R[i].block_offset
     if n + R[i].num_held_blocks - first > KO.shape[1]:
