@@ -63,13 +63,15 @@ class Router:
                 if session >= 0:
                     self._session_target[session] = target
             return target
-        if self.code == RoutePolicy.KV_AWARE:
-            return self._kv_aware(num_prompt_tokens, idents, pinned_rank)
-        if self.code == RoutePolicy.LEAST_LOADED:
-            a = self.arrays
-            return a.target(self._call(routing.least_loaded, a.S_t, a.pscal_t, a.num_gpu_blocks,
-                                       a.num_workers, a.dp, pinned_rank))
-        return self._round_robin(pinned_rank)
+        if self._checking and self.code == RoutePolicy.KV_AWARE:
+            self._check_kept_counts(pinned_rank)
+        a = self.arrays
+        if num_prompt_tokens // a.block_size > len(self._scratch):  # kv_aware's cached run
+            self._scratch = np.zeros(num_prompt_tokens // a.block_size, dtype=np.int64)
+        return a.target(self._call(routing.route, int(self.code), a.rr, a.blocks_t, a.idmap_t,
+                                   a.S_t, a.pscal_t, a.num_gpu_blocks, a.num_workers, a.dp,
+                                   pinned_rank, idents, self._scratch, num_prompt_tokens,
+                                   a.block_size, a.enable_caching))
 
     def _call(self, kernel, *args):
         """`kernel(*args)`, through its compiled function for these types
@@ -86,22 +88,15 @@ class Router:
         a = self.arrays
         return a.target(self._call(routing.round_robin, a.rr, a.num_workers, a.dp, pinned_rank))
 
-    def _kv_aware(self, num_prompt_tokens, idents, pinned_rank):
-        """`kv_aware`'s choice: one kernel call over the candidate ranks."""
-        a = self.arrays
-        max_blocks = (num_prompt_tokens - 1) // a.block_size if a.enable_caching else 0
-        if max_blocks > len(self._scratch):
-            self._scratch = np.zeros(max_blocks, dtype=np.int64)
-        if self._checking:  # the debug mode: every candidate's kept count against its scan
-            for j, rank in enumerate(a.ranks):
-                if pinned_rank >= 0 and j % self.dp != pinned_rank:
-                    continue
-                s = rank.scheduler
-                S = s.S[0]
-                check.check_pending_prefill(
-                    s.table.R, s.running, S["num_running"], s.wq,
-                    0 if s.priority else S["waiting_head"], S["num_waiting"],
-                    S["pending_prefill_tokens"], check.AT_ARRIVAL, S["num_checked_passes"])
-        return a.target(self._call(routing.kv_aware, a.blocks_t, a.idmap_t, a.S_t,
-                                   a.num_workers, a.dp, pinned_rank, idents, max_blocks,
-                                   self._scratch, num_prompt_tokens, a.block_size))
+    def _check_kept_counts(self, pinned_rank):
+        """The debug mode, before a `kv_aware` choice: every candidate rank's
+        kept count of pending prefill tokens against a scan of its queues."""
+        for j, rank in enumerate(self.arrays.ranks):
+            if pinned_rank >= 0 and j % self.dp != pinned_rank:
+                continue
+            s = rank.scheduler
+            S = s.S[0]
+            check.check_pending_prefill(
+                s.table.R, s.running, S["num_running"], s.wq,
+                0 if s.priority else S["waiting_head"], S["num_waiting"],
+                S["pending_prefill_tokens"], check.AT_ARRIVAL, S["num_checked_passes"])
