@@ -34,7 +34,7 @@ from servesim.engine.fast_run import (ARRIVALS_PER_CALL, HORIZON, IDLE, T_NEXT, 
                                       W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN, W_SEQ, _before,
                                       add_request, log_arguments, next_arrival, padded,
                                       run_passes)
-from servesim.engine.fast_workers import _first, offer_key
+from servesim.engine.fast_workers import _first, offer_key, run_reporting
 from servesim.engine import routing
 from servesim.jit import Entry, njit, plain_python
 
@@ -265,26 +265,21 @@ class CompiledCluster:
         if token != self._token:
             return  # replaced by another
         self._running = True
-        loop = self.loop
         cs = self.cs
         r = self.ranks
         cs[C_FORCE] = 1
-        while True:
-            cs[C_SEQ] = loop.seq
+
+        def call():
             cs[C_ALIMIT] = min(cs[C_AEND], cs[C_ANEXT] + ARRIVALS_PER_CALL)
             h = self.observer.horizon_key()
-            state = self._entry(self._arguments(), self.ws_t, self.wt_t, self.keys_t,
-                                self.keys_o, self.keys_s, cs, self.policy, r.rr, r.cfg_t, r.S_t,
-                                r.wq_t, r.blocks_t, r.idmap_t, r.pscal_t, r.num_workers, r.dp,
-                                self.arrival_ms, self.pinned, self.worker_of, self.rank_of,
-                                self.routed, self.status, self.scratch, *self.codes,
-                                float(h[0]), int(h[1]), int(h[2]), *log_arguments(self.pass_log))
-            loop.seq = int(cs[C_SEQ])
-            k = int(cs[C_FROM])
-            if k < 0:
-                break
-            if self.cores[k].report(state):
-                cs[C_CONT] = k
+            return self._entry(self._arguments(), self.ws_t, self.wt_t, self.keys_t,
+                               self.keys_o, self.keys_s, cs, self.policy, r.rr, r.cfg_t, r.S_t,
+                               r.wq_t, r.blocks_t, r.idmap_t, r.pscal_t, r.num_workers, r.dp,
+                               self.arrival_ms, self.pinned, self.worker_of, self.rank_of,
+                               self.routed, self.status, self.scratch, *self.codes,
+                               float(h[0]), int(h[1]), int(h[2]), *log_arguments(self.pass_log))
+
+        state = run_reporting(self.loop, self.cores, cs, C_SEQ, C_FROM, C_CONT, call)
         self._running = False
         for j, rank in enumerate(r.ranks):
             rank.num_requests = int(self.routed[j])

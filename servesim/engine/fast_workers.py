@@ -71,6 +71,24 @@ def offer_key(keys_t, keys_o, keys_s, slot, t, order, seq):
     return True
 
 
+def run_reporting(loop, cores, state, SEQ, FROM, CONT, call):
+    """Call a compiled loop over workers (`call()`, its int64 state array
+    `state`) until it returns for none of them, and return what it last
+    returned. The event loop's sequence counter goes in (`state[SEQ]`) and
+    comes back out; when the loop returns for worker `state[FROM]`, that
+    worker's core reports it (`EngineCore.report`), and when the core says
+    so the next call carries on with that worker (`state[CONT]`)."""
+    while True:
+        state[SEQ] = loop.seq
+        result = call()
+        loop.seq = int(state[SEQ])
+        k = int(state[FROM])
+        if k < 0:
+            return result
+        if cores[k].report(result):
+            state[CONT] = k
+
+
 @njit
 def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, h_time, h_order,
                 h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
@@ -195,21 +213,16 @@ class CompiledWorkers:
             return  # replaced by an earlier event
         self._key = None
         self._running = True
-        loop = self.loop
         ps = self.ps
         ps[P_FORCE] = 1
-        while True:
-            ps[P_SEQ] = loop.seq
+
+        def call():
             h = self.observer.horizon_key()
-            state = self._entry(*self._arguments(), self.keys_t, self.keys_o, self.keys_s, ps,
-                                float(h[0]), int(h[1]), int(h[2]),
-                                *fast_run.log_arguments(self.pass_log))
-            loop.seq = int(ps[P_SEQ])
-            k = int(ps[P_FROM])
-            if k < 0:
-                break
-            if self.cores[k].report(state):
-                ps[P_CONT] = k
+            return self._entry(*self._arguments(), self.keys_t, self.keys_o, self.keys_s, ps,
+                               float(h[0]), int(h[1]), int(h[2]),
+                               *fast_run.log_arguments(self.pass_log))
+
+        state = run_reporting(self.loop, self.cores, ps, P_SEQ, P_FROM, P_CONT, call)
         self._running = False
         if state == HORIZON:
             k = int(np.lexsort((self.keys_s, self.keys_o, self.keys_t))[0])
