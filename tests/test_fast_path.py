@@ -273,17 +273,19 @@ def test_the_loops_bundle_holds_the_workers_own_arrays():
 
 
 def test_kernels_compiled_without_reference_counts_hand_back_no_arrays(tmp_path):
-    # `schedule`, `update_from_output` and `_allocate` run without Numba's
-    # reference counts, and so does every kernel they call that does not set
-    # `_nrt` itself (servesim/scheduler/fast.py, "Reference counts"). Such a
-    # kernel may hand back no array: a caller that counts would count the
-    # returned array down once more than it was counted up, and free it under
-    # its owner. Which kernel returns what is seen on the kernels as plain
-    # Python (what a cached compiled run leaves in its dispatchers depends on
-    # the cache): runs with a CPU tier (async), disaggregated DP ranks and
-    # speculative decoding, in the debug mode (whose holders list is an array
-    # handed back, so the watch is seen to work), record every kernel of the
-    # scheduler's and KV cache's modules that returns an array (other functions
+    # The pass loop and the loops over workers that call it, `schedule`,
+    # `update_from_output` and `_allocate` run without Numba's reference
+    # counts, and so does every kernel they call that does not set `_nrt`
+    # itself (servesim/scheduler/fast.py, "Reference counts"). Such a kernel
+    # may hand back no array: a caller that counts would count the returned
+    # array down once more than it was counted up, and free it under its
+    # owner. Which kernel returns what is seen on the kernels as plain Python
+    # (what a cached compiled run leaves in its dispatchers depends on the
+    # cache): runs with a CPU tier (async), disaggregated DP ranks,
+    # speculative decoding and two aggregated workers routed in the compiled
+    # loop, in the debug mode (whose holders list is an array handed back, so
+    # the watch is seen to work), record every kernel of the scheduler's, KV
+    # cache's and pass loop's modules that returns an array (other functions
     # of those modules are Python, which counts for itself)
     import json
     import subprocess
@@ -291,17 +293,20 @@ def test_kernels_compiled_without_reference_counts_hand_back_no_arrays(tmp_path)
 
     from numba.core.registry import CPUDispatcher
 
+    from servesim.engine import (fast_cluster, fast_disagg, fast_run, fast_workers, launch,
+                                 pricing, routing)
     from servesim.kvcache import block_pool, cpu_tier_kernels
     from servesim.scheduler import fast, fast_queue, speculative
-    from test_plain_python import CPU_TIER_ASYNC, DISAGGREGATED_DP, ROOT, plain_env
+    from test_plain_python import CPU_TIER_ASYNC, DISAGGREGATED_DP, ROOT, plain_env, workload
 
-    modules = [fast, fast_queue, speculative, block_pool, cpu_tier_kernels]
+    modules = [fast, fast_queue, speculative, block_pool, cpu_tier_kernels, fast_run,
+               fast_disagg, fast_workers, fast_cluster, routing, pricing, launch]
     kernels = {(m.__name__, name): k for m in modules for name, k in vars(m).items()
                if isinstance(k, CPUDispatcher) and k.py_func.__module__ == m.__name__}
     counted = {key for key, k in kernels.items() if k.targetoptions.get("_nrt") is True}
-    assert fast.schedule.targetoptions["_nrt"] is False
-    assert fast.update_from_output.targetoptions["_nrt"] is False
-    assert fast._allocate.targetoptions["_nrt"] is False
+    for kernel in (fast.schedule, fast.update_from_output, fast._allocate, fast_run.run_passes,
+                   fast_workers.run_workers, fast_cluster.run_cluster):
+        assert kernel.targetoptions["_nrt"] is False, kernel
     speculative_config = CPU_TIER_ASYNC.split("engine:")[0] + """\
 engine:
   block_size: 16
@@ -311,7 +316,12 @@ engine:
   timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}
 """
     paths = []
-    for k, text in enumerate([CPU_TIER_ASYNC, DISAGGREGATED_DP, speculative_config]):
+    two_workers = workload(9) + """\
+engine: {block_size: 16, num_gpu_blocks: 48, timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}}
+cluster: {workers: 2, router: kv_aware}
+"""
+    for k, text in enumerate([CPU_TIER_ASYNC, DISAGGREGATED_DP, speculative_config,
+                              two_workers]):
         paths.append(tmp_path / f"config{k}.yaml")
         paths[-1].write_text(text)
     script = """

@@ -81,7 +81,7 @@ def _arrive_routed(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, policy, rr, cf
         offer_key(keys_t, keys_o, keys_s, k, now, DECIDE, cs[C_SEQ])
 
 
-@njit
+@njit(_nrt=False)
 def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, policy, rr, cfg_t, S_t, wq_t,
                 blocks_t, idmap_t, pscal_t, num_workers, dp, arrival_ms, pinned, worker_of,
                 rank_of, routed, status, scratch, finished_code, rejected_code, h_time, h_order,

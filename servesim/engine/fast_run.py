@@ -312,7 +312,7 @@ def _has_requests(S_t, ranks):
     return False
 
 
-@njit
+@njit(_nrt=False)
 def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin,
                lcount):
     """Run the worker's events up to the horizon (module docstring); returns
@@ -330,7 +330,11 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
     rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
     `link_free`, `link_of`, `xparams` the handoffs' transfers and links
     (engine/fast_disagg.py); a decode decision's transfers go into
-    `pulls[:ws[W_NPULL]]` for the core to tell their senders."""
+    `pulls[:ws[W_NPULL]]` for the core to tell their senders.
+
+    Compiled without reference counts, as the scheduler's kernels it calls
+    (servesim/scheduler/fast.py, "Reference counts"): the caller holds every
+    array `w` and `kv_t` bundle for the call."""
     ws = w.ws  # (read everywhere below: held for the call)
     wt = w.wt
     ranks = w.feats.shape[1]
@@ -477,7 +481,6 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
                 S = w.S_t[r]
                 w.feats[tail, r, :] = 0
                 if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
-                    holders = fast._check_holders(S, w.running_t[r], rank_kv(kv_t, r), w.held_t[r])
                     if kv_t is not None:
                         KC = kv_t[r][2]
                         for row in range(fast.NUM_KO_ROWS):
@@ -486,7 +489,8 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
                     n_taken += fast.take_out_all(w.R, w.idents, w.tables, w.blocks_t[r],
                                                  w.idmap_t[r], w.pscal_t[r], w.cfg, S,
                                                  w.running_t[r], w.wq_t[r],
-                                                 priority, holders, w.outs[tail, r],
+                                                 priority, rank_kv(kv_t, r), w.held_t[r],
+                                                 w.outs[tail, r],
                                                  w.feats[tail, r], w.taken[n_taken:])
                     continue
                 fast.schedule(w.R, w.idents, w.tables, w.blocks_t[r], w.idmap_t[r], w.pscal_t[r],
@@ -503,6 +507,8 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
                         _submit_decided(kv_t[r], t)
                 elif pool == POOL_DECODE:
                     for r in range(ranks):
+                        if kv_t[r][2][fast.KO_LOADS] == 0:
+                            continue  # no pull decided
                         n_pulls = _submit_pulls(w.R, kv_t[r], w.side_pending_t[r],
                                                 w.side_state_t[r], w.XI, w.XF, w.link_free,
                                                 w.link_of, w.xparams, t, w.pulls, n_pulls)

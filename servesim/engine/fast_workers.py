@@ -89,7 +89,7 @@ def run_reporting(loop, cores, state, SEQ, FROM, CONT, call):
             state[CONT] = k
 
 
-@njit
+@njit(_nrt=False)
 def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, h_time, h_order,
                 h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
     """Run the workers' events up to the horizon (module docstring). Worker k

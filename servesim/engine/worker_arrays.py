@@ -9,6 +9,11 @@ a reference count on and off for each of them and a copy of every array's
 descriptor, a few µs a switch; a StructRef is handed over as one pointer, and
 its fields are read where they are used.
 
+A field is read through the bundle's MemInfo without the runtime's helper
+(`_payload`), so that the loop can be compiled without Numba's reference
+counts (servesim/scheduler/fast.py, "Reference counts"): Numba's own
+StructRef reads call that helper, which such kernels may not.
+
 The fields carry the names the loop's docstring uses (the request table `R`,
 its `idents` and block `tables`, the scheduler's `cfg`, each rank's arrays as
 tuples `*_t`, the batch queue's `outs` / `feats` / `pidx` / `ptime` / `pseq`,
@@ -19,8 +24,12 @@ tier or remote KV, and the loop's code for it is chosen by that argument's
 type when it compiles.
 """
 
-from numba.core import types
+from numba.core import cgutils, imputils, types
+from numba.core.datamodel import default_manager, models
+from numba.core.runtime.nrtdynmod import _meminfo_struct_type
+from numba.core.typing.templates import AttributeTemplate
 from numba.experimental import structref
+from numba.extending import infer_getattr, lower_getattr_generic, lower_setattr_generic
 
 from servesim.jit import njit, plain_python
 
@@ -41,10 +50,50 @@ FIELDS = (
 )
 
 
-@structref.register
 class WorkerArraysType(types.StructRef):
     def preprocess_fields(self, fields):
         return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+default_manager.register(WorkerArraysType, models.StructRefModel)
+
+
+@infer_getattr
+class _Fields(AttributeTemplate):
+    key = WorkerArraysType
+
+    def generic_resolve(self, typ, attr):
+        return typ.field_dict.get(attr)
+
+
+def _payload(context, builder, typ, val):
+    """The bundle's fields, read through its MemInfo's data pointer without
+    the runtime's helper (which kernels compiled without reference counts
+    may not call): the same load `NRT_MemInfo_data_fast` makes."""
+    meminfo = cgutils.create_struct_proxy(typ)(context, builder, value=val).meminfo
+    mi = builder.bitcast(meminfo, _meminfo_struct_type.as_pointer())
+    data = builder.load(cgutils.gep_inbounds(builder, mi, 0, 3))
+    payload_type = typ.get_data_type()
+    ptr = builder.bitcast(data, context.get_value_type(payload_type).as_pointer())
+    return cgutils.create_struct_proxy(payload_type)(context, builder, ref=ptr)
+
+
+@lower_getattr_generic(WorkerArraysType)
+def _getattr(context, builder, typ, val, attr):
+    value = getattr(_payload(context, builder, typ, val), attr)
+    return imputils.impl_ret_borrowed(context, builder, typ.field_dict[attr], value)
+
+
+@lower_setattr_generic(WorkerArraysType)
+def _setattr(context, builder, sig, args, attr):
+    typ, value_type = sig.args
+    instance, value = args
+    payload = _payload(context, builder, typ, instance)
+    value = context.cast(builder, value, value_type, typ.field_dict[attr])
+    old = getattr(payload, attr)
+    context.nrt.incref(builder, value_type, value)
+    context.nrt.decref(builder, value_type, old)
+    setattr(payload, attr, value)
 
 
 class WorkerArrays(structref.StructRefProxy):

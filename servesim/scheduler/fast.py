@@ -38,8 +38,12 @@ kernel they call that does not say otherwise (Numba hands the flag down to
 callees that do not set it). The pass loop calls the first two once per rank
 and pass; counting each of their ~20 array arguments in and out, and every
 view their callees take, was a fifth of a 4-worker run's compiled time
-(benchmarks/RESULTS.md, 2026-12-06). Their callers hold every array they
-get, so nothing is freed under them. Two rules keep this sound. A kernel
+(benchmarks/RESULTS.md, 2026-12-06). The pass loop itself
+(engine/fast_run.py `run_passes`) and the loops over workers that call it
+(engine/fast_workers.py, engine/fast_cluster.py) are compiled so too: the
+loop handed each call a rank's `kv` bundle of 13 arrays, counted in and out
+at every pass. Their callers hold every array they get, so nothing is freed
+under them. Two rules keep this sound. A kernel
 compiled without counts allocates nothing (Numba refuses to compile one
 that does), so those they reach that allocate say `_nrt=True`:
 `_schedule_waiting` (called only when something waits), the CPU tier's
@@ -1162,11 +1166,12 @@ def pending_prefill_tokens(S):
 
 @njit
 def take_out_all(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, priority,
-                 holders, out, feats, taken):
+                 kv, held, out, feats, taken):
     """Take every running and waiting request out as unfinished (a livelock:
     more than LIVELOCK_PREEMPTIONS preemptions since a token was sampled),
-    then, in the debug mode, check the rank (`holders`: the requests holding
-    blocks outside the queues). Returns how many."""
+    then, in the debug mode, check the rank (`_check_after`; `kv`, `held`:
+    the rank's, for the requests holding blocks outside the queues).
+    Returns how many."""
     n = 0
     for k in range(S[0].num_running):
         i = running[k]
@@ -1183,8 +1188,8 @@ def take_out_all(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, p
         n += 1
     S[0].preemptions_since_token = 0
     if cfg[0].invariant_check:
-        check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, holders, out,
-                   feats[:0], check.AFTER_TAKE_OUT, S[0].num_checked_passes)
+        _check_after(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, kv, held,
+                     out, feats[:0], check.AFTER_TAKE_OUT, S[0].num_checked_passes)
     return n
 
 
@@ -1423,7 +1428,7 @@ class FastScheduler:
         if self.S[0]["preemptions_since_token"] > LIVELOCK_PREEMPTIONS:
             n = take_out_all(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
                              self.S, self.running, self.wq, self.priority,
-                             self._check_holders(), out, feats, self.finished_buffer)
+                             self.kv_state, self.held, out, feats, self.finished_buffer)
             self.unfinishable.extend(self.finished_buffer[:n].tolist())
             if self.kv_state is not None:
                 KC = self.kv_state[2]
