@@ -353,3 +353,45 @@ print(json.dumps(sorted(seen)))
     returned = {tuple(x) for x in json.loads(proc.stdout.splitlines()[-1])} & kernels.keys()
     assert ("servesim.scheduler.fast", "_check_holders") in returned
     assert returned <= counted, returned - counted
+
+
+def test_a_decode_workers_finishes_and_pulls_stay_in_the_loop_over_workers():
+    # An open loop of 1 prefill + 2 decode workers: a decode worker's finishes
+    # (they release nothing) and its decisions' pulls are taken by the compiled
+    # loop over the workers (engine/fast_workers.py `run_workers`), which then
+    # carries on; its cores report only the prefill finishes (the handoffs).
+    # The records are those of the same run with the finishes handed back to
+    # the cores one by one (as a closed loop's must be)
+    from servesim.engine.fast_workers import CompiledWorkers
+    from helpers import make_config, make_workload
+
+    rows = [{"id": f"r{i}", "t": 4 * i, "P": 48 + 8 * (i % 5), "O": 3 + i % 7,
+             "hash_ids": [i % 3] + [100 * i + j for j in range(1, 6)]} for i in range(30)]
+    config = make_config(cluster={"mode": "disaggregated", "prefill_workers": 1,
+                                  "decode_workers": 2,
+                                  "kv_transfer": {"bytes_per_token": 131072,
+                                                  "bandwidth_gbps": 50}},
+                         output={}, block_size=16, num_gpu_blocks=64)
+    reported = []
+    report = EngineCore.report
+
+    def spy(core, state):
+        c = core.compiled
+        reported.append((core.pool, state, int(c.ws[fast_run.W_NFIN]),
+                         int(c.ws[fast_run.W_NPULL])))
+        return report(core, state)
+
+    with patch.object(EngineCore, "report", spy):
+        in_loop = simulate(config, make_workload(rows))
+    decode = [r for r in reported if r[0] == "decode"]
+    assert all(nfin == 0 and npull == 0 for _, _, nfin, npull in decode), decode
+    assert sum(nfin for pool, _, nfin, _ in reported if pool == "prefill") == 30
+    assert in_loop.records.status.tolist() == [STATUS_FINISHED] * 30
+    assert (in_loop.records.transferred_tokens > 0).sum() > 20  # pulled, not held already
+
+    reported.clear()
+    with patch.object(EngineCore, "report", spy), \
+            patch.object(CompiledWorkers, "finish_in_loop", lambda *args: None):
+        by_cores = simulate(config, make_workload(rows))
+    assert sum(nfin for pool, _, nfin, _ in reported if pool == "decode") == 30
+    same_results(in_loop, by_cores)

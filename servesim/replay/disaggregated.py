@@ -35,7 +35,7 @@ from servesim.engine import fast_disagg
 from servesim.engine.core import EngineCore
 from servesim.engine.fast_workers import CompiledWorkers
 from servesim.replay.driver import Replay
-from servesim.results.records import STATUS_REJECTED, PoolStats, RunStats
+from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED, PoolStats, RunStats
 from servesim.replay.router import Router
 from servesim.scheduler import fast_table
 from servesim.scheduler.fast import FastScheduler
@@ -194,8 +194,11 @@ class DisaggregatedReplay(Replay):
         sides.connect(self.prefill_workers, self.decode_workers, cluster.kv_transfer)
         self.workers = self.prefill_workers + self.decode_workers
         self._use_compiled_log(buffer)
+        self.runner = None  # the workers' compiled loop (engine/fast_workers.py)
+        self._runner_done = 0  # the finishes it marked, accounted for
         if CompiledWorkers.fit(self.workers, len(self.prefill_workers)):
-            CompiledWorkers(self.workers, len(self.prefill_workers), self.loop, self, buffer)
+            self.runner = CompiledWorkers(self.workers, len(self.prefill_workers), self.loop,
+                                          self, buffer)
         (prefill_key, _), (decode_key, _) = cluster.data_parallel_widths()
         self.router = Router(cluster.router, self.prefill_workers, prefill_dp, prefill_key)
         self.decode_router = Router(cluster.router, self.decode_workers, decode_dp, decode_key)
@@ -227,6 +230,20 @@ class DisaggregatedReplay(Replay):
 
     def _tables(self):
         return [self.sides.prefill, self.sides.decode]
+
+    def _schedule_arrivals(self):
+        super()._schedule_arrivals()
+        if (self.runner is not None and self.workload.concurrency is None
+                and self.sessions is None):
+            # an open loop: a decode finish releases nothing (`on_done`)
+            self.runner.finish_in_loop(self.status, STATUS_FINISHED)
+
+    def on_progress(self, core=None):
+        if self.runner is not None:  # the finishes the workers' loop marked (`on_done`)
+            done = self.runner.done
+            self.num_done += done - self._runner_done
+            self._runner_done = done
+        super().on_progress(core)
 
     def horizon_key(self):
         """The pools touch each other (a prefill finish hands a request to a
