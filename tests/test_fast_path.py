@@ -355,43 +355,55 @@ print(json.dumps(sorted(seen)))
     assert returned <= counted, returned - counted
 
 
-def test_a_decode_workers_finishes_and_pulls_stay_in_the_loop_over_workers():
-    # An open loop of 1 prefill + 2 decode workers: a decode worker's finishes
-    # (they release nothing) and its decisions' pulls are taken by the compiled
-    # loop over the workers (engine/fast_workers.py `run_workers`), which then
-    # carries on; its cores report only the prefill finishes (the handoffs).
-    # The records are those of the same run with the finishes handed back to
-    # the cores one by one (as a closed loop's must be)
-    from servesim.engine.fast_workers import CompiledWorkers
+def test_a_disaggregated_open_loop_stays_in_the_loop_over_workers():
+    # An open loop of 1 prefill + 2 decode workers: the arrivals (routed to
+    # the prefill pool), the handoffs (routed to the decode pool), a decode
+    # decision's pulls and the finishes are all taken by the compiled loop
+    # over the workers (engine/fast_workers.py `run_workers`): no core reports
+    # a finish or a pull, and the event loop runs only the loop's own events.
+    # r3 asks for its first token only (done on the prefill worker) and r7's
+    # prompt fits the prefill pool but not, with its first token, the decode
+    # pool (rejected at arrival). The results are those of the replay
+    # handling each arrival, handoff and finish itself (as a closed loop must)
+    from servesim.replay.disaggregated import DisaggregatedReplay
     from helpers import make_config, make_workload
 
     rows = [{"id": f"r{i}", "t": 4 * i, "P": 48 + 8 * (i % 5), "O": 3 + i % 7,
              "hash_ids": [i % 3] + [100 * i + j for j in range(1, 6)]} for i in range(30)]
+    rows[3]["O"] = 1
+    rows[7].update(P=256, hash_ids=list(range(500, 516)))
     config = make_config(cluster={"mode": "disaggregated", "prefill_workers": 1,
-                                  "decode_workers": 2,
+                                  "decode_workers": 2, "router": "kv_aware",
+                                  "decode": {"num_gpu_blocks": 16},
                                   "kv_transfer": {"bytes_per_token": 131072,
                                                   "bandwidth_gbps": 50}},
-                         output={}, block_size=16, num_gpu_blocks=64)
+                         output={"telemetry_interval_ms": 7.0}, block_size=16,
+                         num_gpu_blocks=64, max_model_len=512)
     reported = []
     report = EngineCore.report
+    arrivals = DisaggregatedReplay._on_arrival
 
     def spy(core, state):
         c = core.compiled
-        reported.append((core.pool, state, int(c.ws[fast_run.W_NFIN]),
-                         int(c.ws[fast_run.W_NPULL])))
+        reported.append((core.pool, int(c.ws[fast_run.W_NFIN]), int(c.ws[fast_run.W_NPULL])))
         return report(core, state)
 
-    with patch.object(EngineCore, "report", spy):
+    def arrival_spy(replay, i):
+        reported.append(("arrival", i, 0))
+        return arrivals(replay, i)
+
+    with patch.object(EngineCore, "report", spy), \
+            patch.object(DisaggregatedReplay, "_on_arrival", arrival_spy):
         in_loop = simulate(config, make_workload(rows))
-    decode = [r for r in reported if r[0] == "decode"]
-    assert all(nfin == 0 and npull == 0 for _, _, nfin, npull in decode), decode
-    assert sum(nfin for pool, _, nfin, _ in reported if pool == "prefill") == 30
-    assert in_loop.records.status.tolist() == [STATUS_FINISHED] * 30
+    assert reported == []
+    status = in_loop.records.status.tolist()
+    assert status == [STATUS_FINISHED] * 7 + [STATUS_REJECTED] + [STATUS_FINISHED] * 22
     assert (in_loop.records.transferred_tokens > 0).sum() > 20  # pulled, not held already
 
-    reported.clear()
     with patch.object(EngineCore, "report", spy), \
-            patch.object(CompiledWorkers, "finish_in_loop", lambda *args: None):
-        by_cores = simulate(config, make_workload(rows))
-    assert sum(nfin for pool, _, nfin, _ in reported if pool == "decode") == 30
-    same_results(in_loop, by_cores)
+            patch.object(DisaggregatedReplay, "_on_arrival", arrival_spy), \
+            patch.object(DisaggregatedReplay, "_loop_takes_arrivals", lambda self: False):
+        by_replay = simulate(config, make_workload(rows))
+    assert sum(1 for r in reported if r[0] == "arrival") == 30
+    assert sum(nfin for pool, nfin, _ in reported if pool == "prefill") == 29
+    same_results(in_loop, by_replay)

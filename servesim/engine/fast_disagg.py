@@ -85,13 +85,30 @@ import numpy as np
 
 from servesim.jit import njit
 from servesim.scheduler import fast
-from servesim.scheduler.fast_table import KVLoad
+from servesim.scheduler.fast_table import KVHandoff, KVLoad
 
 # Transfers.I fields (integers) and .F fields (instants)
 X_TOKENS, X_NBYTES, X_LINK, X_DONE = range(4)
 X_SUBMIT, X_START, X_FINISH, X_LAND, X_FREED = range(5)
 # a sender's or receiver's state: pending count, freed-log count
 P_COUNT, P_LOGGED = range(2)
+
+
+@njit
+def hand_off(P, D, i, now):
+    """The handoff (above): request i, finished on its prefill worker (row i
+    of the prefill table `P`), joins a decode rank's waiting queue now (row
+    i of the decode table `D`) with its prompt and first token; whether the
+    prefill rank holds its blocks is fixed from here to its admission (they
+    are freed only once a transfer it submits there lands). The caller
+    queues it (`add_request`)."""
+    prompt = P[i].num_prompt_tokens
+    D[i].num_tokens = prompt + 1  # the prompt and the first token
+    D[i].max_num_computed_tokens = prompt  # computed once, on the prefill worker
+    held = (P[i].status == fast.RequestStatus.FINISHED and P[i].do_remote_decode
+            and P[i].num_held_blocks > 0)
+    D[i].kv_handoff = KVHandoff.HELD if held else KVHandoff.NOTHING
+    D[i].arrival_time = now
 
 
 @njit

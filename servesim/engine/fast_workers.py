@@ -16,19 +16,30 @@ workers' events run, and draw their sequence numbers, in the order the event
 loop would run them one by one, and the outputs are the same.
 
 It hands back to the engine core of worker `ps[P_FROM]` what that worker's
-loop returns for (a prefill worker's finishes: the handoffs; take-outs, a
-full pass log, room): the core reports it, and the next call first continues
-that worker (`ps[P_CONT]`), as a core calls its own loop again. Two returns
-of a decode worker it takes itself, as the core would, and the worker
-carries on: a decision's pulls, told to their prefill ranks' senders
-(`_tell_senders`), and in an open loop its finishes, which release nothing
-(`CompiledWorkers.finish_in_loop`); on the whole Mooncake trace with 2
-prefill + 2 decode workers that leaves ~10,500 returns to Python of ~32,700. It returns
-HORIZON when the first key is not below the horizon (`ps[P_FROM]` -1: the
-workers' event then goes on the event loop at that key) and IDLE when no
-worker has an event pending. The first worker run in a call may run its first
-event at any key (`ps[P_FORCE]`: the workers' event was just popped off the
-event loop), as a core's run may (`ws[W_FORCE]`).
+loop returns for (finishes, take-outs, a full pass log, room): the core
+reports it, and the next call first continues that worker (`ps[P_CONT]`), as
+a core calls its own loop again. What the replay and the cores would do at
+the workers' commonest events it does itself, the same way, and the worker
+carries on:
+
+- a decode decision's pulls, told to their prefill ranks' senders, an idle
+  prefill worker woken when its next transfer lands (`_tell_senders`);
+- in an open loop (`CompiledWorkers.take_arrivals`: a finish releases
+  nothing, no sessions, not the debug mode), the arrivals too, as the event
+  loop would run them (before arrival a, key `(arrival_ms[a], ARRIVAL, seq)`,
+  every worker whose next event comes first runs up to it): each is routed
+  to a prefill rank (engine/routing.py) and queued, or rejected (`_arrive`);
+  a prefill worker's finishes are routed to a decode rank and handed off
+  (`_hand_off`); a decode worker's are marked finished.
+
+On the whole Mooncake trace with 2 prefill + 2 decode workers that leaves 3
+returns to Python, against 32,722 when the replay took each arrival, handoff,
+pull and finish. It returns HORIZON when neither the first key nor the next
+arrival is below the horizon (`ps[P_FROM]` -1: the workers' event then goes
+on the event loop at the first of them), every ARRIVALS_PER_CALL arrivals
+(progress, Ctrl-C), and IDLE when nothing is pending. The first event run in
+a call may be at any key (`ps[P_FORCE]`: the workers' event was just popped
+off the event loop), as a core's run may (`ws[W_FORCE]`).
 
 Numba compiles `run_workers` once per type of its arguments, and a tuple's
 length is part of its type: a pool's group of workers, and the state arrays,
@@ -41,19 +52,28 @@ one loop, not four (each ~12 s on a cold cache), 3 or 4 the next.
 import numpy as np
 
 from servesim.engine import fast_run
-from servesim.engine.events import DECIDE
-from servesim.engine.fast_disagg import P_COUNT
-from servesim.engine.fast_run import (DEC_NONE, FINISHED, HORIZON, IDLE, T_NEXT, T_XWAKE,
-                                      TAKEN_OUT, W_COUNT, W_DECIDE, W_FORCE, W_NEXT_ORDER,
-                                      W_NEXT_SEQ, W_NFIN, W_NOUT, W_NPULL, W_NXW, W_SEQ,
-                                      _before, _next_land, _wake_at, padded, run_passes)
+from servesim.engine import routing
+from servesim.engine.events import ARRIVAL, DECIDE
+from servesim.engine.fast_disagg import P_COUNT, hand_off
+from servesim.engine.fast_run import (ARRIVALS_PER_CALL, DEC_NONE, FINISHED, HORIZON, IDLE,
+                                      T_NEXT, T_NOW, T_XWAKE, TAKEN_OUT, W_COUNT, W_DECIDE,
+                                      W_FORCE, W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN, W_NOUT,
+                                      W_NPULL, W_NXW, W_SEQ, _before, _next_land, _wake_at,
+                                      add_request, next_arrival, padded, run_passes)
 from servesim.jit import Entry, njit, plain_python
 
 # ps (int64 state of the workers' loop); P_NUM_A: how many prefill workers;
-# P_FINISH: whether a decode worker's finishes are marked in the loop (an open
-# loop: they release nothing), P_DONE how many so far
-P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_NUM_A, P_FINISH, P_DONE = range(8)
-NUM_PS = 8
+# P_FINISH: whether the loop takes the arrivals, hands requests off and marks
+# finishes itself (an open loop: a finish releases nothing), P_DONE how many
+# requests it finished or rejected so far; the arrivals it takes: the next
+# one, the end, the next one's sequence, the one the call stops before
+(P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_NUM_A, P_FINISH, P_DONE, P_ANEXT, P_AEND, P_ASEQ,
+ P_ALIMIT) = range(12)
+NUM_PS = 12
+# the replay's arrays the loop reads and fills when it takes the arrivals
+# (`CompiledWorkers.take_arrivals`), a tuple in this order
+(R_ARRIVAL_MS, R_PINNED, R_NEVER_FITS, R_PREFILL_WORKER, R_PREFILL_RANK, R_WORKER, R_RANK,
+ R_HANDED, R_STATUS, R_SCRATCH, R_FINISHED, R_REJECTED) = range(12)
 
 
 @njit
@@ -130,37 +150,136 @@ def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
     return True
 
 
+@njit
+def _route(pool, R, i, num_prompt_tokens, pinned, scratch):
+    """The rank `j` of `pool` (`CompiledWorkers.pool_arrays`) that request i
+    (row i of `R`), with `num_prompt_tokens`, goes to (engine/routing.py
+    `route`), counted as routed there."""
+    (policy, rr, blocks_t, idmap_t, S_t, pscal_t, cfg_t, wq_t, routed, num_gpu_blocks,
+     num_workers, dp, block_size, enable_caching, idents) = pool
+    off = R[i].block_offset
+    j = routing.route(policy, rr, blocks_t, idmap_t, S_t, pscal_t, num_gpu_blocks, num_workers,
+                      dp, pinned, idents[off:off + R[i].block_capacity], scratch,
+                      num_prompt_tokens, block_size, enable_caching)
+    routed[j] += 1  # routed here, rejected or not
+    return j
+
+
+@njit
+def _queue(pool, ws_t, wt_t, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prompt_tokens, now):
+    """Request i arrives at rank `j` of `pool` (worker `slot` of the loop)
+    now (fast_run `add_request`, as the worker's core queues it); False if it
+    can never fit there. A worker it wakes decides at this instant."""
+    cfg_t, S_t, wq_t = pool[6], pool[4], pool[7]
+    ws = ws_t[slot]
+    ws[W_SEQ] = ps[P_SEQ]
+    if not add_request(R, cfg_t[j], S_t[j], wq_t[j], ws, wt_t[slot], i, num_prompt_tokens, now):
+        return False
+    if ws[W_SEQ] != ps[P_SEQ]:  # it woke the engine: a decision at this instant
+        ps[P_SEQ] = ws[W_SEQ]
+        offer_key(keys_t, keys_o, keys_s, slot, now, DECIDE, ps[P_SEQ])
+    return True
+
+
+@njit
+def _arrive(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, rp):
+    """The next arrival (`DisaggregatedReplay._on_arrival`): routed to a
+    prefill rank, and queued there unless its prompt can never fit the
+    prefill pool, or its prompt and first token the decode pool (rejected)."""
+    R = group_a[0][0].R
+    i = next_arrival(R, ps, rp[R_ARRIVAL_MS], P_ANEXT, P_AEND, P_ASEQ, P_SEQ)
+    now = rp[R_ARRIVAL_MS][i]
+    dp = pool_a[11]
+    j = _route(pool_a, R, i, R[i].num_prompt_tokens, rp[R_PINNED][i], rp[R_SCRATCH])
+    k = j // dp
+    rp[R_PREFILL_WORKER][i] = k
+    rp[R_PREFILL_RANK][i] = j % dp
+    wt_t[k][T_NOW] = now  # its last event (the run ends at the last of any)
+    if rp[R_NEVER_FITS][i] or not _queue(pool_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, j,
+                                         R, i, R[i].num_prompt_tokens, now):
+        rp[R_STATUS][i] = rp[R_REJECTED]
+        ps[P_DONE] += 1
+
+
+@njit
+def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp):
+    """Prefill worker k's finishes (`DisaggregatedReplay.on_prefill_done`),
+    in order: a request that asked for more than its first token is routed
+    to a decode rank and handed off there (fast_disagg `hand_off`, queued);
+    the others are done."""
+    a = group_a[k][0]
+    P = a.R
+    D = group_b[0][0].R
+    now = wt_t[k][T_NOW]
+    dp_a = a.feats.shape[1]  # links: the prefill ranks, worker by worker
+    dp = pool_b[11]
+    for e in range(ws_t[k][W_NFIN]):
+        i = a.finished[e]
+        if not P[i].do_remote_decode:
+            rp[R_STATUS][i] = rp[R_FINISHED]
+            ps[P_DONE] += 1
+            continue
+        prompt = P[i].num_prompt_tokens
+        j = _route(pool_b, D, i, prompt + 1, rp[R_PINNED][i], rp[R_SCRATCH])
+        rp[R_WORKER][i] = j // dp
+        rp[R_RANK][i] = j % dp
+        hand_off(P, D, i, now)
+        a.link_of[i] = rp[R_PREFILL_WORKER][i] * dp_a + rp[R_PREFILL_RANK][i]
+        rp[R_HANDED][i] = True
+        _queue(pool_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, ps[P_NUM_A] + j // dp, j, D, i,
+               prompt + 1, now)
+    ws_t[k][W_NFIN] = 0
+
+
 @njit(_nrt=False)
-def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, status, finished_code,
+def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, pool_b, rp,
                 h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
     """Run the workers' events up to the horizon (module docstring). Worker k
     is `group_a[k]` (a prefill worker's `run_passes` arguments but the
     horizon and the pass log) for k below `ps[P_NUM_A]`, else
     `group_b[k - ps[P_NUM_A]]`; `ws_t[k]`, `wt_t[k]` are its state arrays
     (each tuple `padded`: its entries past the workers are never read).
-    Two of a decode worker's returns are taken here, as its core would take
-    them, and the worker carries on: a decision's pulls (`_tell_senders`)
-    and, with `ps[P_FINISH]`, its finishes (`status[i]` set to
-    `finished_code`, counted in `ps[P_DONE]`)."""
+    A decode decision's pulls are taken here as its core would take them
+    (`_tell_senders`), and the worker carries on. With `ps[P_FINISH]` (an
+    open loop) so are the arrivals (`_arrive`, the pools' routing arrays
+    `pool_a`, `pool_b`, the replay's arrays `rp`), a prefill worker's
+    finishes (`_hand_off`) and a decode worker's (`rp[R_STATUS][i]` set
+    finished); `ps[P_DONE]` counts the requests finished or rejected."""
     n_a = ps[P_NUM_A]
+    arrival_ms = rp[R_ARRIVAL_MS]
     while True:
+        a = ps[P_ANEXT]
+        arriving = a < ps[P_AEND]
         k = ps[P_CONT]
         if k >= 0:  # the core reported what k's loop returned for: k carries on
             ps[P_CONT] = -1
         else:
             k = _first(keys_t, keys_o, keys_s, -1)
+            if k >= 0 and ((arriving and not _before(keys_t[k], keys_o[k], keys_s[k],
+                                                     arrival_ms[a], ARRIVAL, ps[P_ASEQ]))
+                           or not (ps[P_FORCE] or _before(keys_t[k], keys_o[k], keys_s[k],
+                                                          h_time, h_order, h_seq))):
+                k = -1  # the arrival, or the outside event, comes first
             if k < 0:
                 ps[P_FROM] = -1
-                return IDLE
-            if not (ps[P_FORCE] or _before(keys_t[k], keys_o[k], keys_s[k], h_time, h_order,
-                                           h_seq)):
-                ps[P_FROM] = -1
+                if arriving and (ps[P_FORCE] or _before(arrival_ms[a], ARRIVAL, ps[P_ASEQ],
+                                                        h_time, h_order, h_seq)):
+                    if a >= ps[P_ALIMIT]:
+                        return HORIZON  # the event loop gets a turn
+                    ps[P_FORCE] = 0
+                    _arrive(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, rp)
+                    continue
+                if not arriving and _first(keys_t, keys_o, keys_s, -1) < 0:
+                    return IDLE
                 return HORIZON
             ps[P_FORCE] = 0
             keys_t[k] = np.inf  # popped: the worker runs from its event
             ws_t[k][W_FORCE] = 1
-        # k's horizon: the first of the others' events, or the outside one
+        # k's horizon: the first of the others' events, the next arrival, or
+        # the outside event
         t, order, seq = h_time, h_order, h_seq
+        if arriving and _before(arrival_ms[a], ARRIVAL, 0, t, order, seq):
+            t, order, seq = arrival_ms[a], ARRIVAL, 0
         j = _first(keys_t, keys_o, keys_s, k)
         if j >= 0 and _before(keys_t[j], keys_o[j], keys_s[j], t, order, seq):
             t, order, seq = keys_t[j], keys_o[j], keys_s[j]
@@ -173,15 +292,19 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, status
             state = run_passes(*(group_b[k - n_a] + tail))
         ps[P_SEQ] = ws[W_SEQ]
         ps[P_LAST] = k
-        if k >= n_a and ws[W_NOUT] == 0:
-            w = group_b[k - n_a][0]
-            if state == FINISHED and ps[P_FINISH]:
+        if state == FINISHED and ps[P_FINISH] and ws[W_NOUT] == 0:
+            if k < n_a:
+                _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp)
+            else:
+                finished = group_b[k - n_a][0].finished
                 for e in range(ws[W_NFIN]):
-                    status[w.finished[e]] = finished_code
+                    rp[R_STATUS][finished[e]] = rp[R_FINISHED]
                 ps[P_DONE] += ws[W_NFIN]
                 ws[W_NFIN] = 0
-                ps[P_CONT] = k
-                continue
+            ps[P_CONT] = k
+            continue
+        if k >= n_a and ws[W_NOUT] == 0:
+            w = group_b[k - n_a][0]
             if (state == TAKEN_OUT and ws[W_NFIN] == 0
                     and _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a)):
                 ps[P_CONT] = k
@@ -223,8 +346,7 @@ class CompiledWorkers:
         self._args = None
         self._entry = Entry(run_workers)
         self._running = False
-        self._status = np.zeros(1, dtype=np.int8)  # (`finish_in_loop`)
-        self._finished_code = 0
+        self._pools = None  # the pools' routing arrays and the replay's (`attach`)
         self._key = None  # the workers' live event on the event loop, and its token
         self._token = 0
         for slot, core in enumerate(cores):
@@ -241,15 +363,37 @@ class CompiledWorkers:
         types = [typeof(core.compiled.arguments()) for core in cores]
         return (len(set(types[:num_prefill])) <= 1 and len(set(types[num_prefill:])) <= 1)
 
-    def finish_in_loop(self, status, finished_code):
-        """An open loop: a decode worker's finishes release nothing, so the
-        loop marks them (`status[i] = finished_code`) and goes on; `done`
-        counts them."""
-        self._status = status
-        self._finished_code = int(finished_code)
-        self.ps[P_FINISH] = 1
+    @staticmethod
+    def pool_arrays(ranks: routing.RankArrays, policy, idents):
+        """A pool's arrays for the loop's routing (`_route`) and queueing
+        (`_queue`): its ranks' (`ranks`), the policy, a count of requests
+        routed to each rank, and the request table's block identities."""
+        return (int(policy), ranks.rr, ranks.blocks_t, ranks.idmap_t, ranks.S_t, ranks.pscal_t,
+                ranks.cfg_t, ranks.wq_t, np.zeros(len(ranks.ranks), dtype=np.int64),
+                ranks.num_gpu_blocks, ranks.num_workers, ranks.dp, ranks.block_size,
+                ranks.enable_caching, idents)
 
-    done = property(lambda self: int(self.ps[P_DONE]))  # finishes marked in the loop
+    def attach(self, pool_a, pool_b, replay_arrays):
+        """The pools' `pool_arrays` and the replay's arrays (in `R_*` order),
+        before the run."""
+        self._pools = (pool_a, pool_b, replay_arrays)
+
+    def take_arrivals(self, seq):
+        """An open loop: every request arrives, in table order, at
+        `arrival_ms[i]` (the first one's event has sequence `seq`), and is
+        routed, handed off and finished inside the loop (`run_workers`);
+        `arrivals` counts those that arrived, `done` those finished or
+        rejected."""
+        ps = self.ps
+        ps[P_FINISH] = 1
+        ps[P_ANEXT] = 0
+        ps[P_AEND] = len(self._pools[2][R_ARRIVAL_MS])
+        ps[P_ASEQ] = seq
+        self._push_next()
+
+    arrivals = property(lambda self: int(self.ps[P_ANEXT]))
+    done = property(lambda self: int(self.ps[P_DONE]))
+    routed = property(lambda self: (self._pools[0][8], self._pools[1][8]))
 
     def push(self, slot, t, order, seq):
         """Worker `slot`'s next event is at `(t, order, seq)`, unless the one
@@ -260,9 +404,26 @@ class CompiledWorkers:
         key = (t, order, seq)
         if self._running or (self._key is not None and self._key < key):
             return  # the workers' loop reads it, or their event comes first
+        self._schedule(key)
+
+    def _schedule(self, key):
+        """The workers' event on the event loop at `key` (a new token makes
+        an earlier one stale)."""
         self._key = key
         self._token += 1
-        self.loop.push(t, order, seq, self._resume, self._token)
+        self.loop.push(*key, self._resume, self._token)
+
+    def _push_next(self):
+        """The workers' event at the first of their next events and the next
+        arrival the loop takes, if any."""
+        keys = [(float(self.keys_t[k]), int(self.keys_o[k]), int(self.keys_s[k]))
+                for k in range(len(self.cores)) if self.keys_t[k] != np.inf]
+        ps = self.ps
+        a = int(ps[P_ANEXT])
+        if a < ps[P_AEND]:
+            keys.append((float(self._pools[2][R_ARRIVAL_MS][a]), ARRIVAL, int(ps[P_ASEQ])))
+        if keys:
+            self._schedule(min(keys))
 
     def _arguments(self):
         """`run_workers`' groups and state arrays, made again when a worker's
@@ -287,15 +448,14 @@ class CompiledWorkers:
         ps[P_FORCE] = 1
 
         def call():
+            ps[P_ALIMIT] = min(ps[P_AEND], ps[P_ANEXT] + ARRIVALS_PER_CALL)
             h = self.observer.horizon_key()
             return self._entry(*self._arguments(), self.keys_t, self.keys_o, self.keys_s, ps,
-                               self._status, self._finished_code, float(h[0]), int(h[1]),
-                               int(h[2]),
+                               *self._pools, float(h[0]), int(h[1]), int(h[2]),
                                *fast_run.log_arguments(self.pass_log))
 
         state = run_reporting(self.loop, self.cores, ps, P_SEQ, P_FROM, P_CONT, call)
         self._running = False
         if state == HORIZON:
-            k = int(np.lexsort((self.keys_s, self.keys_o, self.keys_t))[0])
-            self.push(k, float(self.keys_t[k]), int(self.keys_o[k]), int(self.keys_s[k]))
+            self._push_next()
         self.observer.on_progress(self.cores[int(ps[P_LAST])])

@@ -36,7 +36,9 @@ from servesim.engine.core import EngineCore
 from servesim.engine.fast_workers import CompiledWorkers
 from servesim.replay.driver import Replay
 from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED, PoolStats, RunStats
+from servesim.jit import Entry
 from servesim.replay.router import Router
+from servesim.scheduler import check
 from servesim.scheduler import fast_table
 from servesim.scheduler.fast import FastScheduler
 
@@ -81,6 +83,7 @@ class _ArraySides:
                                               w.priority, replay.idents, replay.ident_offsets)
         self.handed = np.zeros(n, dtype=bool)
         self.transfers = None  # at connect, once the links are known
+        self._hand_off = Entry(fast_disagg.hand_off)
 
     def make_scheduler(self, engine, pool):
         tokens = self.replay.tokens.with_detokenize(engine.detokenize_ms)
@@ -100,21 +103,13 @@ class _ArraySides:
         return bool(self.prefill.R["do_remote_decode"][i])
 
     def handoff(self, i, source_core, source_rank, decode_core, decode_rank):
-        """The handoff: request i joins the decode rank's
-        waiting queue now with its prompt and first token; whether the
-        prefill rank holds its blocks is fixed from here to its admission
-        (they are freed only once a transfer it submits there lands)."""
-        sender = source_core.ranks[source_rank].transfers
-        D = self.decode.R
-        prompt = int(D["num_prompt_tokens"][i])
-        D["num_tokens"][i] = prompt + 1  # the prompt and the first token
-        D["max_num_computed_tokens"][i] = prompt  # computed once, on the prefill worker
-        D["kv_handoff"][i] = (fast_table.KVHandoff.HELD if sender.holds(i)
-                              else fast_table.KVHandoff.NOTHING)
-        self.decode.R["arrival_time"][i] = self.replay.loop.now
-        self.transfers.link_of[i] = sender.link
+        """The handoff (engine/fast_disagg.py `hand_off`): request i joins
+        the decode rank's waiting queue now with its prompt and first
+        token."""
+        self._hand_off(self.prefill.R, self.decode.R, i, self.replay.loop.now)
+        self.transfers.link_of[i] = source_core.ranks[source_rank].transfers.link
         self.handed[i] = True
-        decode_core.add_request(decode_rank, i, prompt + 1)
+        decode_core.add_request(decode_rank, i, int(self.decode.R["num_tokens"][i]))
 
     def results(self):
         """`(result columns, kv_transfer_ms, transferred_tokens)`."""
@@ -195,7 +190,7 @@ class DisaggregatedReplay(Replay):
         self.workers = self.prefill_workers + self.decode_workers
         self._use_compiled_log(buffer)
         self.runner = None  # the workers' compiled loop (engine/fast_workers.py)
-        self._runner_done = 0  # the finishes it marked, accounted for
+        self._runner_done = 0  # the requests it finished or rejected, accounted for
         if CompiledWorkers.fit(self.workers, len(self.prefill_workers)):
             self.runner = CompiledWorkers(self.workers, len(self.prefill_workers), self.loop,
                                           self, buffer)
@@ -232,18 +227,63 @@ class DisaggregatedReplay(Replay):
         return [self.sides.prefill, self.sides.decode]
 
     def _schedule_arrivals(self):
-        super()._schedule_arrivals()
-        if (self.runner is not None and self.workload.concurrency is None
-                and self.sessions is None):
-            # an open loop: a decode finish releases nothing (`on_done`)
-            self.runner.finish_in_loop(self.status, STATUS_FINISHED)
+        if self.runner is None:
+            return super()._schedule_arrivals()
+        w = self.workload
+        n = len(w)
+        prefill, decode = self.sides.prefill, self.sides.decode
+        # prompts whose first token and prompt can never fit the decode pool
+        # (`_on_arrival`)
+        lengths, which = np.unique(w.input_length, return_inverse=True)
+        scheduler = self.decode_workers[0].ranks[0].scheduler
+        fits = np.array([scheduler.can_ever_fit(int(p) + 1) for p in lengths.tolist()], dtype=bool)
+        never_fits = ~fits[which] & (self.max_tokens > 1)
+        longest = int(w.input_length.max()) if n else 1
+        block_size = self.router.arrays.block_size
+        self.runner.attach(
+            self.runner.pool_arrays(self.router.arrays, self.router.code, prefill.idents),
+            self.runner.pool_arrays(self.decode_router.arrays, self.decode_router.code,
+                                    decode.idents),
+            (self.arrival_ms, np.ascontiguousarray(w.dp_rank, np.int64), never_fits,
+             self.prefill_worker_of, self.prefill_rank_of, self.worker_of, self.rank_of,
+             self.sides.handed, self.status, np.zeros(longest // block_size + 1, dtype=np.int64),
+             int(STATUS_FINISHED), int(STATUS_REJECTED)))
+        if not self._loop_takes_arrivals():
+            return super()._schedule_arrivals()
+        # an open loop: the workers' compiled loop routes the arrivals, hands
+        # the requests off and marks them finished (a finish releases nothing)
+        self.loop.seq += 1
+        self.runner.take_arrivals(self.loop.seq)
+        self._own_arrivals = True
+        self._next_release = n
 
-    def on_progress(self, core=None):
-        if self.runner is not None:  # the finishes the workers' loop marked (`on_done`)
-            done = self.runner.done
-            self.num_done += done - self._runner_done
-            self._runner_done = done
-        super().on_progress(core)
+    def _loop_takes_arrivals(self) -> bool:
+        """Whether the workers' compiled loop takes the arrivals
+        (`CompiledWorkers.take_arrivals`): an open loop without sessions, no
+        request pinned to a rank out of either pool's range (the router names
+        it when it arrives), and not the debug mode (it checks the routers'
+        kept counts at each arrival)."""
+        cluster = self.config.cluster
+        widths = (cluster.pool_data_parallel_size("prefill"),
+                  cluster.pool_data_parallel_size("decode"))
+        return (self.workload.concurrency is None and self.sessions is None
+                and not check.enabled() and not (self.workload.dp_rank >= min(widths)).any())
+
+    def _sync_arrivals(self):
+        """Account for what the workers' compiled loop did since the last
+        call, as `_on_arrival`, `on_prefill_done` and `on_done` do one by one:
+        the arrivals, the requests finished or rejected, the requests routed
+        to each rank."""
+        runner = self.runner
+        new = runner.arrivals
+        self.arrived[self._arrivals:new] = True
+        self._arrivals = new
+        done = runner.done
+        self.num_done += done - self._runner_done
+        self._runner_done = done
+        for router, routed in zip((self.router, self.decode_router), runner.routed):
+            for j, rank in enumerate(router.arrays.ranks):
+                rank.num_requests = int(routed[j])
 
     def horizon_key(self):
         """The pools touch each other (a prefill finish hands a request to a
