@@ -95,6 +95,14 @@ P_COUNT, P_LOGGED = range(2)
 
 
 @njit
+def wait_on(pending, state, i):
+    """A sender or receiver waits on request i's transfer (its pending list
+    `pending[:state[P_COUNT]]`, in submission order)."""
+    pending[state[P_COUNT]] = i
+    state[P_COUNT] += 1
+
+
+@njit
 def hand_off(P, D, i, now):
     """The handoff (above): request i, finished on its prefill worker (row i
     of the prefill table `P`), joins a decode rank's waiting queue now (row
@@ -225,8 +233,7 @@ class ArraySender:
 
     def scheduled(self, i: int):
         """A decode worker submitted request i's transfer on this rank's link."""
-        self._pending[self._state[P_COUNT]] = i
-        self._state[P_COUNT] += 1
+        wait_on(self._pending, self._state, i)
         self._wake()
 
 

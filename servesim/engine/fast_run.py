@@ -653,8 +653,7 @@ def _submit_pulls(R, kv, pending, state, XI, XF, link_free, link_of, xparams, no
         pulls[n] = i
         n += 1
         if tokens:
-            pending[state[fast_disagg.P_COUNT]] = i
-            state[fast_disagg.P_COUNT] += 1
+            fast_disagg.wait_on(pending, state, i)
     return n
 
 

@@ -54,7 +54,7 @@ import numpy as np
 from servesim.engine import fast_run
 from servesim.engine import routing
 from servesim.engine.events import ARRIVAL, DECIDE
-from servesim.engine.fast_disagg import P_COUNT, hand_off
+from servesim.engine.fast_disagg import hand_off, wait_on
 from servesim.engine.fast_run import (ARRIVALS_PER_CALL, DEC_NONE, FINISHED, HORIZON, IDLE,
                                       T_NEXT, T_NOW, T_XWAKE, TAKEN_OUT, W_COUNT, W_DECIDE,
                                       W_FORCE, W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN, W_NOUT,
@@ -136,9 +136,7 @@ def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
         pw = w.link_of[i] // dp
         pr = w.link_of[i] % dp
         a = group_a[pw][0]
-        state = a.side_state_t[pr]
-        a.side_pending_t[pr][state[P_COUNT]] = i
-        state[P_COUNT] += 1
+        wait_on(a.side_pending_t[pr], a.side_state_t[pr], i)
         ws = ws_t[pw]
         if ws[W_COUNT] == 0 and ws[W_DECIDE] == DEC_NONE:
             ws[W_SEQ] = ps[P_SEQ]

@@ -119,14 +119,18 @@ class RequestTable:
         self.accepted_offsets = accepted_offsets
         self.accepted_values = accepted_values
         self.checked_schedulers = []  # the debug mode's schedulers on this table (check.py)
+        self._request_keys = None  # (`request_keys`)
 
     def request_keys(self):
         """A key per request from its id (CRC-32), for draws that must not
-        depend on where the request stands in the workload."""
-        import zlib
+        depend on where the request stands in the workload (made once: the
+        schedulers on this table share it, and only read it)."""
+        if self._request_keys is None:
+            import zlib
 
-        return np.array([zlib.crc32(str(rid).encode()) for rid in self.request_ids],
-                        dtype=np.int64)
+            self._request_keys = np.array(
+                [zlib.crc32(str(rid).encode()) for rid in self.request_ids], dtype=np.int64)
+        return self._request_keys
 
     def results(self):
         """Per-request result arrays (the driver's record columns)."""
