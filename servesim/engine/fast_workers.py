@@ -28,7 +28,7 @@ carries on:
   nothing, no sessions, not the debug mode), the arrivals too, as the event
   loop would run them (before arrival a, key `(arrival_ms[a], ARRIVAL, seq)`,
   every worker whose next event comes first runs up to it): each is routed
-  to a prefill rank (engine/routing.py) and queued, or rejected (`_arrive`);
+  to a prefill rank (engine/routing.py) and queued, or rejected (`arrive`);
   a prefill worker's finishes are routed to a decode rank and handed off
   (`_hand_off`); a decode worker's are marked finished.
 
@@ -62,14 +62,20 @@ from servesim.engine.fast_run import (ARRIVALS_PER_CALL, DEC_NONE, FINISHED, HOR
                                       add_request, next_arrival, padded, run_passes)
 from servesim.jit import Entry, njit, plain_python
 
-# ps (int64 state of the workers' loop); P_NUM_A: how many prefill workers;
-# P_FINISH: whether the loop takes the arrivals, hands requests off and marks
-# finishes itself (an open loop: a finish releases nothing), P_DONE how many
-# requests it finished or rejected so far; the arrivals it takes: the next
-# one, the end, the next one's sequence, the one the call stops before
-(P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_NUM_A, P_FINISH, P_DONE, P_ANEXT, P_AEND, P_ASEQ,
- P_ALIMIT) = range(12)
+# The int64 state of a compiled loop over workers (this one's `ps`, and the
+# aggregated cluster's, engine/fast_cluster.py, its first NUM_LOOP fields):
+# the event loop's sequence counter, the worker returned for and the one to
+# carry on with, the first event popped off the event loop, the worker run
+# last; the arrivals the loop takes: the next one, the end, the next one's
+# sequence, the one the call stops before; the requests it finished or
+# rejected so far. Then this loop's: how many prefill workers (P_NUM_A), and
+# whether it takes the arrivals, hands requests off and marks finishes
+# itself (P_FINISH: an open loop, where a finish releases nothing).
+(P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_ANEXT, P_AEND, P_ASEQ, P_ALIMIT, P_DONE, P_NUM_A,
+ P_FINISH) = range(12)
+NUM_LOOP = P_NUM_A
 NUM_PS = 12
+ARRIVE = -1  # (`_arrival_due`: the next arrival runs now)
 # the replay's arrays the loop reads and fills when it takes the arrivals
 # (`CompiledWorkers.take_arrivals`), a tuple in this order
 (R_ARRIVAL_MS, R_PINNED, R_NEVER_FITS, R_PREFILL_WORKER, R_PREFILL_RANK, R_WORKER, R_RANK,
@@ -99,6 +105,92 @@ def offer_key(keys_t, keys_o, keys_s, slot, t, order, seq):
         return False
     keys_t[slot], keys_o[slot], keys_s[slot] = t, order, seq
     return True
+
+
+@njit
+def next_worker(keys_t, keys_o, keys_s, ws_t, st, arrival_ms, h_time, h_order, h_seq):
+    """The worker whose event a loop over workers runs next (`st`: its
+    state), popped (its run starts from that event: `W_FORCE`): the one the
+    core said carries on, else the one with the first key, unless the next
+    arrival (key `(arrival_ms[a], ARRIVAL, st[P_ASEQ])`) or the horizon
+    comes first (the first event of a call may be at any key:
+    `st[P_FORCE]`). -1: none of them (`arrival_due`)."""
+    k = st[P_CONT]
+    if k >= 0:  # the core reported what k's loop returned for: k carries on
+        st[P_CONT] = -1
+        return k
+    k = _first(keys_t, keys_o, keys_s, -1)
+    a = st[P_ANEXT]
+    if k < 0 or ((a < st[P_AEND] and not _before(keys_t[k], keys_o[k], keys_s[k],
+                                                  arrival_ms[a], ARRIVAL, st[P_ASEQ]))
+                 or not (st[P_FORCE] or _before(keys_t[k], keys_o[k], keys_s[k],
+                                                h_time, h_order, h_seq))):
+        return -1  # the arrival, or the outside event, comes first
+    st[P_FORCE] = 0
+    keys_t[k] = np.inf  # popped: the worker runs from its event
+    ws_t[k][W_FORCE] = 1
+    return k
+
+
+@njit
+def arrival_due(keys_t, keys_o, keys_s, st, arrival_ms, h_time, h_order, h_seq):
+    """No worker's event runs next (`next_worker`): ARRIVE when the next
+    arrival does, else the state the loop returns: HORIZON (the horizon
+    comes first, or the call took its ARRIVALS_PER_CALL arrivals: the event
+    loop gets a turn) or IDLE (nothing is pending)."""
+    st[P_FROM] = -1
+    a = st[P_ANEXT]
+    arriving = a < st[P_AEND]
+    if arriving and (st[P_FORCE] or _before(arrival_ms[a], ARRIVAL, st[P_ASEQ], h_time, h_order,
+                                            h_seq)):
+        if a >= st[P_ALIMIT]:
+            return HORIZON
+        st[P_FORCE] = 0
+        return ARRIVE
+    if not arriving and _first(keys_t, keys_o, keys_s, -1) < 0:
+        return IDLE
+    return HORIZON
+
+
+@njit
+def worker_horizon(keys_t, keys_o, keys_s, k, st, arrival_ms, h_time, h_order, h_seq, others):
+    """Worker k's horizon: the outside one, the next arrival's instant (key
+    `(arrival_ms[a], ARRIVAL, 0)`: the events at it that end a pass run
+    before it, the decisions after it) and, with `others`, the first of the
+    other workers' events."""
+    t, order, seq = h_time, h_order, h_seq
+    a = st[P_ANEXT]
+    if a < st[P_AEND] and _before(arrival_ms[a], ARRIVAL, 0, t, order, seq):
+        t, order, seq = arrival_ms[a], ARRIVAL, 0
+    if others:
+        j = _first(keys_t, keys_o, keys_s, k)
+        if j >= 0 and _before(keys_t[j], keys_o[j], keys_s[j], t, order, seq):
+            t, order, seq = keys_t[j], keys_o[j], keys_s[j]
+    return t, order, seq
+
+
+def next_key(keys_t, keys_o, keys_s, st, arrival_ms):
+    """The first of the workers' next events and the next arrival a loop
+    over workers takes (`st`: its state), or None: nothing pending."""
+    keys = [(float(keys_t[k]), int(keys_o[k]), int(keys_s[k]))
+            for k in range(len(keys_t)) if keys_t[k] != np.inf]
+    a = int(st[P_ANEXT])
+    if a < st[P_AEND]:
+        keys.append((float(arrival_ms[a]), ARRIVAL, int(st[P_ASEQ])))
+    return min(keys) if keys else None
+
+
+def pool_arrays(ranks: routing.RankArrays, policy, idents):
+    """A pool's arrays for a loop's routing (`_route`) and queueing
+    (`_queue`): its ranks' (`ranks`), the policy, a count of requests routed
+    to each rank, and the request table's block identities."""
+    return (int(policy), ranks.rr, ranks.blocks_t, ranks.idmap_t, ranks.S_t, ranks.pscal_t,
+            ranks.cfg_t, ranks.wq_t, np.zeros(len(ranks.ranks), dtype=np.int64),
+            ranks.num_gpu_blocks, ranks.num_workers, ranks.dp, ranks.block_size,
+            ranks.enable_caching, idents)
+
+
+ROUTED, POOL_DP = 8, 11  # (fields of `pool_arrays`)
 
 
 def run_reporting(loop, cores, state, SEQ, FROM, CONT, call):
@@ -150,7 +242,7 @@ def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
 
 @njit
 def _route(pool, R, i, num_prompt_tokens, pinned, scratch):
-    """The rank `j` of `pool` (`CompiledWorkers.pool_arrays`) that request i
+    """The rank `j` of `pool` (`pool_arrays`) that request i
     (row i of `R`), with `num_prompt_tokens`, goes to (engine/routing.py
     `route`), counted as routed there."""
     (policy, rr, blocks_t, idmap_t, S_t, pscal_t, cfg_t, wq_t, routed, num_gpu_blocks,
@@ -180,23 +272,27 @@ def _queue(pool, ws_t, wt_t, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prom
 
 
 @njit
-def _arrive(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, rp):
-    """The next arrival (`DisaggregatedReplay._on_arrival`): routed to a
-    prefill rank, and queued there unless its prompt can never fit the
-    prefill pool, or its prompt and first token the decode pool (rejected)."""
-    R = group_a[0][0].R
-    i = next_arrival(R, ps, rp[R_ARRIVAL_MS], P_ANEXT, P_AEND, P_ASEQ, P_SEQ)
-    now = rp[R_ARRIVAL_MS][i]
-    dp = pool_a[11]
-    j = _route(pool_a, R, i, R[i].num_prompt_tokens, rp[R_PINNED][i], rp[R_SCRATCH])
+def arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, never_fits,
+           worker_of, rank_of, status, scratch, rejected_code):
+    """The next arrival a loop over workers takes (`st`: its state), as the
+    replay's `_on_arrival` would take it: routed to a rank of `pool` (the
+    workers `group[k]`; where it went into `worker_of`, `rank_of`), and
+    queued there unless it can never fit there, or `never_fits[i]` (a
+    disaggregated prefill pool's request whose prompt and first token can
+    never fit the decode pool): rejected (`status[i] = rejected_code`)."""
+    R = group[0][0].R
+    i = next_arrival(R, st, arrival_ms, P_ANEXT, P_AEND, P_ASEQ, P_SEQ)
+    now = arrival_ms[i]
+    dp = pool[POOL_DP]
+    j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i], scratch)
     k = j // dp
-    rp[R_PREFILL_WORKER][i] = k
-    rp[R_PREFILL_RANK][i] = j % dp
+    worker_of[i] = k
+    rank_of[i] = j % dp
     wt_t[k][T_NOW] = now  # its last event (the run ends at the last of any)
-    if rp[R_NEVER_FITS][i] or not _queue(pool_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, j,
-                                         R, i, R[i].num_prompt_tokens, now):
-        rp[R_STATUS][i] = rp[R_REJECTED]
-        ps[P_DONE] += 1
+    if never_fits[i] or not _queue(pool, ws_t, wt_t, keys_t, keys_o, keys_s, st, k, j, R, i,
+                                   R[i].num_prompt_tokens, now):
+        status[i] = rejected_code
+        st[P_DONE] += 1
 
 
 @njit
@@ -210,7 +306,7 @@ def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_
     D = group_b[0][0].R
     now = wt_t[k][T_NOW]
     dp_a = a.feats.shape[1]  # links: the prefill ranks, worker by worker
-    dp = pool_b[11]
+    dp = pool_b[POOL_DP]
     for e in range(ws_t[k][W_NFIN]):
         i = a.finished[e]
         if not P[i].do_remote_decode:
@@ -239,48 +335,26 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a
     (each tuple `padded`: its entries past the workers are never read).
     A decode decision's pulls are taken here as its core would take them
     (`_tell_senders`), and the worker carries on. With `ps[P_FINISH]` (an
-    open loop) so are the arrivals (`_arrive`, the pools' routing arrays
+    open loop) so are the arrivals (`arrive`, the pools' routing arrays
     `pool_a`, `pool_b`, the replay's arrays `rp`), a prefill worker's
     finishes (`_hand_off`) and a decode worker's (`rp[R_STATUS][i]` set
     finished); `ps[P_DONE]` counts the requests finished or rejected."""
     n_a = ps[P_NUM_A]
     arrival_ms = rp[R_ARRIVAL_MS]
     while True:
-        a = ps[P_ANEXT]
-        arriving = a < ps[P_AEND]
-        k = ps[P_CONT]
-        if k >= 0:  # the core reported what k's loop returned for: k carries on
-            ps[P_CONT] = -1
-        else:
-            k = _first(keys_t, keys_o, keys_s, -1)
-            if k >= 0 and ((arriving and not _before(keys_t[k], keys_o[k], keys_s[k],
-                                                     arrival_ms[a], ARRIVAL, ps[P_ASEQ]))
-                           or not (ps[P_FORCE] or _before(keys_t[k], keys_o[k], keys_s[k],
-                                                          h_time, h_order, h_seq))):
-                k = -1  # the arrival, or the outside event, comes first
-            if k < 0:
-                ps[P_FROM] = -1
-                if arriving and (ps[P_FORCE] or _before(arrival_ms[a], ARRIVAL, ps[P_ASEQ],
-                                                        h_time, h_order, h_seq)):
-                    if a >= ps[P_ALIMIT]:
-                        return HORIZON  # the event loop gets a turn
-                    ps[P_FORCE] = 0
-                    _arrive(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, rp)
-                    continue
-                if not arriving and _first(keys_t, keys_o, keys_s, -1) < 0:
-                    return IDLE
-                return HORIZON
-            ps[P_FORCE] = 0
-            keys_t[k] = np.inf  # popped: the worker runs from its event
-            ws_t[k][W_FORCE] = 1
+        k = next_worker(keys_t, keys_o, keys_s, ws_t, ps, arrival_ms, h_time, h_order, h_seq)
+        if k < 0:
+            state = arrival_due(keys_t, keys_o, keys_s, ps, arrival_ms, h_time, h_order, h_seq)
+            if state != ARRIVE:
+                return state
+            arrive(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, arrival_ms,
+                   rp[R_PINNED], rp[R_NEVER_FITS], rp[R_PREFILL_WORKER], rp[R_PREFILL_RANK],
+                   rp[R_STATUS], rp[R_SCRATCH], rp[R_REJECTED])
+            continue
         # k's horizon: the first of the others' events, the next arrival, or
         # the outside event
-        t, order, seq = h_time, h_order, h_seq
-        if arriving and _before(arrival_ms[a], ARRIVAL, 0, t, order, seq):
-            t, order, seq = arrival_ms[a], ARRIVAL, 0
-        j = _first(keys_t, keys_o, keys_s, k)
-        if j >= 0 and _before(keys_t[j], keys_o[j], keys_s[j], t, order, seq):
-            t, order, seq = keys_t[j], keys_o[j], keys_s[j]
+        t, order, seq = worker_horizon(keys_t, keys_o, keys_s, k, ps, arrival_ms, h_time,
+                                       h_order, h_seq, True)
         ws = ws_t[k]
         ws[W_SEQ] = ps[P_SEQ]
         tail = (t, order, seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount)
@@ -361,16 +435,6 @@ class CompiledWorkers:
         types = [typeof(core.compiled.arguments()) for core in cores]
         return (len(set(types[:num_prefill])) <= 1 and len(set(types[num_prefill:])) <= 1)
 
-    @staticmethod
-    def pool_arrays(ranks: routing.RankArrays, policy, idents):
-        """A pool's arrays for the loop's routing (`_route`) and queueing
-        (`_queue`): its ranks' (`ranks`), the policy, a count of requests
-        routed to each rank, and the request table's block identities."""
-        return (int(policy), ranks.rr, ranks.blocks_t, ranks.idmap_t, ranks.S_t, ranks.pscal_t,
-                ranks.cfg_t, ranks.wq_t, np.zeros(len(ranks.ranks), dtype=np.int64),
-                ranks.num_gpu_blocks, ranks.num_workers, ranks.dp, ranks.block_size,
-                ranks.enable_caching, idents)
-
     def attach(self, pool_a, pool_b, replay_arrays):
         """The pools' `pool_arrays` and the replay's arrays (in `R_*` order),
         before the run."""
@@ -391,7 +455,7 @@ class CompiledWorkers:
 
     arrivals = property(lambda self: int(self.ps[P_ANEXT]))
     done = property(lambda self: int(self.ps[P_DONE]))
-    routed = property(lambda self: (self._pools[0][8], self._pools[1][8]))
+    routed = property(lambda self: (self._pools[0][ROUTED], self._pools[1][ROUTED]))
 
     def push(self, slot, t, order, seq):
         """Worker `slot`'s next event is at `(t, order, seq)`, unless the one
@@ -413,15 +477,11 @@ class CompiledWorkers:
 
     def _push_next(self):
         """The workers' event at the first of their next events and the next
-        arrival the loop takes, if any."""
-        keys = [(float(self.keys_t[k]), int(self.keys_o[k]), int(self.keys_s[k]))
-                for k in range(len(self.cores)) if self.keys_t[k] != np.inf]
-        ps = self.ps
-        a = int(ps[P_ANEXT])
-        if a < ps[P_AEND]:
-            keys.append((float(self._pools[2][R_ARRIVAL_MS][a]), ARRIVAL, int(ps[P_ASEQ])))
-        if keys:
-            self._schedule(min(keys))
+        arrival the loop takes, if any (`next_key`)."""
+        key = next_key(self.keys_t, self.keys_o, self.keys_s, self.ps,
+                       self._pools[2][R_ARRIVAL_MS])
+        if key is not None:
+            self._schedule(key)
 
     def _arguments(self):
         """`run_workers`' groups and state arrays, made again when a worker's

@@ -33,7 +33,7 @@ import numpy as np
 
 from servesim.engine import fast_disagg
 from servesim.engine.core import EngineCore
-from servesim.engine.fast_workers import CompiledWorkers
+from servesim.engine.fast_workers import CompiledWorkers, pool_arrays
 from servesim.replay.driver import Replay
 from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED, PoolStats, RunStats
 from servesim.jit import Entry
@@ -241,9 +241,8 @@ class DisaggregatedReplay(Replay):
         longest = int(w.input_length.max()) if n else 1
         block_size = self.router.arrays.block_size
         self.runner.attach(
-            self.runner.pool_arrays(self.router.arrays, self.router.code, prefill.idents),
-            self.runner.pool_arrays(self.decode_router.arrays, self.decode_router.code,
-                                    decode.idents),
+            pool_arrays(self.router.arrays, self.router.code, prefill.idents),
+            pool_arrays(self.decode_router.arrays, self.decode_router.code, decode.idents),
             (self.arrival_ms, np.ascontiguousarray(w.dp_rank, np.int64), never_fits,
              self.prefill_worker_of, self.prefill_rank_of, self.worker_of, self.rank_of,
              self.sides.handed, self.status, np.zeros(longest // block_size + 1, dtype=np.int64),
