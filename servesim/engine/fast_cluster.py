@@ -49,7 +49,7 @@ WORKERS_PADDED = 8
 
 @njit(_nrt=False)
 def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
-                never_fits, worker_of, rank_of, status, scratch, finished_code, rejected_code,
+                never_fits, worker_of, rank_of, status, finished_code, rejected_code,
                 h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
     """Run the workers' events and the arrivals up to the horizon (module
     docstring). Worker k is `group[k]` (its `run_passes` arguments but the
@@ -68,7 +68,7 @@ def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms,
             if state != ARRIVE:
                 return state
             arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
-                   never_fits, worker_of, rank_of, status, scratch, rejected_code)
+                   never_fits, worker_of, rank_of, status, rejected_code)
             continue
         # a worker runs up to the next arrival (and the outside horizon); the
         # pass log takes the workers' passes in event order
@@ -108,8 +108,7 @@ class CompiledCluster:
         self.observer = observer
         self.pass_log = pass_log
         self.ranks = ranks
-        table = cores[0].ranks[0].scheduler.table
-        self.pool = pool_arrays(ranks, policy, table.idents)
+        self.pool = pool_arrays(ranks, policy, cores[0].ranks[0].scheduler.table)
         self.arrival_ms = arrival_ms
         self.pinned = pinned
         self.worker_of = worker_of
@@ -123,9 +122,6 @@ class CompiledCluster:
         self.cs = np.zeros(NUM_LOOP, dtype=np.int64)
         self.cs[P_CONT] = -1
         self.never_fits = np.zeros(len(arrival_ms), dtype=bool)  # (one pool: its own check)
-        prompts = table.R["num_prompt_tokens"]
-        longest = int(prompts.max()) if len(prompts) else 1
-        self.scratch = np.zeros(max(1, (longest - 1) // ranks.block_size), dtype=np.int64)
         self.ws_t = padded([core.compiled.ws for core in cores], WORKERS_PADDED)
         self.wt_t = padded([core.compiled.wt for core in cores], WORKERS_PADDED)
         self._group = None
@@ -204,7 +200,7 @@ class CompiledCluster:
             return self._entry(self._arguments(), self.ws_t, self.wt_t, self.keys_t,
                                self.keys_o, self.keys_s, cs, self.pool, self.arrival_ms,
                                self.pinned, self.never_fits, self.worker_of, self.rank_of,
-                               self.status, self.scratch, *self.codes, float(h[0]), int(h[1]),
+                               self.status, *self.codes, float(h[0]), int(h[1]),
                                int(h[2]), *log_arguments(self.pass_log))
 
         state = run_reporting(self.loop, self.cores, cs, P_SEQ, P_FROM, P_CONT, call)

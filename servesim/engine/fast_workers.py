@@ -79,7 +79,7 @@ ARRIVE = -1  # (`_arrival_due`: the next arrival runs now)
 # the replay's arrays the loop reads and fills when it takes the arrivals
 # (`CompiledWorkers.take_arrivals`), a tuple in this order
 (R_ARRIVAL_MS, R_PINNED, R_NEVER_FITS, R_PREFILL_WORKER, R_PREFILL_RANK, R_WORKER, R_RANK,
- R_HANDED, R_STATUS, R_SCRATCH, R_FINISHED, R_REJECTED) = range(12)
+ R_HANDED, R_STATUS, R_FINISHED, R_REJECTED) = range(11)
 
 
 @njit
@@ -180,14 +180,18 @@ def next_key(keys_t, keys_o, keys_s, st, arrival_ms):
     return min(keys) if keys else None
 
 
-def pool_arrays(ranks: routing.RankArrays, policy, idents):
+def pool_arrays(ranks: routing.RankArrays, policy, table, extra_tokens=0):
     """A pool's arrays for a loop's routing (`_route`) and queueing
     (`_queue`): its ranks' (`ranks`), the policy, a count of requests routed
-    to each rank, and the request table's block identities."""
+    to each rank, the request table's block identities, and `kv_aware`'s
+    scratch for a prompt of the table's with `extra_tokens` more."""
+    prompts = table.R["num_prompt_tokens"]
+    longest = (int(prompts.max()) if len(prompts) else 1) + extra_tokens
+    scratch = np.zeros(max(1, (longest - 1) // ranks.block_size), dtype=np.int64)
     return (int(policy), ranks.rr, ranks.blocks_t, ranks.idmap_t, ranks.S_t, ranks.pscal_t,
             ranks.cfg_t, ranks.wq_t, np.zeros(len(ranks.ranks), dtype=np.int64),
             ranks.num_gpu_blocks, ranks.num_workers, ranks.dp, ranks.block_size,
-            ranks.enable_caching, idents)
+            ranks.enable_caching, table.idents, scratch)
 
 
 ROUTED, POOL_DP = 8, 11  # (fields of `pool_arrays`)
@@ -241,12 +245,12 @@ def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
 
 
 @njit
-def _route(pool, R, i, num_prompt_tokens, pinned, scratch):
+def _route(pool, R, i, num_prompt_tokens, pinned):
     """The rank `j` of `pool` (`pool_arrays`) that request i
     (row i of `R`), with `num_prompt_tokens`, goes to (engine/routing.py
     `route`), counted as routed there."""
     (policy, rr, blocks_t, idmap_t, S_t, pscal_t, cfg_t, wq_t, routed, num_gpu_blocks,
-     num_workers, dp, block_size, enable_caching, idents) = pool
+     num_workers, dp, block_size, enable_caching, idents, scratch) = pool
     off = R[i].block_offset
     j = routing.route(policy, rr, blocks_t, idmap_t, S_t, pscal_t, num_gpu_blocks, num_workers,
                       dp, pinned, idents[off:off + R[i].block_capacity], scratch,
@@ -273,7 +277,7 @@ def _queue(pool, ws_t, wt_t, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prom
 
 @njit
 def arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, never_fits,
-           worker_of, rank_of, status, scratch, rejected_code):
+           worker_of, rank_of, status, rejected_code):
     """The next arrival a loop over workers takes (`st`: its state), as the
     replay's `_on_arrival` would take it: routed to a rank of `pool` (the
     workers `group[k]`; where it went into `worker_of`, `rank_of`), and
@@ -284,7 +288,7 @@ def arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinn
     i = next_arrival(R, st, arrival_ms, P_ANEXT, P_AEND, P_ASEQ, P_SEQ)
     now = arrival_ms[i]
     dp = pool[POOL_DP]
-    j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i], scratch)
+    j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i])
     k = j // dp
     worker_of[i] = k
     rank_of[i] = j % dp
@@ -314,7 +318,7 @@ def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_
             ps[P_DONE] += 1
             continue
         prompt = P[i].num_prompt_tokens
-        j = _route(pool_b, D, i, prompt + 1, rp[R_PINNED][i], rp[R_SCRATCH])
+        j = _route(pool_b, D, i, prompt + 1, rp[R_PINNED][i])
         rp[R_WORKER][i] = j // dp
         rp[R_RANK][i] = j % dp
         hand_off(P, D, i, now)
@@ -349,7 +353,7 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a
                 return state
             arrive(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, arrival_ms,
                    rp[R_PINNED], rp[R_NEVER_FITS], rp[R_PREFILL_WORKER], rp[R_PREFILL_RANK],
-                   rp[R_STATUS], rp[R_SCRATCH], rp[R_REJECTED])
+                   rp[R_STATUS], rp[R_REJECTED])
             continue
         # k's horizon: the first of the others' events, the next arrival, or
         # the outside event

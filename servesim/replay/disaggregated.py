@@ -234,19 +234,14 @@ class DisaggregatedReplay(Replay):
         prefill, decode = self.sides.prefill, self.sides.decode
         # prompts whose first token and prompt can never fit the decode pool
         # (`_on_arrival`)
-        lengths, which = np.unique(w.input_length, return_inverse=True)
-        scheduler = self.decode_workers[0].ranks[0].scheduler
-        fits = np.array([scheduler.can_ever_fit(int(p) + 1) for p in lengths.tolist()], dtype=bool)
-        never_fits = ~fits[which] & (self.max_tokens > 1)
-        longest = int(w.input_length.max()) if n else 1
-        block_size = self.router.arrays.block_size
+        never_fits = (self._never_fit(self.decode_workers[0].ranks[0].scheduler, 1)
+                      & (self.max_tokens > 1))
         self.runner.attach(
-            pool_arrays(self.router.arrays, self.router.code, prefill.idents),
-            pool_arrays(self.decode_router.arrays, self.decode_router.code, decode.idents),
+            pool_arrays(self.router.arrays, self.router.code, prefill),
+            pool_arrays(self.decode_router.arrays, self.decode_router.code, decode, 1),
             (self.arrival_ms, np.ascontiguousarray(w.dp_rank, np.int64), never_fits,
              self.prefill_worker_of, self.prefill_rank_of, self.worker_of, self.rank_of,
-             self.sides.handed, self.status, np.zeros(longest // block_size + 1, dtype=np.int64),
-             int(STATUS_FINISHED), int(STATUS_REJECTED)))
+             self.sides.handed, self.status, int(STATUS_FINISHED), int(STATUS_REJECTED)))
         if not self._loop_takes_arrivals():
             return super()._schedule_arrivals()
         # an open loop: the workers' compiled loop routes the arrivals, hands

@@ -171,10 +171,8 @@ class Replay:
         n = len(self.workload)
         if concurrency is None and self._arrivals_in_loop():
             # the worker's compiled loop admits them (sequence drawn as below)
-            scheduler = self.workers[0].ranks[0].scheduler
-            lengths, which = np.unique(self.workload.input_length, return_inverse=True)
-            fits = np.array([scheduler.can_ever_fit(int(p)) for p in lengths.tolist()], dtype=bool)
-            self._never_fits = ~fits[which]  # rejected at arrival (`_sync_arrivals`)
+            # rejected at arrival (`_sync_arrivals`)
+            self._never_fits = self._never_fit(self.workers[0].ranks[0].scheduler)
             self.loop.seq += 1
             self.workers[0].take_arrivals(self.arrival_ms, self.loop.seq)
             self._own_arrivals = True
@@ -204,6 +202,14 @@ class Replay:
                 self.arrival_ms[i] = 0.0
                 self.loop.schedule(0.0, ARRIVAL, self._on_arrival, i)
             self._next_release = first
+
+    def _never_fit(self, scheduler, extra_tokens=0):
+        """Whether each request's prompt and `extra_tokens` can never fit a
+        rank of `scheduler`'s kind (`can_ever_fit`, once per prompt length)."""
+        lengths, which = np.unique(self.workload.input_length, return_inverse=True)
+        fits = np.array([scheduler.can_ever_fit(int(p) + extra_tokens) for p in lengths.tolist()],
+                        dtype=bool)
+        return ~fits[which]
 
     def _arrivals_in_loop(self) -> bool:
         """Whether the open-loop arrivals can go to the worker's compiled loop
