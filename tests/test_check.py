@@ -147,7 +147,7 @@ def drop_first_running(core):
     s = core.ranks[0].scheduler
     t = s.table
     i = int(s.running[0])
-    fast._free(t.R, t.tables, s.pool.blocks, s.pool.scalars, i)
+    fast._free(s.arrays, i)
     n = s.S[0]["num_running"]
     s.running[:n - 1] = s.running[1:n].copy()
     s.S[0]["num_running"] = n - 1

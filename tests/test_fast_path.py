@@ -240,17 +240,25 @@ def test_progress_reports_the_compiled_loops_clock_in_order():
 
 def test_the_loops_bundle_holds_the_workers_own_arrays():
     # the compiled loop reads a worker's arrays through one `WorkerArrays`
-    # (engine/worker_arrays.py), built positionally in `FIELDS` order: a
-    # field from each of its groups, first to last, is that worker's own
-    # array (two attention-DP ranks: the per-rank tuples hold each rank's)
+    # (engine/worker_arrays.py), built positionally in `FIELDS` order, and
+    # the scheduler's kernels a rank's through its `SchedulerArrays`
+    # (scheduler/scheduler_arrays.py): a field from each of their groups,
+    # first to last, is that worker's or rank's own array (two attention-DP
+    # ranks: the per-rank tuples hold each rank's)
     from numba import njit
 
     from helpers import make_config, make_workload
 
     @njit
     def fields(w):  # (the proxy has no Python attributes: read them compiled)
-        return (w.R, w.cfg, w.S_t, w.blocks_t, w.usage, w.launch, w.num_gpu_blocks,
+        return (w.R, w.cfg, w.S_t, w.usage, w.launch, w.num_gpu_blocks,
                 w.outs, w.ws, w.wt, w.pulls)
+
+    @njit
+    def rank_fields(w, r):
+        s = w.sched_t[r]
+        return (s.R, s.idents, s.blocks, s.pscal, s.cfg, s.S, s.wq, s.held, s.client_ms,
+                s.last_client, s.detokenize_ms)
 
     rows = [{"id": f"r{i}", "t": 3 * i, "P": 40, "O": 6, "hash_ids": [i, 100 + i, 200 + i]}
             for i in range(8)]
@@ -260,16 +268,62 @@ def test_the_loops_bundle_holds_the_workers_own_arrays():
     compiled = replay.workers[0].compiled
     w, kv = compiled.arguments()
     s = compiled.schedulers
-    R, cfg, S_t, blocks_t, usage, launch, num_gpu_blocks, outs, ws, wt, pulls = fields(w)
+    R, cfg, S_t, usage, launch, num_gpu_blocks, outs, ws, wt, pulls = fields(w)
     assert kv is None
     assert np.shares_memory(R, s[0].table.R) and np.shares_memory(cfg, s[0].cfg)
     assert [np.shares_memory(a, r.S) for a, r in zip(S_t, s)] == [True, True]
-    assert [np.shares_memory(a, r.pool.blocks) for a, r in zip(blocks_t, s)] == [True, True]
     assert np.shares_memory(usage, compiled.usage) and np.shares_memory(launch, compiled.launch)
     assert num_gpu_blocks == s[0].pool.num_gpu_blocks
     for mine, its in ((outs, compiled.outs), (ws, compiled.ws), (wt, compiled.wt),
                       (pulls, compiled.pulls)):
         assert np.shares_memory(mine, its)
+    for r, rank in enumerate(s):
+        (R, idents, blocks, pscal, cfg, S, wq, held, client_ms, last_client,
+         detokenize_ms) = rank_fields(w, r)
+        own = (rank.table.R, rank.table.idents, rank.pool.blocks, rank.pool.scalars, rank.cfg,
+               rank.S, rank.wq, rank.held, rank.tokens.client_ms, rank.tokens.last_client)
+        mine = (R, idents, blocks, pscal, cfg, S, wq, held, client_ms, last_client)
+        assert all(np.shares_memory(a, b) for a, b in zip(mine, own))
+        assert not np.shares_memory(blocks, s[1 - r].pool.blocks)
+        assert detokenize_ms == rank.tokens.detokenize_ms
+
+
+def test_a_ranks_kv_bundle_holds_its_tier_and_is_made_again_when_the_tier_grows():
+    # a rank with a CPU tier hands the kernels its `kv` state as one
+    # `KVArrays` (scheduler/scheduler_arrays.py): the waiting-for-KV list,
+    # the call's outputs and the tier's own arrays; when the tier's job
+    # arrays are replaced by larger ones (`TierArrays.ensure_room`), the
+    # next call's bundle holds the new ones
+    from numba import njit
+
+    from helpers import make_config, make_workload
+    from servesim.kvcache import cpu_tier_kernels as ct
+
+    @njit
+    def fields(kv):
+        return kv.wfk, kv.KO, kv.KC, kv.tier, kv.jobs, kv.job_times, kv.lanes, kv.KS, kv.KF
+
+    rows = [{"id": f"r{i}", "t": 3 * i, "P": 40, "O": 6, "hash_ids": [i, 100 + i, 200 + i]}
+            for i in range(8)]
+    tier = {"num_cpu_blocks": 24, "bytes_per_token": 62500, "d2h_gbps": 0.5, "h2d_gbps": 0.5,
+            "connector": "offloading"}
+    replay = Replay(make_config(block_size=16, num_gpu_blocks=64, kv_offloading=tier),
+                    make_workload(rows))
+    replay.run()
+    scheduler = replay.workers[0].compiled.schedulers[0]
+    t = scheduler.connector.tier
+
+    def own():
+        return (*scheduler.kv_state, t.tier, t.jobs, t.job_times, t.lanes, t.KS, t.KF)
+
+    kv = scheduler._kv()
+    assert scheduler._kv() is kv  # (nothing grew: the same bundle)
+    assert all(np.shares_memory(a, b) for a, b in zip(fields(kv), own()))
+    jobs = t.jobs
+    t.KS[ct.K_JOBS] = len(jobs)  # the job arrays are full: the next call grows them
+    grown = scheduler._kv()
+    assert t.jobs is not jobs and len(t.jobs) > len(jobs)
+    assert all(np.shares_memory(a, b) for a, b in zip(fields(grown), own()))
 
 
 def test_kernels_compiled_without_reference_counts_hand_back_no_arrays(tmp_path):

@@ -25,7 +25,7 @@ LAYERS = (
     ("kvcache", "results"),  # the block pool and CPU tier; records, metrics, outputs
 )
 # Top-level modules any sub-package may use (they import no sub-package).
-BASE = {"errors", "jit", "cache"}
+BASE = {"errors", "jit", "cache", "bundles"}
 RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
 

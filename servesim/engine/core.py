@@ -156,8 +156,8 @@ class EngineCore:
         c = self.compiled
         loop = self.loop
         c.ws[fast_run.W_SEQ] = loop.seq
-        if not fast_run.add_request(scheduler.table.R, scheduler.cfg, scheduler.S, scheduler.wq,
-                                    c.ws, c.wt, request, num_prompt_tokens, loop.now):
+        if not fast_run.add_request(scheduler.arrays, c.ws, c.wt, request, num_prompt_tokens,
+                                    loop.now):
             return False
         if c.ws[fast_run.W_SEQ] != loop.seq:  # it woke the engine: a decision at this instant
             loop.seq = int(c.ws[fast_run.W_SEQ])

@@ -143,15 +143,15 @@ def submit_transfer(XI, XF, link_free, i, link, tokens, bytes_per_token, bytes_p
 
 
 @njit
-def poll_sender(R, tables, blocks, pscal, S, held, pending, state, log, XF, now):
+def poll_sender(s, pending, state, log, XF, now):
     """A prefill rank's poll: free the held blocks of every request whose
     transfer landed by `now`, in submission order (`fast.free_delayed`), and
-    log it; the others stay pending."""
+    log it; the others stay pending. `s`: the rank's `SchedulerArrays`."""
     kept = 0
     for k in range(state[P_COUNT]):
         i = pending[k]
         if XF[i, X_LAND] <= now:
-            fast.free_delayed(R, tables, blocks, pscal, S, held, i)
+            fast.free_delayed(s, i)
             XF[i, X_FREED] = now
             log[state[P_LOGGED]] = i
             state[P_LOGGED] += 1

@@ -201,17 +201,17 @@ def _next_seq(ws):
 
 
 @njit
-def add_request(R, cfg, S, wq, ws, wt, i, num_prompt_tokens, now):
-    """Request i, of `num_prompt_tokens`, arrives at `now` at the rank whose
-    queues are `S`, `wq`: queued unless it can never fit (`fast.can_ever_fit`:
+def add_request(s, ws, wt, i, num_prompt_tokens, now):
+    """Request i, of `num_prompt_tokens`, arrives at `now` at the rank `s`
+    (its `SchedulerArrays`): queued unless it can never fit (`fast.can_ever_fit`:
     rejected, False returned); an idle engine (nothing in flight, no decision
     due) then decides at `now`, after the other arrivals at that instant (order
     DECIDE, its sequence drawn) (docs/engine.md §3, §7 "Ties";
     `EngineCore.add_request` in vllm/v1/engine/core.py queues it for the next
     `schedule()`)."""
-    if not fast.can_ever_fit(cfg, num_prompt_tokens):
+    if not fast.can_ever_fit(s.cfg, num_prompt_tokens):
         return False
-    fast.add_request(R, S, wq, cfg[0].priority_scheduling, i)
+    fast.add_request(s, i)
     if ws[W_COUNT] == 0 and ws[W_DECIDE] == DEC_NONE:
         ws[W_DECIDE] = DEC_WAKE
         wt[T_DECIDE] = now
@@ -236,12 +236,13 @@ def next_arrival(R, state, arrival_ms, NEXT, END, ASEQ, SEQ):
 
 
 @njit
-def _arrive(R, cfg, S, wq, ws, wt, arrival_ms):
+def _arrive(s, ws, wt, arrival_ms):
     """The next of the arrivals the loop admits itself (a worker of one rank
     taking an open-loop workload, `CompiledWorker.take_arrivals`): it
     arrives (`next_arrival`) and is queued (`add_request`)."""
+    R = s.R
     i = next_arrival(R, ws, arrival_ms, W_ANEXT, W_AEND, W_ASEQ, W_SEQ)
-    add_request(R, cfg, S, wq, ws, wt, i, R[i].num_prompt_tokens, arrival_ms[i])
+    add_request(s, ws, wt, i, R[i].num_prompt_tokens, arrival_ms[i])
 
 
 @njit
@@ -274,10 +275,10 @@ def _kv_room(kv_t, S_t, ranks, width, num_gpu_blocks):
     (`FastScheduler._kv`'s bound, which `TierArrays.ensure_room` grows to)."""
     for r in range(ranks):
         kv = kv_t[r]
-        KS = kv[9]
+        KS = kv.KS
         jobs = 2 * width + min(S_t[r][0].num_waiting, num_gpu_blocks)
-        if (KS[ct.K_JOBS] + jobs > kv[6].shape[0]
-                or KS[ct.K_JB] + 3 * num_gpu_blocks > kv[8].shape[1]):
+        if (KS[ct.K_JOBS] + jobs > kv.jobs.shape[0]
+                or KS[ct.K_JB] + 3 * num_gpu_blocks > kv.job_blocks.shape[1]):
             return False
     return True
 
@@ -285,7 +286,7 @@ def _kv_room(kv_t, S_t, ranks, width, num_gpu_blocks):
 @njit
 def _submit(kv, j, at_ms):
     """A decided CPU-tier job onto its lane at `at_ms` (cpu_tier_kernels.submit)."""
-    ct.submit(kv[10], kv[11], kv[6], kv[7], kv[8], kv[9], kv[12], j, at_ms)
+    ct.submit(kv.lanes, kv.storing, kv.jobs, kv.job_times, kv.job_blocks, kv.KS, kv.KF, j, at_ms)
 
 
 @njit
@@ -295,7 +296,7 @@ def _next_completion_ms(kv_t, ranks):
     t = -1.0
     for r in range(ranks):
         kv = kv_t[r]
-        f = ct.next_completion_ms(kv[10], kv[7], kv[9])
+        f = ct.next_completion_ms(kv.lanes, kv.job_times, kv.KS)
         if f >= 0 and (t < 0 or f < t):
             t = f
     return t
@@ -324,7 +325,8 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
     describe the batch queue's passes in flight (`ws[W_COUNT]` of them from
     slot `ws[W_HEAD]`). `arrival_ms[i]`: when request i arrives, for the
     arrivals the loop admits (`W_ANEXT`). `kv_t` (an argument): each rank's
-    `kv` tuple (`FastScheduler._kv`; None: no CPU tier and no remote KV),
+    `kv` bundle (a `KVArrays`, `FastScheduler._kv`; None: no CPU tier and no
+    remote KV),
     `xw_t[:ws[W_NXW]]`, `xw_s`: the transfer wakes pending (instant,
     sequence). In disaggregated mode (`ws[W_POOL]`) `side_*_t` are each
     rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
@@ -339,7 +341,6 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
     wt = w.wt
     ranks = w.feats.shape[1]
     width = w.outs.shape[3]
-    priority = w.cfg[0].priority_scheduling
     cpu = w.cfg[0].kv_source == fast.KV_SOURCE_CPU  # (read under `kv_t is not None`)
     pool = ws[W_POOL]
     n_fin = 0
@@ -404,7 +405,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
             ws[W_FORCE] = 0
             wt[T_NOW] = t
             if kind == EV_ARRIVE:
-                _arrive(w.R, w.cfg, w.S_t[0], w.wq_t[0], ws, wt, w.arrival_ms)
+                _arrive(w.sched_t[0], ws, wt, w.arrival_ms)
                 continue
             if kind == EV_END:
                 # the outputs of the pass at the head of the queue
@@ -415,13 +416,9 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
                     index = w.pidx[head, r]
                     if index < 0:
                         continue
-                    pscal = w.pscal_t[r]
                     n = fast.update_from_output(
-                        w.R, w.idents, w.tables, w.blocks_t[r], w.idmap_t[r], pscal, w.cfg,
-                        w.spec_t[r], w.S_t[r], w.running_t[r], w.wq_t[r], w.outs[head, r],
-                        w.feats[head, r, fast.N_SCHED], release, index, w.detokenize_ms,
-                        w.client_ms, w.token_offsets, w.last_client, w.finished[n_fin:],
-                        rank_kv(kv_t, r), w.held_t[r])
+                        w.sched_t[r], w.outs[head, r], w.feats[head, r, fast.N_SCHED], release,
+                        index, w.finished[n_fin:], rank_kv(kv_t, r))
                     if kv_t is not None:
                         if cpu:
                             _submit_finished_stores(kv_t[r], w.ptime[following, P_END]
@@ -431,7 +428,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
                                   index, w.outs[head, r], w.feats[head, r], w.finished[n_fin:], n)
                     n_fin += n
                     finished_here += n
-                    track_usage(w.usage[r], pscal, w.num_gpu_blocks, t)
+                    track_usage(w.usage[r], w.pscal_t[r], w.num_gpu_blocks, t)
                 ws[W_HEAD] = following
                 ws[W_COUNT] = count - 1
                 ws[W_ENDED] = w.pidx[head, 0]
@@ -468,8 +465,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
             if pool == POOL_PREFILL:
                 for r in range(ranks):
                     if w.side_state_t[r][fast_disagg.P_COUNT]:
-                        fast_disagg.poll_sender(w.R, w.tables, w.blocks_t[r], w.pscal_t[r],
-                                                w.S_t[r], w.held_t[r], w.side_pending_t[r],
+                        fast_disagg.poll_sender(w.sched_t[r], w.side_pending_t[r],
                                                 w.side_state_t[r], w.side_log_t[r], w.XF, t)
             elif pool == POOL_DECODE:
                 for r in range(ranks):
@@ -482,21 +478,14 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
                 w.feats[tail, r, :] = 0
                 if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
                     if kv_t is not None:
-                        KC = kv_t[r][2]
+                        KC = kv_t[r].KC
                         for row in range(fast.NUM_KO_ROWS):
                             if row != fast.KO_FSTORES:
                                 KC[row] = 0
-                    n_taken += fast.take_out_all(w.R, w.idents, w.tables, w.blocks_t[r],
-                                                 w.idmap_t[r], w.pscal_t[r], w.cfg, S,
-                                                 w.running_t[r], w.wq_t[r],
-                                                 priority, rank_kv(kv_t, r), w.held_t[r],
-                                                 w.outs[tail, r],
+                    n_taken += fast.take_out_all(w.sched_t[r], rank_kv(kv_t, r), w.outs[tail, r],
                                                  w.feats[tail, r], w.taken[n_taken:])
                     continue
-                fast.schedule(w.R, w.idents, w.tables, w.blocks_t[r], w.idmap_t[r], w.pscal_t[r],
-                              w.cfg, S, w.running_t[r], w.wq_t[r], w.outs[tail, r],
-                              w.feats[tail, r],
-                              rank_kv(kv_t, r), w.held_t[r])
+                fast.schedule(w.sched_t[r], w.outs[tail, r], w.feats[tail, r], rank_kv(kv_t, r))
                 for e in range(w.feats[tail, r, fast.N_UNFIN]):
                     w.taken[n_taken] = w.outs[tail, r, fast.O_UNFIN, e]
                     n_taken += 1
@@ -507,7 +496,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
                         _submit_decided(kv_t[r], t)
                 elif pool == POOL_DECODE:
                     for r in range(ranks):
-                        if kv_t[r][2][fast.KO_LOADS] == 0:
+                        if kv_t[r].KC[fast.KO_LOADS] == 0:
                             continue  # no pull decided
                         n_pulls = _submit_pulls(w.R, kv_t[r], w.side_pending_t[r],
                                                 w.side_state_t[r], w.XI, w.XF, w.link_free,
@@ -574,8 +563,8 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
             if cpu:
                 for r in range(ranks):  # `offloading`: the pass's stores go out at its end
                     kv = kv_t[r]
-                    for k in range(kv[2][fast.KO_STORES]):
-                        _submit(kv, kv[1][fast.KO_STORES, k], end)
+                    for k in range(kv.KC[fast.KO_STORES]):
+                        _submit(kv, kv.KO[fast.KO_STORES, k], end)
         if ws[W_ASYNC]:
             ws[W_DECIDE] = DEC_PASS
             wt[T_DECIDE] = max(launch_end, w.ptime[head, P_END]) if count == 1 else launch_end
@@ -588,17 +577,17 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
 def _poll(kv, R, now):
     """The CPU tier's `get_finished` at a decision: transfers done by now
     take effect (a landed load marks its request KVLoad.LANDED)."""
-    KS = kv[9]
+    KS = kv.KS
     if KS[ct.K_LEN + ct.STORE] or KS[ct.K_LEN + ct.LOAD]:
-        ct.get_finished(kv[3], kv[4], kv[10], kv[6], kv[7], kv[8], KS, kv[12], R,
-                        KVLoad.LANDED, now)
+        ct.get_finished(kv.tier, kv.slot_of, kv.lanes, kv.jobs, kv.job_times, kv.job_blocks, KS,
+                        kv.KF, R, KVLoad.LANDED, now)
 
 
 @njit
 def _submit_decided(kv, now):
     """A decision's `simple_cpu` preemption stores, then its loads, go out at
     the decision instant."""
-    KO, KC = kv[1], kv[2]
+    KO, KC = kv.KO, kv.KC
     for k in range(KC[fast.KO_PSTORES]):
         _submit(kv, KO[fast.KO_PSTORES, k], now)
     for k in range(KC[fast.KO_LOADS]):
@@ -610,7 +599,7 @@ def _submit_finished_stores(kv, at_ms):
     """A finished request's store goes out with its free: at once when
     synchronous; under async scheduling the pass in flight was decided while
     the request still held its blocks, so at that pass's end (`at_ms`)."""
-    KO, KC = kv[1], kv[2]
+    KO, KC = kv.KO, kv.KC
     for k in range(KC[fast.KO_FSTORES]):
         _submit(kv, KO[fast.KO_FSTORES, k], at_ms)
     KC[fast.KO_FSTORES] = 0
@@ -620,10 +609,10 @@ def _submit_finished_stores(kv, at_ms):
 def _store_done_ms(kv):
     """The instant from which the G1 blocks a decided pass writes may be
     overwritten: the end of the stores still reading them (docs/engine.md §9)."""
-    n = kv[2][fast.KO_NEW_BLOCKS]
+    n = kv.KC[fast.KO_NEW_BLOCKS]
     if n == 0:
         return 0.0
-    return ct.store_done_ms(kv[11], kv[7], kv[1][fast.KO_NEW_BLOCKS], n)
+    return ct.store_done_ms(kv.storing, kv.job_times, kv.KO[fast.KO_NEW_BLOCKS], n)
 
 
 @njit
@@ -642,7 +631,7 @@ def _submit_pulls(R, kv, pending, state, XI, XF, link_free, link_of, xparams, no
     """A decode rank's pulls and notices decided now go on their prefill
     ranks' links (`ArrayReceiver.submit`); each is listed in `pulls` for its
     sender. Returns the new count."""
-    KO, KC = kv[1], kv[2]
+    KO, KC = kv.KO, kv.KC
     for k in range(KC[fast.KO_LOADS]):
         i = KO[fast.KO_LOADS, k]
         tokens = 0
@@ -795,7 +784,7 @@ class CompiledWorker:
         self._args = None  # (made at the first call)
         # run_passes compiled for the arguments' types (jit.Entry): a worker
         # calls it at every outside event with the same arguments (the worker's
-        # arrays as one bundle, the `kv` tuples, the horizon and the pass log),
+        # arrays as one bundle, the `kv` bundles, the horizon and the pass log),
         # whose types stay those of the first call until `_args` is rebuilt
         self._entry = Entry(run_passes)
         self.launch = launch_params
@@ -803,17 +792,12 @@ class CompiledWorker:
         self.counters = counters
         self.width = width
         table = s0.table
-        tok = s0.tokens
         pricer = ranks[0].pricer
-        self._shared = (table.R, table.idents, table.tables, s0.cfg, tok.client_ms,
-                        tok.offsets, tok.last_client, tok.detokenize_ms,
+        self._shared = (table.R, s0.cfg,
                         np.zeros(0, dtype=np.float64))  # arrival_ms (`take_arrivals`)
-        self._ranks = (padded([s.pool.blocks for s in schedulers]),
-                       padded([s.pool.idmap for s in schedulers]),
+        self._ranks = (padded([s.arrays for s in schedulers]),
+                       padded([s.S for s in schedulers]),
                        padded([s.pool.scalars for s in schedulers]),
-                       padded([s.S for s in schedulers]), padded([s.running for s in schedulers]),
-                       padded([s.wq for s in schedulers]), padded([s.spec for s in schedulers]),
-                       padded([s.held for s in schedulers]),
                        usage, counters, pricer.model, pricer.params, pricer.kv_capacity_tokens,
                        s0.pool.num_gpu_blocks, launch_params)
 
@@ -840,7 +824,7 @@ class CompiledWorker:
         `seq + 1`. Returns whether a wake was added."""
         self._grow_wakes()
         self.ws[W_SEQ] = seq
-        S_t = self._ranks[3]
+        S_t = self._ranks[1]
         side = self._side_args
         d = len(self.ranks)
         t = _next_land(side[0], side[1], side[4], d)
@@ -882,9 +866,10 @@ class CompiledWorker:
 
     def _make_args(self):
         """The loop's arguments but the horizon and the pass log: the worker's
-        arrays (engine/worker_arrays.py) and each rank's `kv` tuple (`FastScheduler._kv`, which grows the CPU tier's job arrays
-        so that one call's jobs fit; only this worker calls it during a run)
-        and the transfer wakes' arrays, grown when they may run short."""
+        arrays (engine/worker_arrays.py) and each rank's `kv` bundle
+        (`FastScheduler._kv`, which grows the CPU tier's job arrays so that
+        one call's jobs fit; only this worker calls it during a run) and the
+        transfer wakes' arrays, grown when they may run short."""
         kv = (padded([s._kv() for s in self.schedulers])
               if self.schedulers[0].kv_state is not None else None)
         self._grow_wakes()

@@ -188,13 +188,12 @@ def pool_arrays(ranks: routing.RankArrays, policy, table, extra_tokens=0):
     prompts = table.R["num_prompt_tokens"]
     longest = (int(prompts.max()) if len(prompts) else 1) + extra_tokens
     scratch = np.zeros(max(1, (longest - 1) // ranks.block_size), dtype=np.int64)
-    return (int(policy), ranks.rr, ranks.blocks_t, ranks.idmap_t, ranks.S_t, ranks.pscal_t,
-            ranks.cfg_t, ranks.wq_t, np.zeros(len(ranks.ranks), dtype=np.int64),
+    return (int(policy), ranks.rr, ranks.sched_t, np.zeros(len(ranks.ranks), dtype=np.int64),
             ranks.num_gpu_blocks, ranks.num_workers, ranks.dp, ranks.block_size,
             ranks.enable_caching, table.idents, scratch)
 
 
-ROUTED, POOL_DP = 8, 11  # (fields of `pool_arrays`)
+ROUTED, POOL_DP = 3, 6  # (fields of `pool_arrays`)
 
 
 def run_reporting(loop, cores, state, SEQ, FROM, CONT, call):
@@ -249,12 +248,12 @@ def _route(pool, R, i, num_prompt_tokens, pinned):
     """The rank `j` of `pool` (`pool_arrays`) that request i
     (row i of `R`), with `num_prompt_tokens`, goes to (engine/routing.py
     `route`), counted as routed there."""
-    (policy, rr, blocks_t, idmap_t, S_t, pscal_t, cfg_t, wq_t, routed, num_gpu_blocks,
-     num_workers, dp, block_size, enable_caching, idents, scratch) = pool
+    (policy, rr, sched_t, routed, num_gpu_blocks, num_workers, dp, block_size, enable_caching,
+     idents, scratch) = pool
     off = R[i].block_offset
-    j = routing.route(policy, rr, blocks_t, idmap_t, S_t, pscal_t, num_gpu_blocks, num_workers,
-                      dp, pinned, idents[off:off + R[i].block_capacity], scratch,
-                      num_prompt_tokens, block_size, enable_caching)
+    j = routing.route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned,
+                      idents[off:off + R[i].block_capacity], scratch, num_prompt_tokens,
+                      block_size, enable_caching)
     routed[j] += 1  # routed here, rejected or not
     return j
 
@@ -264,10 +263,9 @@ def _queue(pool, ws_t, wt_t, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prom
     """Request i arrives at rank `j` of `pool` (worker `slot` of the loop)
     now (fast_run `add_request`, as the worker's core queues it); False if it
     can never fit there. A worker it wakes decides at this instant."""
-    cfg_t, S_t, wq_t = pool[6], pool[4], pool[7]
     ws = ws_t[slot]
     ws[W_SEQ] = ps[P_SEQ]
-    if not add_request(R, cfg_t[j], S_t[j], wq_t[j], ws, wt_t[slot], i, num_prompt_tokens, now):
+    if not add_request(pool[2][j], ws, wt_t[slot], i, num_prompt_tokens, now):
         return False
     if ws[W_SEQ] != ps[P_SEQ]:  # it woke the engine: a decision at this instant
         ps[P_SEQ] = ws[W_SEQ]

@@ -5,9 +5,10 @@ the compiled loop of an aggregated cluster that takes its open-loop arrivals
 itself (engine/fast_cluster.py `run_cluster`).
 
 Ranks are numbered `j = worker * data_parallel_size + rank` ((worker, rank)
-order); the per-rank tuples (`blocks_t`, `idmap_t`, `S_t`, `pscal_t`) are
-indexed by j. A request pinned to a rank (`pinned` >= 0, the trace's
-`dp_rank`) is routed among the ranks with that index only.
+order); the ranks' scheduler arrays `sched_t` (a tuple of `SchedulerArrays`,
+scheduler/scheduler_arrays.py) are indexed by j. A request pinned to a rank
+(`pinned` >= 0, the trace's `dp_rank`) is routed among the ranks with that
+index only.
 
 - `round_robin`: (worker, rank) pairs in order, workers first, then ranks:
   w0r0, w1r0, ..., w0r1, w1r1, ...; a pinned request takes the next worker
@@ -54,7 +55,7 @@ def round_robin(rr, num_workers, dp, pinned):
 
 
 @njit
-def least_loaded(S_t, pscal_t, num_gpu_blocks, num_workers, dp, pinned):
+def least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned):
     """`least_loaded`'s choice: the first rank of least (running + waiting
     requests — loads waiting ahead of the queue included —, used blocks)."""
     best = -1
@@ -62,9 +63,9 @@ def least_loaded(S_t, pscal_t, num_gpu_blocks, num_workers, dp, pinned):
     for j in range(num_workers * dp):
         if pinned >= 0 and j % dp != pinned:
             continue
-        S = S_t[j]
+        S = sched_t[j].S
         requests = S[0].num_running + S[0].num_waiting + S[0].num_waiting_for_kv
-        used = num_gpu_blocks - 1 - pscal_t[j][bp.NUM_FREE]
+        used = num_gpu_blocks - 1 - sched_t[j].pscal[bp.NUM_FREE]
         if best < 0 or requests < best_requests or (requests == best_requests
                                                     and used < best_used):
             best, best_requests, best_used = j, requests, used
@@ -72,7 +73,7 @@ def least_loaded(S_t, pscal_t, num_gpu_blocks, num_workers, dp, pinned):
 
 
 @njit
-def kv_aware(blocks_t, idmap_t, S_t, num_workers, dp, pinned, idents, max_blocks, scratch,
+def kv_aware(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
              num_prompt_tokens, block_size):
     """`kv_aware`'s choice: the first rank of least cost, a rank's cost being
     the prompt tokens not in its prefix cache (the longest cached run of the
@@ -84,30 +85,31 @@ def kv_aware(blocks_t, idmap_t, S_t, num_workers, dp, pinned, idents, max_blocks
     for j in range(num_workers * dp):
         if pinned >= 0 and j % dp != pinned:
             continue
-        hit = bp.find_cached_prefix(blocks_t[j], idmap_t[j], idents, max_blocks, scratch)
-        cost = num_prompt_tokens - hit * block_size + fast.pending_prefill_tokens(S_t[j])
+        s = sched_t[j]
+        hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, max_blocks, scratch)
+        cost = num_prompt_tokens - hit * block_size + fast.pending_prefill_tokens(s.S)
         if best < 0 or cost < best_cost:
             best, best_cost = j, cost
     return best
 
 
 @njit
-def route(policy, rr, blocks_t, idmap_t, S_t, pscal_t, num_gpu_blocks, num_workers, dp,
-          pinned, idents, scratch, num_prompt_tokens, block_size, enable_caching):
+def route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
+          num_prompt_tokens, block_size, enable_caching):
     """The rank `j` (module docstring) `policy` sends a request to."""
     if policy == RoutePolicy.KV_AWARE:
         max_blocks = (num_prompt_tokens - 1) // block_size if enable_caching else 0
-        return kv_aware(blocks_t, idmap_t, S_t, num_workers, dp, pinned, idents, max_blocks,
-                        scratch, num_prompt_tokens, block_size)
+        return kv_aware(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
+                        num_prompt_tokens, block_size)
     if policy == RoutePolicy.LEAST_LOADED:
-        return least_loaded(S_t, pscal_t, num_gpu_blocks, num_workers, dp, pinned)
+        return least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned)
     return round_robin(rr, num_workers, dp, pinned)
 
 
 class RankArrays:
-    """The arrays of a pool's ranks that the routing rules read (and the
-    compiled cluster loop queues arrivals on), as tuples in (worker, rank)
-    order, `padded` to RANKS_PADDED at least (a tuple's length is part of
+    """The scheduler arrays of a pool's ranks, which the routing rules read
+    (and the compiled loops over workers queue arrivals on), as a tuple in
+    (worker, rank) order, `padded` to RANKS_PADDED at least (a tuple's length is part of
     its type: one compile of each rule, and of the cluster loop, for every
     deployment of up to 16 ranks; the rules never index the padding), and
     the round-robin state."""
@@ -121,12 +123,7 @@ class RankArrays:
         self.num_gpu_blocks = pool.num_gpu_blocks
         self.block_size = pool.block_size
         self.enable_caching = bool(pool.enable_caching)
-        self.blocks_t = padded([rk.pool.blocks for rk in ranks], RANKS_PADDED)
-        self.idmap_t = padded([rk.pool.idmap for rk in ranks], RANKS_PADDED)
-        self.S_t = padded([rk.scheduler.S for rk in ranks], RANKS_PADDED)
-        self.cfg_t = padded([rk.scheduler.cfg for rk in ranks], RANKS_PADDED)
-        self.wq_t = padded([rk.scheduler.wq for rk in ranks], RANKS_PADDED)
-        self.pscal_t = padded([rk.pool.scalars for rk in ranks], RANKS_PADDED)
+        self.sched_t = padded([rk.scheduler.arrays for rk in ranks], RANKS_PADDED)
         self.rr = np.zeros(RR_PINNED + data_parallel_size, dtype=np.int64)
 
     def target(self, j):

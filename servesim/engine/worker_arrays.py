@@ -9,14 +9,15 @@ a reference count on and off for each of them and a copy of every array's
 descriptor, a few µs a switch; a StructRef is handed over as one pointer, and
 its fields are read where they are used.
 
-A field is read through the bundle's MemInfo without the runtime's helper
-(`_payload`), so that the loop can be compiled without Numba's reference
-counts (servesim/scheduler/fast.py, "Reference counts"): Numba's own
-StructRef reads call that helper, which such kernels may not.
+It is a bundle (servesim/bundles.py): its fields are read without the
+runtime's helper, so that the loop can be compiled without Numba's
+reference counts.
 
 The fields carry the names the loop's docstring uses (the request table `R`,
-its `idents` and block `tables`, the scheduler's `cfg`, each rank's arrays as
-tuples `*_t`, the batch queue's `outs` / `feats` / `pidx` / `ptime` / `pseq`,
+the scheduler's `cfg`, each rank's scheduler arrays `sched_t` (a tuple of
+`SchedulerArrays`, scheduler/scheduler_arrays.py, the bundle the scheduler's
+kernels take) and other per-rank tuples `*_t`, the batch queue's `outs` /
+`feats` / `pidx` / `ptime` / `pseq`,
 the worker's state `ws` / `wt`, ...); `CompiledWorker._make_args` builds one,
 again whenever one of its arrays is replaced by a larger one. The rank's `kv`
 bundle stays an argument of the loop: it is None on a worker without a CPU
@@ -24,21 +25,18 @@ tier or remote KV, and the loop's code for it is chosen by that argument's
 type when it compiles.
 """
 
-from numba.core import cgutils, imputils, types
-from numba.core.datamodel import default_manager, models
-from numba.core.runtime.nrtdynmod import _meminfo_struct_type
-from numba.core.typing.templates import AttributeTemplate
-from numba.experimental import structref
-from numba.extending import infer_getattr, lower_getattr_generic, lower_setattr_generic
-
+from servesim.bundles import BundleType, PlainBundle, register_bundle
 from servesim.jit import njit, plain_python
+from numba.experimental import structref
 
 FIELDS = (
-    # the request table and what every rank shares
-    "R", "idents", "tables", "cfg", "client_ms", "token_offsets", "last_client",
-    "detokenize_ms", "arrival_ms",
-    # each attention-DP rank's (tuples, `padded`)
-    "blocks_t", "idmap_t", "pscal_t", "S_t", "running_t", "wq_t", "spec_t", "held_t",
+    # the request table, the first rank's scheduler configuration, the
+    # arrivals the loop admits
+    "R", "cfg", "arrival_ms",
+    # each attention-DP rank's (tuples, `padded`): its scheduler's arrays
+    # (scheduler/scheduler_arrays.py), and of those its state and block pool's
+    # scalars, which the loop reads itself
+    "sched_t", "S_t", "pscal_t",
     # KV usage, counters and pricing
     "usage", "counters", "model", "params", "kv_capacity", "num_gpu_blocks", "launch",
     # disaggregated mode: each rank's sender or receiver, the handoffs' transfers
@@ -50,50 +48,8 @@ FIELDS = (
 )
 
 
-class WorkerArraysType(types.StructRef):
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(typ)) for name, typ in fields)
-
-
-default_manager.register(WorkerArraysType, models.StructRefModel)
-
-
-@infer_getattr
-class _Fields(AttributeTemplate):
-    key = WorkerArraysType
-
-    def generic_resolve(self, typ, attr):
-        return typ.field_dict.get(attr)
-
-
-def _payload(context, builder, typ, val):
-    """The bundle's fields, read through its MemInfo's data pointer without
-    the runtime's helper (which kernels compiled without reference counts
-    may not call): the same load `NRT_MemInfo_data_fast` makes."""
-    meminfo = cgutils.create_struct_proxy(typ)(context, builder, value=val).meminfo
-    mi = builder.bitcast(meminfo, _meminfo_struct_type.as_pointer())
-    data = builder.load(cgutils.gep_inbounds(builder, mi, 0, 3))
-    payload_type = typ.get_data_type()
-    ptr = builder.bitcast(data, context.get_value_type(payload_type).as_pointer())
-    return cgutils.create_struct_proxy(payload_type)(context, builder, ref=ptr)
-
-
-@lower_getattr_generic(WorkerArraysType)
-def _getattr(context, builder, typ, val, attr):
-    value = getattr(_payload(context, builder, typ, val), attr)
-    return imputils.impl_ret_borrowed(context, builder, typ.field_dict[attr], value)
-
-
-@lower_setattr_generic(WorkerArraysType)
-def _setattr(context, builder, sig, args, attr):
-    typ, value_type = sig.args
-    instance, value = args
-    payload = _payload(context, builder, typ, instance)
-    value = context.cast(builder, value, value_type, typ.field_dict[attr])
-    old = getattr(payload, attr)
-    context.nrt.incref(builder, value_type, value)
-    context.nrt.decref(builder, value_type, old)
-    setattr(payload, attr, value)
+class WorkerArraysType(BundleType):
+    pass
 
 
 class WorkerArrays(structref.StructRefProxy):
@@ -101,7 +57,7 @@ class WorkerArrays(structref.StructRefProxy):
     `new_worker_arrays`: its constructor is compiled once and cached)."""
 
 
-structref.define_proxy(WorkerArrays, WorkerArraysType, list(FIELDS))
+register_bundle(WorkerArraysType, WorkerArrays, FIELDS)
 
 
 @njit
@@ -109,15 +65,11 @@ def _new_worker_arrays(*fields):
     return WorkerArrays(*fields)
 
 
-class PlainWorkerArrays:
+class PlainWorkerArrays(PlainBundle):
     """The bundle when the kernels run as plain Python (servesim/jit.py
     `plain_python`): the same fields, as attributes."""
 
     __slots__ = FIELDS
-
-    def __init__(self, *fields):
-        for name, value in zip(FIELDS, fields, strict=True):
-            setattr(self, name, value)
 
 
 def new_worker_arrays(*fields):

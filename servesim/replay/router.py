@@ -68,10 +68,10 @@ class Router:
         a = self.arrays
         if num_prompt_tokens // a.block_size > len(self._scratch):  # kv_aware's cached run
             self._scratch = np.zeros(num_prompt_tokens // a.block_size, dtype=np.int64)
-        return a.target(self._call(routing.route, int(self.code), a.rr, a.blocks_t, a.idmap_t,
-                                   a.S_t, a.pscal_t, a.num_gpu_blocks, a.num_workers, a.dp,
-                                   pinned_rank, idents, self._scratch, num_prompt_tokens,
-                                   a.block_size, a.enable_caching))
+        return a.target(self._call(routing.route, int(self.code), a.rr, a.sched_t,
+                                   a.num_gpu_blocks, a.num_workers, a.dp, pinned_rank, idents,
+                                   self._scratch, num_prompt_tokens, a.block_size,
+                                   a.enable_caching))
 
     def _call(self, kernel, *args):
         """`kernel(*args)`, through its compiled function for these types

@@ -6,10 +6,10 @@ sched/scheduler.py; docs/engine.md §2-6). A violation raises
 :class:`~servesim.errors.InvariantError` naming the pass, the request or block
 and the invariant: it is a bug in servesim, never bad input.
 
-`check_rank` is a Numba kernel over the request table's arrays
-(`servesim.scheduler.fast_table`), the rank's G1 pool arrays
-(`servesim.kvcache.block_pool`), its `running` list, its waiting queue (a ring
-from `wq_head`, or a heap from 0 under the priority policy), the requests that
+`check_rank` is a Numba kernel over a rank's scheduler arrays (a
+`SchedulerArrays`, servesim/scheduler/scheduler_arrays.py: the request table,
+the rank's G1 pool arrays, its `running` list, its waiting queue — a ring
+from `S[0].waiting_head`, or a heap from 0 under the priority policy), the requests that
 hold blocks outside those two (`others`: loads in flight — a CPU-tier load or
 a remote pull into the blocks a request took at admission, `waiting_for_kv` —
 and blocks a disaggregated prefill worker holds for the decode side; a
@@ -38,7 +38,7 @@ The invariants, with vLLM's accounting:
 - each request of the rank is in exactly one of running / waiting / others,
   with a status that matches (running: RUNNING; waiting: WAITING or
   PREEMPTED, nothing computed, no blocks; the priority heap ordered); only a
-  request in running or others holds blocks; with `whole_table` (one
+  request in running or others holds blocks; when `cfg[0].invariant_check` is 2 (one
   scheduler on the table) also every RUNNING request of the table is in
   running and every PREEMPTED one waiting;
 - running <= max_num_seqs;
@@ -267,13 +267,25 @@ def check_pending_prefill(R, running, n_run, wq, wq_head, wq_len, pending, where
 
 
 @njit
-def check_rank(R, idents, tables, blocks, idmap, pscal, running, n_run, wq, wq_head, wq_len,
-               priority, others, n_others, sched_req, sched_tok, sched_capped, n_sched,
-               total_tokens, max_seqs, budget, threshold, bs, spec_k, max_model_len,
-               whole_table, pending_prefill, where, pass_index):
-    """Check one rank's state (the invariants of the module docstring); raise
-    InvariantError at the first violation. `n_sched < 0`: not after a
-    `schedule()` (no pass entries to check)."""
+def check_rank(s, others, sched_req, sched_tok, sched_capped, n_sched, total_tokens, where,
+               pass_index):
+    """Check the state of the rank `s` (the invariants of the module
+    docstring); raise InvariantError at the first violation. `n_sched < 0`:
+    not after a `schedule()` (no pass entries to check); else the pass's
+    entries are `sched_req[:n_sched]` with `sched_tok` tokens each
+    (`sched_capped` of them under the long-prefill threshold), and
+    `total_tokens` the pass's total."""
+    R, idents, tables, blocks, running, wq = s.R, s.idents, s.tables, s.blocks, s.running, s.wq
+    cfg = s.cfg
+    priority = cfg[0].priority_scheduling
+    max_seqs = cfg[0].max_num_seqs
+    bs = cfg[0].block_size
+    spec_k = cfg[0].num_speculative_tokens
+    max_model_len = cfg[0].max_model_len
+    n_run = s.S[0].num_running
+    wq_head = 0 if priority else s.S[0].waiting_head
+    wq_len = s.S[0].num_waiting
+    n_others = len(others)
     n = len(R)
     # where each request is: 1 running, 2 waiting, 3 others
     place = np.zeros(n, dtype=np.int8)
@@ -315,7 +327,7 @@ def check_rank(R, idents, tables, blocks, idmap, pscal, running, n_run, wq, wq_h
             if b <= 0 or b >= num_blocks:
                 _fail(TABLE_BLOCK, where, pass_index, i, b, j, R[i].num_held_blocks)
             holders[b] += 1
-    if whole_table:  # (another rank's requests are in its own queues)
+    if cfg[0].invariant_check == 2:  # the whole table (others' requests are in their queues)
         for i in range(n):
             if place[i] != 0:
                 continue
@@ -324,9 +336,9 @@ def check_rank(R, idents, tables, blocks, idmap, pscal, running, n_run, wq, wq_h
             status = R[i].status
             if status == RequestStatus.RUNNING or status == RequestStatus.PREEMPTED:
                 _fail(LOST, where, pass_index, i, -1, status, -1)
-    _check_pool(blocks, idmap, pscal, holders, where, pass_index)
-    check_pending_prefill(R, running, n_run, wq, wq_head, wq_len, pending_prefill, where,
-                          pass_index)
+    _check_pool(blocks, s.idmap, s.pscal, holders, where, pass_index)
+    check_pending_prefill(R, running, n_run, wq, wq_head, wq_len, s.S[0].pending_prefill_tokens,
+                          where, pass_index)
     if n_sched < 0:
         return
     total = 0
@@ -337,13 +349,14 @@ def check_rank(R, idents, tables, blocks, idmap, pscal, running, n_run, wq, wq_h
         if i < 0 or i >= n or place[i] != 1 or scheduled[i] or tokens <= 0:
             _fail(ENTRY, where, pass_index, i, -1, tokens, 1)
         scheduled[i] = True
+        threshold = cfg[0].long_prefill_token_threshold
         if threshold > 0 and n_sched > 1 and sched_capped[e] > threshold:
             _fail(THRESHOLD, where, pass_index, i, -1, sched_capped[e], threshold)
         total += tokens
     if total != total_tokens:
         _fail(TOTAL_TOKENS, where, pass_index, -1, -1, total_tokens, total)
-    if total > budget:
-        _fail(BUDGET, where, pass_index, -1, -1, total, budget)
+    if total > cfg[0].max_num_batched_tokens:
+        _fail(BUDGET, where, pass_index, -1, -1, total, cfg[0].max_num_batched_tokens)
 
 
 def check_table(table, where, pass_index):

@@ -3,6 +3,14 @@ async_scheduler.py; docs/engine.md §3-7) as Numba kernels over the arrays of a
 :class:`~servesim.scheduler.fast_table.RequestTable`, so that a pass costs a few
 microseconds of Python whatever its batch size.
 
+Every kernel takes the rank's arrays as one bundle, `s` (a `SchedulerArrays`,
+servesim/scheduler/scheduler_arrays.py), and reads them under their names
+where it uses them: the request table `s.R` (vLLM's field names,
+`s.R[i].num_computed_tokens`), the block pool `s.blocks`, `s.idmap`,
+`s.pscal`, the configuration `s.cfg[0]`, the state `s.S[0]`, `s.running`,
+the waiting queue `s.wq`; then what the call is about (the pass's `out` and
+`feats`, a request index, a budget), and last the optional `kv`.
+
 Speculative decoding (docs/engine.md §12) exists only here:
 drafts in the running loop's ask, padding in the waiting loop, lookahead slots
 in `_allocate`, verification and trimming in `update_from_output`.
@@ -36,9 +44,9 @@ Reference counts. `schedule`, `update_from_output` and `_allocate` are
 compiled without Numba's reference counts (`_nrt=False`), and so is every
 kernel they call that does not say otherwise (Numba hands the flag down to
 callees that do not set it). The pass loop calls the first two once per rank
-and pass; counting each of their ~20 array arguments in and out, and every
-view their callees take, was a fifth of a 4-worker run's compiled time
-(benchmarks/RESULTS.md, 2026-12-06). The pass loop itself
+and pass; counting each of their array arguments in and out (~20 of them
+before the bundle), and every view their callees take, was a fifth of a
+4-worker run's compiled time (benchmarks/RESULTS.md, 2026-12-06). The pass loop itself
 (engine/fast_run.py `run_passes`) and the loops over workers that call it
 (engine/fast_workers.py, engine/fast_cluster.py) are compiled so too: the
 loop handed each call a rank's `kv` bundle of 13 arrays, counted in and out
@@ -64,6 +72,7 @@ from servesim.kvcache import cpu_tier_kernels as ct
 from servesim.scheduler import check
 from servesim.scheduler.fast_queue import wq_add, wq_peek, wq_pop, wq_prepend, wq_remove
 from servesim.scheduler.fast_table import KVHandoff, KVLoad
+from servesim.scheduler.scheduler_arrays import new_kv_arrays, new_scheduler_arrays
 from servesim.scheduler.request import RequestStatus
 
 # (Python-side reads: a NumPy scalar compared with an IntEnum member costs ~10 µs)
@@ -133,10 +142,10 @@ F_SAMPLES = 1  # flags of an entry
 # those of prefill requests (an admission's padding, included in PREFILL_TOKENS)
 NUM_FEATS = 12
 # `kv`, the optional last argument of `schedule` and `update_from_output`: the
-# state of loads that wait ahead of the queue and of the CPU tier, the tuple
-# (wfk, KO, KC, *TierArrays.arrays(), lanes, storing, KF) — `wfk[:S[0].num_waiting_for_kv]`
+# state of loads that wait ahead of the queue and of the CPU tier, a `KVArrays`
+# (scheduler/scheduler_arrays.py) — `kv.wfk[:S[0].num_waiting_for_kv]`
 # the requests waiting for their load (vLLM's WAITING_FOR_REMOTE_KVS) in the
-# order their loads were queued; `KO[row, :KC[row]]` what a call decided:
+# order their loads were queued; `kv.KO[row, :kv.KC[row]]` what a call decided:
 (KO_LOADS, KO_LOAD_REQS, KO_PSTORES, KO_STORES, KO_FSTORES, KO_NEW_BLOCKS) = range(6)
 NUM_KO_ROWS = 6
 # KO_LOADS: CPU-tier load jobs queued (going out at the decision); KO_LOAD_REQS:
@@ -151,8 +160,7 @@ NUM_KO_ROWS = 6
 # own; module docstring): the running loop calls it for every running request at
 # every pass (benchmarks/RESULTS.md, 2026-12-04).
 @njit(_nrt=False)
-def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, num_hit,
-              reserve_tokens, extra_blocks, delay_cache=False):
+def _allocate(s, i, num_new, hits, num_hit, reserve_tokens, extra_blocks, delay_cache=False):
     """`KVCacheManager.allocate_slots` (vllm/v1/core/kv_cache_manager.py) over the table.
     Slots cover `min(total + num_lookahead_tokens, max_model_len)` tokens
     (the lookahead is k under speculative decoding, else 0); blocks are
@@ -165,6 +173,7 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     `watermark`), counting hit blocks nobody holds as used; when it does not
     fit it returns False, changing nothing. (A rank with `kv` then notes
     the blocks it took for the pass: `_note_new_blocks`.)"""
+    R, cfg = s.R, s.cfg
     bs = cfg[0].block_size
     off = R[i].block_offset
     end = off + R[i].block_capacity
@@ -172,8 +181,8 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     needed = -(-min(total + cfg[0].num_lookahead_tokens, cfg[0].max_model_len) // bs)
     checked = max(needed, -(-reserve_tokens // bs)) + extra_blocks
     if num_hit > 0 or checked > R[i].num_held_blocks:
-        held = bp.allocate_slots(blocks, idmap, pscal, tables[off:end], R[i].num_held_blocks,
-                                 hits, num_hit, needed, checked)
+        held = bp.allocate_slots(s.blocks, s.idmap, s.pscal, s.tables[off:end],
+                                 R[i].num_held_blocks, hits, num_hit, needed, checked)
         if held < 0:
             return False
         R[i].num_held_blocks = held
@@ -181,18 +190,19 @@ def _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, hits, nu
     if num_hit > 0:
         R[i].num_cached_blocks = num_hit
     if not delay_cache:
-        cache_blocks(R, idents, tables, blocks, idmap, cfg, i, total)
+        cache_blocks(s, i, total)
     return True
 
 
-@njit(inline="always")  # (called only where `kv` exists: its arrays are not passed)
-def _note_new_blocks(R, tables, KO, KC, i, first):
+@njit(inline="always")  # (called only where `kv` exists)
+def _note_new_blocks(s, kv, i, first):
     """The blocks request i just took from the free queue for a pass (not
     for a load), its table's entries from `first` on, noted in
     KO_NEW_BLOCKS: the pass writes them, so it starts no earlier than the
     CPU tier's stores still reading them (docs/engine.md §9): vLLM's
     offloading connector reads them from the pass's new block ids, after
     `allocate_slots`."""
+    R, tables, KO, KC = s.R, s.tables, kv.KO, kv.KC
     n = KC[KO_NEW_BLOCKS]
     off = R[i].block_offset
     if n + R[i].num_held_blocks - first > KO.shape[1]:
@@ -204,41 +214,46 @@ def _note_new_blocks(R, tables, KO, KC, i, first):
 
 
 @njit(inline="always")  # runs for every sampled token: kept to a compare
-def cache_blocks(R, idents, tables, blocks, idmap, cfg, i, num_tokens):
+def cache_blocks(s, i, num_tokens):
     """`KVCacheManager.cache_blocks` (vllm/v1/core/kv_cache_manager.py) over the table:
     register request i's held blocks full within `min(num_tokens, its known
     tokens)` not registered yet. Called by `_allocate` and, for a RUNNING
     request whose sampled token arrives, by `update_from_output` with the
     tokens whose pass has completed. Most calls fill no new block: inlined,
     they cost the one compare before the out-of-line registration."""
+    R, cfg = s.R, s.cfg
     bs = cfg[0].block_size
     # a block may be full
     if cfg[0].enable_caching and num_tokens >= (R[i].num_cached_blocks + 1) * bs:
         # with a hash lookahead token, a block's hash exists once the next token does
         num_full = min(num_tokens, R[i].num_tokens - cfg[0].num_hash_lookahead_tokens) // bs
         if num_full > R[i].num_cached_blocks:
-            _cache_full_blocks(R, idents, tables, blocks, idmap, i, num_full)
+            _cache_full_blocks(s, i, num_full)
 
 
 @njit
-def _cache_full_blocks(R, idents, tables, blocks, idmap, i, num_full):
+def _cache_full_blocks(s, i, num_full):
+    R = s.R
     off = R[i].block_offset
     end = off + R[i].block_capacity
-    bp.cache_full_blocks(blocks, idmap, tables[off:end], idents[off:end],
+    bp.cache_full_blocks(s.blocks, s.idmap, s.tables[off:end], s.idents[off:end],
                          R[i].num_cached_blocks, num_full)
     R[i].num_cached_blocks = num_full
 
 
 @njit
-def _free(R, tables, blocks, pscal, i):
+def _free(s, i):
+    R = s.R
     off = R[i].block_offset
-    bp.free_blocks(blocks, pscal, tables[off:off + R[i].block_capacity], R[i].num_held_blocks)
+    bp.free_blocks(s.blocks, s.pscal, s.tables[off:off + R[i].block_capacity],
+                   R[i].num_held_blocks)
     R[i].num_held_blocks = 0
     R[i].num_cached_blocks = 0
 
 
 @njit
-def _victim_index(R, running, n, priority):
+def _victim_index(s, n, priority):
+    R, running = s.R, s.running
     if not priority:
         return n - 1
     best = 0
@@ -251,19 +266,20 @@ def _victim_index(R, running, n, priority):
 
 
 @njit
-def _preempt(R, tables, blocks, pscal, S, wq, priority, i, cfg, idents, kv=None):
+def _preempt(s, i, kv=None):
     """`_preempt_request`: free every block, back to the front of `waiting`
     (priority: back into the heap). With the `simple_cpu` connector its full
     computed blocks are stored first (docs/engine.md §9; KO_PSTORES)."""
+    R, S = s.R, s.S
     if kv is not None:
-        if cfg[0].kv_source == KV_SOURCE_CPU:
-            j = _store_on_free(R, idents, tables, kv, i)
+        if s.cfg[0].kv_source == KV_SOURCE_CPU:
+            j = _store_on_free(s, kv, i)
             if j >= 0:
-                KO, KC = kv[1], kv[2]
+                KO, KC = kv.KO, kv.KC
                 KO[KO_PSTORES, KC[KO_PSTORES]] = j
                 KC[KO_PSTORES] += 1
     S[0].pending_prefill_tokens -= _prefill_left(R, i)  # it left running
-    _free(R, tables, blocks, pscal, i)
+    _free(s, i)
     R[i].status = RequestStatus.PREEMPTED
     R[i].num_computed_tokens = 0
     R[i].num_output_placeholders = 0
@@ -271,16 +287,16 @@ def _preempt(R, tables, blocks, pscal, S, wq, priority, i, cfg, idents, kv=None)
     R[i].num_preemptions += 1
     S[0].num_preemptions += 1
     S[0].preemptions_since_token += 1
-    wq_prepend(R, S, wq, priority, i)
+    wq_prepend(R, S, s.wq, s.cfg[0].priority_scheduling, i)
 
 
 @njit
-def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                      out, feats, budget, threshold, kv=None):
+def _schedule_running(s, out, feats, budget, threshold, kv=None):
     """The running loop (docs/engine.md §3 steps 1-4, §6). With a CPU tier
     under async scheduling a victim that the pass in flight runs would free
     its blocks only after that pass: the preemption loop stops there and the
     request waits a pass (§7; priority goes on with the next request)."""
+    R, cfg, S, running = s.R, s.cfg, s.S, s.running
     priority = cfg[0].priority_scheduling
     index = 0
     no_hits = running[:0]  # (a view: no allocation, in every pass)
@@ -302,13 +318,12 @@ def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
         scheduled = True
         while True:
             held = R[i].num_held_blocks
-            if _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new, no_hits,
-                         0, 0, 0):
+            if _allocate(s, i, num_new, no_hits, 0, 0, 0):
                 if kv is not None:
-                    _note_new_blocks(R, tables, kv[1], kv[2], i, held)
+                    _note_new_blocks(s, kv, i, held)
                 break
             n_run = S[0].num_running
-            v = _victim_index(R, running, n_run, priority)
+            v = _victim_index(s, n_run, priority)
             victim = running[v]
             if kv is not None:
                 if R[victim].num_passes_in_flight > 0:  # only counted with a CPU tier, async
@@ -329,7 +344,7 @@ def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
                             out[row, k] = out[row, k + 1]
                     feats[N_SCHED] = n - 1
                     break
-            _preempt(R, tables, blocks, pscal, S, wq, priority, victim, cfg, idents, kv)
+            _preempt(s, victim, kv)
             out[O_PRE, feats[N_PRE]] = victim
             feats[N_PRE] += 1
             if victim == i:
@@ -337,7 +352,7 @@ def _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
                 # load, or on a prefill worker for a transfer, come back)
                 if (S[0].num_running == 0 and S[0].num_delayed_free_requests == 0
                         and (kv is None or S[0].num_waiting_for_kv == 0)):
-                    wq_remove(R, S, wq, priority, i)
+                    wq_remove(R, S, s.wq, priority, i)
                     R[i].status = RequestStatus.UNFINISHED
                     out[O_UNFIN, feats[N_UNFIN]] = i
                     feats[N_UNFIN] += 1
@@ -383,13 +398,14 @@ def can_ever_fit(cfg, num_prompt_tokens):
 
 
 @njit(inline="always")
-def _admission_reserve(R, cfg, S, i):
+def _admission_reserve(s, i):
     """What an admission's `allocate_slots` checks beyond its own slots
     (docs/engine.md §3-4): with `reserve_full_isl` the whole prompt's blocks,
     and, when requests are already running, the watermark's free blocks.
     Returns `(reserve_tokens, extra_blocks)`."""
-    reserve = R[i].num_tokens if cfg[0].reserve_full_isl else 0
-    extra = cfg[0].watermark_blocks if S[0].num_running > 0 else 0
+    cfg = s.cfg
+    reserve = s.R[i].num_tokens if cfg[0].reserve_full_isl else 0
+    extra = cfg[0].watermark_blocks if s.S[0].num_running > 0 else 0
     return reserve, extra
 
 
@@ -407,22 +423,21 @@ def _admission_tokens(cfg, num_new, threshold, budget):
 
 
 @njit(_nrt=True)  # it allocates (`hits`, `skipped`): counted, whoever calls it
-def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                      out, feats, budget, threshold, kv=None):
+def _schedule_waiting(s, out, feats, budget, threshold, kv=None):
     """Admission, strict head of line (docs/engine.md §3, waiting loop).
     With `kv`, requests whose loads were queued come first
     (`_schedule_loaded`); with a CPU tier a head with blocks in the tier past
     its G1 hit queues a load instead (`_queue_load`, §9), and a head that
     must wait for a store or another load to finish is skipped this pass
     (put back at the front, in order, after the loop)."""
+    R, cfg, S, wq = s.R, s.cfg, s.S, s.wq
     priority = cfg[0].priority_scheduling
     bs = cfg[0].block_size
     num_skipped = 0
-    skipped = running[:0]  # (a view: no allocation, in every pass without `kv`)
+    skipped = s.running[:0]  # (a view: no allocation, in every pass without `kv`)
     if kv is not None:
         if S[0].num_waiting_for_kv > 0:
-            budget = _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S,
-                                      running, out, feats, budget, threshold, kv)
+            budget = _schedule_loaded(s, out, feats, budget, threshold, kv)
         skipped = np.empty(S[0].num_waiting, dtype=np.int64)
     while S[0].num_waiting > 0 and budget > 0 and S[0].num_running < cfg[0].max_num_seqs:
         i = wq_peek(S, wq, priority)
@@ -444,29 +459,28 @@ def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
             max_blocks = (num_tokens - 1) // bs
             hits = np.empty(max_blocks, dtype=np.int64)
             off = R[i].block_offset
-            num_hit = bp.find_cached_prefix(blocks, idmap, idents[off:off + R[i].block_capacity],
+            num_hit = bp.find_cached_prefix(s.blocks, s.idmap,
+                                            s.idents[off:off + R[i].block_capacity],
                                             max_blocks, hits)
         if kv is not None:
             if cfg[0].kv_source == KV_SOURCE_CPU:
-                num_loaded = _connector_lookup(R, idents, kv, i, num_hit)
+                num_loaded = _connector_lookup(s, kv, i, num_hit)
                 if num_loaded < 0:  # wait for a store or another load
                     skipped[num_skipped] = wq_pop(R, S, wq, priority)
                     num_skipped += 1
                     continue
                 if num_loaded > 0:
-                    if not _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S,
-                                       wq, hits[:num_hit], num_hit, num_loaded * bs, kv, i):
+                    if not _queue_load(s, hits[:num_hit], num_hit, num_loaded * bs, kv, i):
                         break
-                    _connector_prepare_load(R, idents, tables, kv, i, num_hit, num_loaded)
+                    _connector_prepare_load(s, kv, i, num_hit, num_loaded)
                     continue
             elif cfg[0].kv_source == KV_SOURCE_REMOTE and R[i].kv_handoff == KVHandoff.HELD:
-                if _remote_lookup(R, cfg, i, num_hit) > 0:
+                if _remote_lookup(s, i, num_hit) > 0:
                     # blocks for the whole sequence, the first token's slot too
-                    if not _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S,
-                                       wq, hits[:num_hit], num_hit, num_tokens - num_hit * bs,
+                    if not _queue_load(s, hits[:num_hit], num_hit, num_tokens - num_hit * bs,
                                        kv, i):
                         break
-                    _remote_prepare_load(R, kv, i)
+                    _remote_prepare_load(s, kv, i)
                     continue
         hit = num_hit * bs
         num_new = _admission_tokens(cfg, num_tokens - hit, threshold, budget)
@@ -474,26 +488,25 @@ def _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, 
             break
         drafts = 0
         if num_new == 1 and cfg[0].num_speculative_tokens > 0 and num_tokens - hit == 1:
-            drafts = _padding_drafts(R, cfg, out, feats, hit)
+            drafts = _padding_drafts(s, out, feats, hit)
             if drafts > budget - 1:
                 break
             num_new += drafts
-        reserve, extra = _admission_reserve(R, cfg, S, i)
+        reserve, extra = _admission_reserve(s, i)
         held = R[i].num_held_blocks
-        if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
-                         hits[:num_hit], num_hit, reserve, extra):
+        if not _allocate(s, i, num_new, hits[:num_hit], num_hit, reserve, extra):
             break
         if kv is not None:
-            _note_new_blocks(R, tables, kv[1], kv[2], i, held + num_hit)
+            _note_new_blocks(s, kv, i, held + num_hit)
         wq_pop(R, S, wq, priority)
-        _admit(R, S, running, out, feats, i, hit, num_new, hit, drafts, cfg, kv)
+        _admit(s, out, feats, i, hit, num_new, hit, drafts, kv)
         budget -= num_new
     for k in range(num_skipped - 1, -1, -1):
         wq_prepend(R, S, wq, priority, skipped[k])
 
 
 @njit
-def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=None):
+def _admit(s, out, feats, i, hit, num_new, g1_hit, drafts, kv=None):
     """Move request i to `running` with `hit` tokens cached, `g1_hit` of
     them from G1 and the rest loaded (counted as the CPU tier's hit tokens
     with a CPU tier); its admission is recorded in the prefix-cache stats
@@ -503,6 +516,7 @@ def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=N
     prefill is the prompt only, so the pass computing the first token's KV is
     a decode (docs/engine.md §10), and its source learns of the admission
     (`_remote_admitted`)."""
+    R, cfg, S = s.R, s.cfg, s.S
     num_tokens = R[i].num_tokens
     resumed = R[i].status == RequestStatus.PREEMPTED
     if resumed:
@@ -518,15 +532,15 @@ def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=N
         if cfg[0].kv_source == KV_SOURCE_CPU:
             if hit > g1_hit:
                 R[i].num_cpu_cached_tokens += hit - g1_hit
-                kv[9][ct.K_HIT_TOKENS] += hit - g1_hit
+                kv.KS[ct.K_HIT_TOKENS] += hit - g1_hit
             R[i].cpu_store_cursor = 0
         elif cfg[0].kv_source == KV_SOURCE_REMOTE and R[i].kv_handoff:
             target = R[i].num_prompt_tokens  # its first admission: the prefill is the prompt only
-            _remote_admitted(R, kv, i)
+            _remote_admitted(s, kv, i)
     R[i].status = RequestStatus.RUNNING
     R[i].num_computed_tokens = hit
     R[i].prefill_target_tokens = target
-    running[S[0].num_running] = i
+    s.running[S[0].num_running] = i
     S[0].num_running += 1
     S[0].pending_prefill_tokens += _prefill_left(R, i)
     e = feats[N_SCHED]
@@ -545,8 +559,7 @@ def _admit(R, S, running, out, feats, i, hit, num_new, g1_hit, drafts, cfg, kv=N
 
 
 @njit
-def _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S, wq, hits, num_hit,
-                num_tokens, kv, i):
+def _queue_load(s, hits, num_hit, num_tokens, kv, i):
     """Admission of the waiting head i whose KV past its G1 hit of `num_hit`
     blocks comes from elsewhere (vLLM's `load_kv_async`;
     vllm/v1/core/sched/scheduler.py): with the admission checks of §3 step 4
@@ -556,12 +569,12 @@ def _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S, wq, hits, num_h
     `waiting_for_kv`, using no budget, with R[i].kv_load = KVLoad.IN_FLIGHT
     until its source sets KVLoad.LANDED. Its source prepares the transfer
     (KO_LOAD_REQS lists it). False, changing nothing, if it does not fit."""
-    reserve, extra = _admission_reserve(R, cfg, S, i)
-    if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_tokens, hits,
-                     num_hit, reserve, extra, True):
+    R, cfg, S = s.R, s.cfg, s.S
+    reserve, extra = _admission_reserve(s, i)
+    if not _allocate(s, i, num_tokens, hits, num_hit, reserve, extra, True):
         return False
-    wq_pop(R, S, wq, cfg[0].priority_scheduling)
-    wfk, KO, KC = kv[0], kv[1], kv[2]
+    wq_pop(R, S, s.wq, cfg[0].priority_scheduling)
+    wfk, KO, KC = kv.wfk, kv.KO, kv.KC
     wfk[S[0].num_waiting_for_kv] = i
     S[0].num_waiting_for_kv += 1
     R[i].kv_load = KVLoad.IN_FLIGHT
@@ -572,8 +585,7 @@ def _queue_load(R, idents, tables, blocks, idmap, pscal, cfg, S, wq, hits, num_h
 
 
 @njit
-def _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S, running, out, feats,
-                     budget, threshold, kv):
+def _schedule_loaded(s, out, feats, budget, threshold, kv):
     """Requests waiting for a load, in the order their loads were queued
     (vllm/v1/core/sched/scheduler.py, WAITING_FOR_REMOTE_KVS and
     `_update_waiting_for_remote_kv`): one whose load has not landed is
@@ -581,7 +593,8 @@ def _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S, running, o
     (`_finish_load`) and is admitted as a waiting head would be (it keeps
     its place if it does not fit, its load finished). Returns the budget
     left, or 0 when a loaded request does not fit (strict head of line)."""
-    wfk = kv[0]
+    R, cfg, S = s.R, s.cfg, s.S
+    wfk = kv.wfk
     k = 0
     while k < S[0].num_waiting_for_kv and budget > 0 and S[0].num_running < cfg[0].max_num_seqs:
         i = wfk[k]
@@ -589,37 +602,36 @@ def _schedule_loaded(R, idents, tables, blocks, idmap, pscal, cfg, S, running, o
             k += 1
             continue
         if R[i].kv_load == KVLoad.LANDED:
-            _finish_load(R, idents, tables, blocks, idmap, cfg, i)
+            _finish_load(s, i)
         num_new = _admission_tokens(cfg, R[i].num_tokens - R[i].num_computed_tokens,
                                     threshold, budget)
         if num_new < 0:
             return 0
-        reserve, extra = _admission_reserve(R, cfg, S, i)
+        reserve, extra = _admission_reserve(s, i)
         held = R[i].num_held_blocks
-        if not _allocate(R, idents, tables, blocks, idmap, pscal, cfg, i, num_new,
-                         np.zeros(0, dtype=np.int64), 0, reserve, extra):
+        if not _allocate(s, i, num_new, np.zeros(0, dtype=np.int64), 0, reserve, extra):
             return 0
-        _note_new_blocks(R, tables, kv[1], kv[2], i, held)
+        _note_new_blocks(s, kv, i, held)
         n = S[0].num_waiting_for_kv - 1
         for m in range(k, n):
             wfk[m] = wfk[m + 1]
         S[0].num_waiting_for_kv = n
-        _admit(R, S, running, out, feats, i, R[i].num_computed_tokens, num_new,
-               R[i].num_g1_hit_tokens, 0,
-               cfg, kv)
+        _admit(s, out, feats, i, R[i].num_computed_tokens, num_new, R[i].num_g1_hit_tokens, 0,
+               kv)
         budget -= num_new
     return budget
 
 
 @njit
-def _finish_load(R, idents, tables, blocks, idmap, cfg, i):
+def _finish_load(s, i):
     """A landed load (`_update_waiting_for_remote_kv`): the request's blocks
     count as computed, all but the last token (which is recomputed), and are
     registered in the prefix cache."""
-    computed = min(R[i].num_held_blocks * cfg[0].block_size, R[i].num_tokens)
+    R = s.R
+    computed = min(R[i].num_held_blocks * s.cfg[0].block_size, R[i].num_tokens)
     if computed == R[i].num_tokens:
         computed -= 1
-    cache_blocks(R, idents, tables, blocks, idmap, cfg, i, computed)
+    cache_blocks(s, i, computed)
     R[i].num_computed_tokens = computed
     R[i].kv_load = KVLoad.NONE
 
@@ -632,32 +644,33 @@ def _finish_load(R, idents, tables, blocks, idmap, cfg, i):
 
 
 @njit
-def _remote_lookup(R, cfg, i, num_hit):
+def _remote_lookup(s, i, num_hit):
     """A decode rank's remote lookup (NIXL's `get_num_new_matched_tokens`,
     nixl_connector.py) for the handed-off head i past its G1 hit of
     `num_hit` blocks, its prompt's KV held by the prefill rank: the rest of
     the prompt's blocks, partial last block included (`P - hit` tokens)."""
-    return max(0, -(-R[i].num_prompt_tokens // cfg[0].block_size) - num_hit)
+    return max(0, -(-s.R[i].num_prompt_tokens // s.cfg[0].block_size) - num_hit)
 
 
 @njit
-def _remote_prepare_load(R, kv, i):
+def _remote_prepare_load(s, kv, i):
     """A decode rank's pull (NIXL's `update_state_after_alloc`):
     the pull of request i's prompt past its G1 hit, which `_queue_load`
     admitted, goes out at this decision (KO_LOADS)."""
-    KO, KC = kv[1], kv[2]
-    R[i].kv_handoff = KVHandoff.PULLING
+    KO, KC = kv.KO, kv.KC
+    s.R[i].kv_handoff = KVHandoff.PULLING
     KO[KO_LOADS, KC[KO_LOADS]] = i
     KC[KO_LOADS] += 1
 
 
 @njit
-def _remote_admitted(R, kv, i):
+def _remote_admitted(s, kv, i):
     """A decode rank admits a pulled request: handed-off request i is admitted; if it
     pulled nothing while the prefill rank still holds its blocks, a notice
     (no bytes, KO_LOADS) releases them, sent at this decision like a pull."""
+    R = s.R
     if R[i].kv_handoff == KVHandoff.HELD:
-        KO, KC = kv[1], kv[2]
+        KO, KC = kv.KO, kv.KC
         KO[KO_LOADS, KC[KO_LOADS]] = i
         KC[KO_LOADS] += 1
     R[i].kv_handoff = 0
@@ -667,58 +680,60 @@ def _remote_admitted(R, kv, i):
 
 
 @njit
-def _connector_lookup(R, idents, kv, i, num_hit):
+def _connector_lookup(s, kv, i, num_hit):
     """`get_num_new_matched_tokens` for the waiting head i past its G1 hit
     of `num_hit` blocks: blocks to load, or -1 when it must wait."""
-    tier, slot_of, KS = kv[3], kv[4], kv[9]
+    R = s.R
     off = R[i].block_offset
-    return ct.get_num_new_matched_tokens(tier, slot_of, idents[off:off + R[i].block_capacity],
-                                         R[i].num_tokens, KS[ct.K_BLOCK_SIZE], num_hit)
+    return ct.get_num_new_matched_tokens(kv.tier, kv.slot_of,
+                                         s.idents[off:off + R[i].block_capacity],
+                                         R[i].num_tokens, kv.KS[ct.K_BLOCK_SIZE], num_hit)
 
 
 @njit
-def _connector_prepare_load(R, idents, tables, kv, i, first_block, num_blocks):
+def _connector_prepare_load(s, kv, i, first_block, num_blocks):
     """The CPU-tier load of a request `_queue_load` admitted (KO_LOADS)."""
-    KO, KC = kv[1], kv[2]
-    tier, slot_of, jobs, job_times, job_blocks, KS = kv[3], kv[4], kv[6], kv[7], kv[8], kv[9]
-    off = R[i].block_offset
-    end = off + R[i].block_capacity
-    j = ct.update_state_after_alloc(tier, slot_of, jobs, job_times, job_blocks, KS, i,
-                                    idents[off:end], tables[off:end], first_block, num_blocks)
+    KO, KC = kv.KO, kv.KC
+    off = s.R[i].block_offset
+    end = off + s.R[i].block_capacity
+    j = ct.update_state_after_alloc(kv.tier, kv.slot_of, kv.jobs, kv.job_times, kv.job_blocks,
+                                    kv.KS, i, s.idents[off:end], s.tables[off:end], first_block,
+                                    num_blocks)
     KO[KO_LOADS, KC[KO_LOADS]] = j
     KC[KO_LOADS] += 1
 
 
 @njit
-def _prepare_store(R, idents, tables, kv, i, first_block, stop_block):
-    tier, slot_of, free_slots = kv[3], kv[4], kv[5]
-    jobs, job_times, job_blocks, KS = kv[6], kv[7], kv[8], kv[9]
-    off = R[i].block_offset
-    end = off + R[i].block_capacity
-    return ct.prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS,
-                            idents[off:end], tables[off:end], first_block, stop_block)
+def _prepare_store(s, kv, i, first_block, stop_block):
+    off = s.R[i].block_offset
+    end = off + s.R[i].block_capacity
+    return ct.prepare_store(kv.tier, kv.slot_of, kv.free_slots, kv.jobs, kv.job_times,
+                            kv.job_blocks, kv.KS, s.idents[off:end], s.tables[off:end],
+                            first_block, stop_block)
 
 
 @njit
-def _store_on_free(R, idents, tables, kv, i):
+def _store_on_free(s, kv, i):
     """`simple_cpu`: the store job of a finishing or preempted request's
     full computed blocks not yet in the tier; < 0 if nothing to store or no
     room."""
-    if kv[9][ct.K_FILL]:
+    if kv.KS[ct.K_FILL]:
         return ct.EMPTY_JOB
-    full = min(R[i].num_computed_tokens, R[i].num_tokens) // kv[9][ct.K_BLOCK_SIZE]
-    return _prepare_store(R, idents, tables, kv, i, 0, full)
+    R = s.R
+    full = min(R[i].num_computed_tokens, R[i].num_tokens) // kv.KS[ct.K_BLOCK_SIZE]
+    return _prepare_store(s, kv, i, 0, full)
 
 
 @njit
-def _connector_after_schedule(R, idents, tables, cfg, out, feats, kv):
+def _connector_after_schedule(s, out, feats, kv):
     """CPU-tier bookkeeping of a decided pass (docs/engine.md §7, §9): under
     async scheduling its requests are now in flight; with the `offloading`
     connector each scheduled request's blocks full after this pass (known
     tokens only) and not yet in the tier become one store job, going out at
     the pass end (OffloadingConnectorScheduler `_get_reqs_to_store`). A job
     the tier has no room for is dropped and tried again next pass."""
-    KO, KC, KS = kv[1], kv[2], kv[9]
+    R, cfg = s.R, s.cfg
+    KO, KC, KS = kv.KO, kv.KC, kv.KS
     bs = cfg[0].block_size
     for e in range(feats[N_SCHED]):
         i = out[O_REQ, e]
@@ -728,7 +743,7 @@ def _connector_after_schedule(R, idents, tables, cfg, out, feats, kv):
             continue
         full = min(R[i].num_computed_tokens, R[i].num_tokens) // bs
         if full > R[i].cpu_store_cursor:
-            j = _prepare_store(R, idents, tables, kv, i, R[i].cpu_store_cursor, full)
+            j = _prepare_store(s, kv, i, R[i].cpu_store_cursor, full)
             if j != ct.NO_JOB:
                 R[i].cpu_store_cursor = full
                 if j >= 0:
@@ -737,7 +752,7 @@ def _connector_after_schedule(R, idents, tables, cfg, out, feats, kv):
 
 
 @njit
-def _connector_request_finished(R, idents, tables, cfg, kv, i):
+def _connector_request_finished(s, kv, i):
     """The CPU-tier store that goes out with a finishing request's free
     (the connector's `request_finished`, then its store jobs at the next
     step: offloading_connector.py), or < 0. `simple_cpu`: its full computed
@@ -747,14 +762,15 @@ def _connector_request_finished(R, idents, tables, cfg, kv, i):
     placeholder — so it stores as many blocks as a sync engine, one pass
     later. A sync engine's last pass already stored every block full at its
     end: nothing."""
-    if not kv[9][ct.K_FILL]:
-        return _store_on_free(R, idents, tables, kv, i)
+    R, cfg = s.R, s.cfg
+    if not kv.KS[ct.K_FILL]:
+        return _store_on_free(s, kv, i)
     if not cfg[0].async_scheduling:
         return ct.EMPTY_JOB
     full = min(R[i].num_computed_tokens, R[i].num_tokens) // cfg[0].block_size
     if full <= R[i].cpu_store_cursor:
         return ct.EMPTY_JOB
-    j = _prepare_store(R, idents, tables, kv, i, R[i].cpu_store_cursor, full)
+    j = _prepare_store(s, kv, i, R[i].cpu_store_cursor, full)
     if j >= 0:
         R[i].cpu_store_cursor = full
     return j
@@ -774,7 +790,7 @@ def scheduled_drafts(R, i, num_new):
 
 
 @njit
-def _padding_drafts(R, cfg, out, feats, hit):
+def _padding_drafts(s, out, feats, hit):
     """`Scheduler.schedule`, waiting loop (vllm/v1/core/sched/scheduler.py):
     an admission with one token to compute is padded with k never-accepted
     drafts when no request the running loop scheduled in this pass entered
@@ -784,6 +800,7 @@ def _padding_drafts(R, cfg, out, feats, hit):
     admission has cached tokens, and `hit + 1 + k + 1 <= max_model_len`.
     Admissions earlier in the waiting loop count for neither. Returns the
     padding drafts (0: none)."""
+    R, cfg = s.R, s.cfg
     k = cfg[0].num_speculative_tokens
     if hit + k + 2 > cfg[0].max_model_len:
         return 0
@@ -801,7 +818,8 @@ def _padding_drafts(R, cfg, out, feats, hit):
 
 
 @njit
-def _update_after_schedule(R, cfg, S, out, feats):
+def _update_after_schedule(s, out, feats):
+    R, cfg, S = s.R, s.cfg, s.S
     for e in range(feats[N_SCHED]):
         i = out[O_REQ, e]
         n = out[O_TOK, e]
@@ -837,70 +855,64 @@ def _update_after_schedule(R, cfg, S, out, feats):
 
 
 @njit(_nrt=False)  # see "Reference counts" in the module docstring
-def schedule(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, out, feats,
-             kv=None, held=None):
-    """One `Scheduler.schedule()`; fills `out` and `feats` (and, with `kv`,
-    the transfers it decided in `kv`'s KO rows, see above). `held`: the
-    requests whose blocks are held for a decode worker (`num_delayed_free_requests`), for the
-    debug mode's check."""
+def schedule(s, out, feats, kv=None):
+    """One `Scheduler.schedule()` of the rank `s` (a `SchedulerArrays`);
+    fills `out` and `feats` (and, with `kv`, the transfers it decided in
+    `kv`'s KO rows, see above)."""
+    cfg, S = s.cfg, s.S
     threshold = cfg[0].long_prefill_token_threshold
     waiting = S[0].num_waiting
     if kv is not None:
         waiting += S[0].num_waiting_for_kv
-        KC = kv[2]
+        KC = kv.KC
         for row in range(NUM_KO_ROWS):
             if row != KO_FSTORES:
                 KC[row] = 0
     if S[0].num_running + waiting <= 1:
         threshold = 0
-    budget = _schedule_running(R, idents, tables, blocks, idmap, pscal, cfg, S, running,
-                               wq, out, feats, cfg[0].max_num_batched_tokens, threshold, kv)
+    budget = _schedule_running(s, out, feats, cfg[0].max_num_batched_tokens, threshold, kv)
     if feats[N_PRE] == 0 and waiting > 0:  # (nothing to admit: no call)
-        _schedule_waiting(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-                          out, feats, budget, threshold, kv)
-    _update_after_schedule(R, cfg, S, out, feats)
+        _schedule_waiting(s, out, feats, budget, threshold, kv)
+    _update_after_schedule(s, out, feats)
     if kv is not None:
         if cfg[0].kv_source == KV_SOURCE_CPU:
-            _connector_after_schedule(R, idents, tables, cfg, out, feats, kv)
-    feats[FREE_BLOCKS] = pscal[bp.NUM_FREE]
+            _connector_after_schedule(s, out, feats, kv)
+    feats[FREE_BLOCKS] = s.pscal[bp.NUM_FREE]
     if cfg[0].invariant_check:
-        _check_after(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, kv, held,
-                     out, feats, check.AFTER_SCHEDULE, -1)
+        _check_after(s, kv, out, feats, check.AFTER_SCHEDULE, -1)
 
 
 @njit(_nrt=True)  # it allocates and hands back its array (module docstring)
-def _check_holders(S, running, kv=None, held=None):
+def _check_holders(s, kv=None):
     """The requests that hold G1 blocks outside `running` and the waiting
     queue, for the debug mode's check: those in `waiting_for_kv` (a CPU-tier
     load or a remote pull in flight into blocks they took at admission,
-    `_queue_load`; `kv[0][:S[0].num_waiting_for_kv]`) and, on a disaggregated prefill
+    `_queue_load`; `kv.wfk[:S[0].num_waiting_for_kv]`) and, on a disaggregated prefill
     worker, the finished requests whose blocks are held for the decode side
     (`held[:S[0].num_delayed_free_requests]`). CPU-tier stores in flight hold none: they read G1
     blocks without a reference (`storing`, cpu_tier_kernels.py), like vLLM's
     offloading connector."""
+    S = s.S
     n_wfk = 0
-    n_held = 0
     if kv is not None:
         n_wfk = S[0].num_waiting_for_kv
-    if held is not None:
-        n_held = S[0].num_delayed_free_requests
+    n_held = S[0].num_delayed_free_requests
     others = np.zeros(n_wfk + n_held, dtype=np.int64)
     if kv is not None:
-        others[:n_wfk] = kv[0][:n_wfk]
-    if held is not None:
-        others[n_wfk:] = held[:n_held]
+        others[:n_wfk] = kv.wfk[:n_wfk]
+    others[n_wfk:] = s.held[:n_held]
     return others
 
 
 @njit
-def check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, others, out,
-               feats, where, pass_index):
+def check_pass(s, others, out, feats, where, pass_index):
     """The debug mode's invariant check (servesim/scheduler/check.py) of this
     rank after a pass: after `schedule()` (`feats` given, its entries checked
     too; the pass index is that of the pass decided, counted here) or after
     `update_from_output()` of pass `pass_index` (`feats` empty). `others`:
     the requests holding blocks outside running and waiting
     (`_check_holders`)."""
+    S = s.S
     n_sched = -1
     total = 0
     capped = out[O_TOK, :0]
@@ -915,38 +927,29 @@ def check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, oth
         for e in range(n_sched):
             if out[O_KIND, e] != PassKind.RUNNING:
                 capped[e] -= out[O_SPEC, e]
-    priority = cfg[0].priority_scheduling
-    check.check_rank(R, idents, tables, blocks, idmap, pscal, running, S[0].num_running, wq,
-                     0 if priority else S[0].waiting_head, S[0].num_waiting, priority, others,
-                     len(others),
-                     out[O_REQ], out[O_TOK], capped, n_sched, total, cfg[0].max_num_seqs,
-                     cfg[0].max_num_batched_tokens, cfg[0].long_prefill_token_threshold,
-                     cfg[0].block_size, cfg[0].num_speculative_tokens,
-                     cfg[0].max_model_len, cfg[0].invariant_check == 2,
-                     S[0].pending_prefill_tokens, where, pass_index)
+    check.check_rank(s, others, out[O_REQ], out[O_TOK], capped, n_sched, total, where,
+                     pass_index)
 
 
 @njit(_nrt=True)  # it allocates; called by kernels compiled without counts
-def _check_after(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, kv, held, out,
-                 feats, where, pass_index):
+def _check_after(s, kv, out, feats, where, pass_index):
     """`check_pass` with the holders `_check_holders` finds: the debug
     mode's check, as `schedule` and `update_from_output` call it."""
-    check_pass(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq,
-               _check_holders(S, running, kv, held), out, feats, where, pass_index)
+    check_pass(s, _check_holders(s, kv), out, feats, where, pass_index)
 
 
 @njit(inline="always")
-def _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms, token_offsets,
-                  last_client, max_model_len):
+def _append_token(s, i, release_ms, pass_index, max_model_len):
     """Append one sampled token; True when the request stops on it (`check_stop`:
     max_tokens, then max_model_len)."""
+    R, last_client = s.R, s.last_client
     R[i].num_tokens += 1
     if R[i].num_output_placeholders > 0:
         R[i].num_output_placeholders -= 1
     produced = R[i].num_tokens - R[i].num_prompt_tokens
-    client = max(release_ms, last_client[i]) + detokenize_ms
+    client = max(release_ms, last_client[i]) + s.detokenize_ms
     last_client[i] = client
-    client_ms[token_offsets[i] + produced - 1] = client
+    s.client_ms[s.token_offsets[i] + produced - 1] = client
     if R[i].first_token_pass < 0:
         R[i].first_token_pass = pass_index
     R[i].finish_pass = pass_index
@@ -954,21 +957,20 @@ def _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms, token_
 
 
 @njit(inline="always")
-def _append_verified(R, cfg, spec, out, e, i, stale, release_ms, pass_index, detokenize_ms,
-                     client_ms, token_offsets, last_client):
+def _append_verified(s, out, e, i, stale, release_ms, pass_index):
     """Speculative decoding (`_update_request_with_output`,
     vllm/v1/core/sched/scheduler.py; `check_stop` after each token): the 1 +
     accepted tokens of entry e, appended one at a time; at the stop the rest
     is trimmed (taken off
     `num_computed_tokens`, and off the placeholders under async). True when
     the request stops."""
+    R, cfg = s.R, s.cfg
     drafts = out[O_SPEC, e]
     tokens = 1
     if drafts > 0:
-        tokens = _verify_drafts(R, cfg, spec, i, drafts, out[O_KIND, e] == PassKind.RUNNING, stale)
+        tokens = _verify_drafts(s, i, drafts, out[O_KIND, e] == PassKind.RUNNING, stale)
     for t in range(tokens):
-        if _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
-                         token_offsets, last_client, cfg[0].max_model_len):
+        if _append_token(s, i, release_ms, pass_index, cfg[0].max_model_len):
             if not stale:
                 trimmed = tokens - 1 - t
                 R[i].num_computed_tokens -= trimmed
@@ -979,7 +981,7 @@ def _append_verified(R, cfg, spec, out, e, i, stale, release_ms, pass_index, det
 
 
 @njit(inline="always")
-def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
+def _verify_drafts(s, i, drafts, real, stale):
     """`Scheduler.update_from_output` / `_update_request_with_output`
     (vllm/v1/core/sched/scheduler.py) under speculative decoding: of
     `drafts` drafts, the accepted ones (none for padding; `real` drafts draw
@@ -989,7 +991,8 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
     with it in flight) leaves `num_computed_tokens` and the placeholders
     alone but still counts in the acceptance statistics, as vLLM records
     them. Returns the tokens it yields."""
-    acc_offsets, acc_values, rates, pos_counts, keys = spec
+    R, cfg = s.R, s.cfg
+    acc_offsets, acc_values, rates, pos_counts, keys = s.spec
     accepted = 0
     if real:
         draw = R[i].num_drafts
@@ -1014,9 +1017,7 @@ def _verify_drafts(R, cfg, spec, i, drafts, real, stale):
 
 
 @njit(_nrt=False)  # see "Reference counts" in the module docstring
-def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, running, wq,
-                       out, n_sched, release_ms, pass_index, detokenize_ms, client_ms,
-                       token_offsets, last_client, finished, kv=None, held=None):
+def update_from_output(s, out, n_sched, release_ms, pass_index, finished, kv=None):
     """`Scheduler.update_from_output`: append sampled tokens (released at
     `release_ms`, reaching the client after detokenization), register the
     blocks of requests that were RUNNING up to their completed tokens
@@ -1030,6 +1031,7 @@ def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, ru
     With a CPU tier (`kv`) under async scheduling the pass's requests are no
     longer in flight, and a finishing RUNNING request's store (if any,
     `_connector_request_finished`) is decided before its free (KO_FSTORES)."""
+    R, cfg, S = s.R, s.cfg, s.S
     num_finished = 0
     cpu = False
     if kv is not None:
@@ -1048,23 +1050,19 @@ def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, ru
         S[0].preemptions_since_token = 0
         was_running = R[i].status == RequestStatus.RUNNING
         if k == 0:
-            stopped = _append_token(R, i, release_ms, pass_index, detokenize_ms, client_ms,
-                                    token_offsets, last_client, max_model_len)
+            stopped = _append_token(s, i, release_ms, pass_index, max_model_len)
             if not was_running and _queued(S, kv, i):  # preempted with this token in flight
                 S[0].pending_prefill_tokens += 1
         else:
             before = _prefill_left(R, i) if was_running else R[i].num_tokens
-            stopped = _append_verified(R, cfg, spec, out, e, i, not was_running, release_ms,
-                                       pass_index, detokenize_ms, client_ms, token_offsets,
-                                       last_client)
+            stopped = _append_verified(s, out, e, i, not was_running, release_ms, pass_index)
             if was_running:  # rejected drafts and the stop's trim roll computed tokens back
                 S[0].pending_prefill_tokens += _prefill_left(R, i) - before
             elif _queued(S, kv, i):
                 S[0].pending_prefill_tokens += R[i].num_tokens - before
         if was_running:
             # cache_blocks(request, num_computed_tokens - num_in_flight_tokens)
-            cache_blocks(R, idents, tables, blocks, idmap, cfg, i,
-                         R[i].num_computed_tokens - R[i].num_output_placeholders)
+            cache_blocks(s, i, R[i].num_computed_tokens - R[i].num_output_placeholders)
         if stopped:
             finished[num_finished] = i
             num_finished += 1
@@ -1077,21 +1075,21 @@ def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, ru
                 S[0].pending_prefill_tokens -= _prefill_left(R, i)  # it leaves running
                 if kv is not None:
                     if cpu:
-                        job = _connector_request_finished(R, idents, tables, cfg, kv, i)
+                        job = _connector_request_finished(s, kv, i)
                         if job >= 0:
-                            KO, KC = kv[1], kv[2]
+                            KO, KC = kv.KO, kv.KC
                             KO[KO_FSTORES, KC[KO_FSTORES]] = job
                             KC[KO_FSTORES] += 1
                 if R[i].do_remote_decode:  # held for the decode worker (`_finish`)
-                    if held is not None:
-                        held[S[0].num_delayed_free_requests] = i
+                    s.held[S[0].num_delayed_free_requests] = i
                     S[0].num_delayed_free_requests += 1
                 else:
-                    _free(R, tables, blocks, pscal, i)
+                    _free(s, i)
             else:  # preempted with its last token in flight
-                wq_remove(R, S, wq, cfg[0].priority_scheduling, i)
+                wq_remove(R, S, s.wq, cfg[0].priority_scheduling, i)
             R[i].status = RequestStatus.FINISHED
         kept = 0
+        running = s.running
         for j in range(S[0].num_running):
             i = running[j]
             if R[i].status != RequestStatus.FINISHED:
@@ -1099,17 +1097,17 @@ def update_from_output(R, idents, tables, blocks, idmap, pscal, cfg, spec, S, ru
                 kept += 1
         S[0].num_running = kept
     if cfg[0].invariant_check:
-        _check_after(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, kv, held,
-                     out, out[0, :0], check.AFTER_OUTPUT, pass_index)
+        _check_after(s, kv, out, out[0, :0], check.AFTER_OUTPUT, pass_index)
     return num_finished
 
 
 @njit
-def free_delayed(R, tables, blocks, pscal, S, held, i):
+def free_delayed(s, i):
     """A prefill rank's delayed free: the transfer of handed-off request i's KV is
     done, its held blocks are freed (vLLM's `_update_from_kv_xfer_finished`
     for `finished_sending`; docs/engine.md §13) and it leaves `held`."""
-    _free(R, tables, blocks, pscal, i)
+    S, held = s.S, s.held
+    _free(s, i)
     kept = 0
     for k in range(S[0].num_delayed_free_requests):
         if held[k] != i:
@@ -1126,8 +1124,9 @@ def mark_started(R, out, n_sched, start_ms):
 
 
 @njit
-def add_request(R, S, wq, priority, i):
-    wq_add(R, S, wq, priority, i)
+def add_request(s, i):
+    """`Scheduler.add_request`: request i joins the waiting queue."""
+    wq_add(s.R, s.S, s.wq, s.cfg[0].priority_scheduling, i)
 
 
 @njit(inline="always")
@@ -1140,9 +1139,9 @@ def _prefill_left(R, i):
 @njit(inline="always")
 def _queued(S, kv, i):
     """Whether request i, not running, is in the waiting queue rather than
-    waiting for its load (`waiting_for_kv`, `kv[0]`)."""
+    waiting for its load (`waiting_for_kv`, `kv.wfk`)."""
     if kv is not None:
-        wfk = kv[0]
+        wfk = kv.wfk
         for k in range(S[0].num_waiting_for_kv):
             if wfk[k] == i:
                 return False
@@ -1165,31 +1164,31 @@ def pending_prefill_tokens(S):
 
 
 @njit
-def take_out_all(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, priority,
-                 kv, held, out, feats, taken):
+def take_out_all(s, kv, out, feats, taken):
     """Take every running and waiting request out as unfinished (a livelock:
     more than LIVELOCK_PREEMPTIONS preemptions since a token was sampled),
     then, in the debug mode, check the rank (`_check_after`; `kv`, `held`:
     the rank's, for the requests holding blocks outside the queues).
     Returns how many."""
+    R, cfg, S, running = s.R, s.cfg, s.S, s.running
+    priority = cfg[0].priority_scheduling
     n = 0
     for k in range(S[0].num_running):
         i = running[k]
         S[0].pending_prefill_tokens -= _prefill_left(R, i)
-        _free(R, tables, blocks, pscal, i)
+        _free(s, i)
         R[i].status = RequestStatus.UNFINISHED
         taken[n] = i
         n += 1
     S[0].num_running = 0
     while S[0].num_waiting > 0:
-        i = wq_pop(R, S, wq, priority)
+        i = wq_pop(R, S, s.wq, priority)
         R[i].status = RequestStatus.UNFINISHED
         taken[n] = i
         n += 1
     S[0].preemptions_since_token = 0
     if cfg[0].invariant_check:
-        _check_after(R, idents, tables, blocks, idmap, pscal, cfg, S, running, wq, kv, held,
-                     out, feats[:0], check.AFTER_TAKE_OUT, S[0].num_checked_passes)
+        _check_after(s, kv, out, feats[:0], check.AFTER_TAKE_OUT, S[0].num_checked_passes)
     return n
 
 
@@ -1320,6 +1319,10 @@ class FastScheduler:
 
         # num_delayed_free_requests's
         self.held = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
+        self.arrays = new_scheduler_arrays(
+            table.R, table.idents, table.tables, pool.blocks, pool.idmap, pool.scalars,
+            self.cfg, self.S, self.running, self.wq, self.spec, self.held, tokens.client_ms,
+            tokens.offsets, tokens.last_client, float(tokens.detokenize_ms))
         if check.enabled():
             # the debug mode; the whole table is checked while this is the only
             # scheduler on it (other ranks' requests are in their own queues)
@@ -1355,10 +1358,10 @@ class FastScheduler:
         self.kv_state = (np.zeros(n, dtype=np.int64),
                          np.zeros((NUM_KO_ROWS, width), dtype=np.int64),
                          np.zeros(NUM_KO_ROWS, dtype=np.int64))
-        self._kv_tuple = None
+        self._kv_arrays = None
 
     def _kv(self):
-        """The `kv` tuple of the kernels, with room for the jobs of one call:
+        """The `kv` bundle of the kernels (a `KVArrays`), with room for the jobs of one call:
         a store per scheduled request and a preemption store per victim (each
         at most max_num_seqs + 1), a load per waiting request that can hold
         a G1 block; their blocks are G1 blocks read or written, at most the
@@ -1368,9 +1371,10 @@ class FastScheduler:
         if self.cfg[0]["kv_source"] == KV_SOURCE_CPU:
             jobs = 2 * self._out_width + min(int(self.S[0]["num_waiting"]), self.num_gpu_blocks)
             grown = t.ensure_room(jobs, 3 * self.num_gpu_blocks)
-        if grown or self._kv_tuple is None:
-            self._kv_tuple = self.kv_state + t.arrays() + (t.lanes, t.storing, t.KF)
-        return self._kv_tuple
+        if grown or self._kv_arrays is None:
+            self._kv_arrays = new_kv_arrays(*self.kv_state, *t.arrays(), t.lanes, t.storing,
+                                            t.KF)
+        return self._kv_arrays
 
     @property
     def waiting_for_kv(self) -> list:
@@ -1411,7 +1415,7 @@ class FastScheduler:
 
     def _check_holders(self):
         # (`waiting_for_kv` is kv_state[0]; the tier's arrays are not touched)
-        return _check_holders(self.S, self.running, self.kv_state, self.held)
+        return _check_holders(self.arrays, self._kv() if self.kv_state is not None else None)
 
     num_running = property(lambda self: int(self.S[0]["num_running"]))
     num_waiting = property(lambda self: int(self.S[0]["num_waiting"]
@@ -1421,14 +1425,11 @@ class FastScheduler:
     # -- passes --------------------------------------------------------------
 
     def schedule(self) -> FastOutput:
-        t = self.table
-        p = self.pool
         out = np.empty((NUM_OUT_ROWS, self._out_width), dtype=np.int64)
         feats = np.zeros(NUM_FEATS, dtype=np.int64)
         if self.S[0]["preemptions_since_token"] > LIVELOCK_PREEMPTIONS:
-            n = take_out_all(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
-                             self.S, self.running, self.wq, self.priority,
-                             self.kv_state, self.held, out, feats, self.finished_buffer)
+            n = take_out_all(self.arrays, self._kv() if self.kv_state is not None else None, out,
+                             feats, self.finished_buffer)
             self.unfinishable.extend(self.finished_buffer[:n].tolist())
             if self.kv_state is not None:
                 KC = self.kv_state[2]
@@ -1438,12 +1439,10 @@ class FastScheduler:
                 return self._kv_output(out, feats)
             return FastOutput(out, feats)
         if self.kv_state is None:
-            schedule(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
-                     self.S, self.running, self.wq, out, feats, None, self.held)
+            schedule(self.arrays, out, feats, None)
             result = FastOutput(out, feats)
         else:
-            schedule(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars, self.cfg,
-                     self.S, self.running, self.wq, out, feats, self._kv(), self.held)
+            schedule(self.arrays, out, feats, self._kv())
             result = self._kv_output(out, feats)
         self.note_unfinishable(result)
         return result
@@ -1463,15 +1462,9 @@ class FastScheduler:
         mark_started(self.table.R, out.out, out.feats[N_SCHED], start_ms)
 
     def update_from_output(self, out: FastOutput, release_ms: float, pass_index: int):
-        t = self.table
-        tok = self.tokens
-        p = self.pool
-        n = update_from_output(t.R, t.idents, t.tables, p.blocks, p.idmap, p.scalars,
-                               self.cfg, self.spec, self.S, self.running, self.wq, out.out,
-                               out.feats[N_SCHED], release_ms, pass_index,
-                               tok.detokenize_ms, tok.client_ms, tok.offsets,
-                               tok.last_client, self.finished_buffer,
-                               self._kv() if self.kv_state is not None else None, self.held)
+        n = update_from_output(self.arrays, out.out, out.feats[N_SCHED], release_ms, pass_index,
+                               self.finished_buffer,
+                               self._kv() if self.kv_state is not None else None)
         if self.connector is not None:  # only the CPU tier acts on outputs
             KO, KC = self.kv_state[1], self.kv_state[2]
             if KC[KO_FSTORES]:

@@ -1,0 +1,92 @@
+"""Named bundles of arrays for the kernels: Numba StructRefs whose fields a
+kernel reads as `bundle.name`, handed from kernel to kernel as one pointer.
+
+A kernel that took each array as its own argument copied every array's
+descriptor (seven words or more) at each call, and named its arguments by
+position; the scheduler's kernels took 14 to 22 of them, the pass loop ~45.
+A bundle is one argument, its fields carry the names the kernels use, and a
+field is read where it is used.
+
+The fields are read through the bundle's MemInfo without the runtime's
+helper (`_payload`), so that kernels compiled without Numba's reference
+counts (servesim/scheduler/fast.py, "Reference counts") may read them:
+Numba's own StructRef reads call that helper, which such kernels may not.
+
+A bundle is declared by a `BundleType` subclass and a proxy class, named
+in its module (their names are how Numba's cache finds the kernels that take
+them), then `register_bundle(type, proxy, fields)`. Its constructor is a
+cached kernel of that module (the proxy's own would compile in every
+process). As plain Python (servesim/jit.py `plain_python`) a bundle is a
+`PlainBundle` of the same fields.
+"""
+
+from numba.core import cgutils, imputils, types
+from numba.core.datamodel import default_manager, models
+from numba.core.runtime.nrtdynmod import _meminfo_struct_type
+from numba.core.typing.templates import AttributeTemplate
+from numba.experimental import structref
+from numba.extending import infer_getattr, lower_getattr_generic, lower_setattr_generic
+
+
+class BundleType(types.StructRef):
+    """The Numba type of a bundle (subclassed once per bundle)."""
+
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+def _payload(context, builder, typ, val):
+    """The bundle's fields, read through its MemInfo's data pointer without
+    the runtime's helper (which kernels compiled without reference counts
+    may not call): the same load `NRT_MemInfo_data_fast` makes."""
+    meminfo = cgutils.create_struct_proxy(typ)(context, builder, value=val).meminfo
+    mi = builder.bitcast(meminfo, _meminfo_struct_type.as_pointer())
+    data = builder.load(cgutils.gep_inbounds(builder, mi, 0, 3))
+    payload_type = typ.get_data_type()
+    ptr = builder.bitcast(data, context.get_value_type(payload_type).as_pointer())
+    return cgutils.create_struct_proxy(payload_type)(context, builder, ref=ptr)
+
+
+def _getattr(context, builder, typ, val, attr):
+    value = getattr(_payload(context, builder, typ, val), attr)
+    return imputils.impl_ret_borrowed(context, builder, typ.field_dict[attr], value)
+
+
+def _setattr(context, builder, sig, args, attr):
+    typ, value_type = sig.args
+    instance, value = args
+    payload = _payload(context, builder, typ, instance)
+    value = context.cast(builder, value, value_type, typ.field_dict[attr])
+    old = getattr(payload, attr)
+    context.nrt.incref(builder, value_type, value)
+    context.nrt.decref(builder, value_type, old)
+    setattr(payload, attr, value)
+
+
+def register_bundle(type_class, proxy_class, fields):
+    """Make `type_class` (a `BundleType`) and `proxy_class` (a
+    `structref.StructRefProxy`) a bundle of `fields`, read and written
+    without the runtime's helper."""
+    default_manager.register(type_class, models.StructRefModel)
+
+    class _Fields(AttributeTemplate):
+        key = type_class
+
+        def generic_resolve(self, typ, attr):
+            return typ.field_dict.get(attr)
+
+    infer_getattr(_Fields)
+    lower_getattr_generic(type_class)(_getattr)
+    lower_setattr_generic(type_class)(_setattr)
+    structref.define_proxy(proxy_class, type_class, list(fields))
+
+
+class PlainBundle:
+    """A bundle when the kernels run as plain Python: its fields as
+    attributes (subclassed with the bundle's `__slots__`)."""
+
+    __slots__ = ()
+
+    def __init__(self, *fields):
+        for name, value in zip(self.__slots__, fields, strict=True):
+            setattr(self, name, value)
