@@ -14,6 +14,7 @@ from unittest.mock import patch
 
 import attrs
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from servesim.engine import fast_run
@@ -324,6 +325,45 @@ def test_a_ranks_kv_bundle_holds_its_tier_and_is_made_again_when_the_tier_grows(
     grown = scheduler._kv()
     assert t.jobs is not jobs and len(t.jobs) > len(jobs)
     assert all(np.shares_memory(a, b) for a, b in zip(fields(grown), own()))
+
+
+@pytest.mark.parametrize("cluster", [
+    None, {"workers": 2, "router": "kv_aware"},
+    {"mode": "disaggregated", "prefill_workers": 1, "decode_workers": 2,
+     "kv_transfer": {"bytes_per_token": 62500, "bandwidth_gbps": 1.0}}],
+    ids=["one worker", "two workers", "disaggregated"])
+def test_a_pass_log_buffer_that_fills_up_grows_and_the_loop_logs_on(cluster):
+    # a pass loop whose pass log buffer may not hold the next pass returns
+    # LOG_FULL; the core grows the buffer (`PassLogBuffer.grow`) and the
+    # loop goes on writing into the new arrays (`PassLogBuffer.arrays`, its
+    # bundle made again): from a buffer of one line, the log and the results
+    # are those of a buffer large enough from the start (the one worker, the
+    # loop over aggregated workers, the loop over disaggregated workers)
+    from helpers import make_config, make_workload
+
+    rows = [{"id": f"r{i}", "t": 25 * i, "P": 40 + 4 * (i % 3), "O": 6,
+             "hash_ids": [i % 2, 100 + i, 200 + i]} for i in range(12)]
+    config = make_config(block_size=16, num_gpu_blocks=64, cluster=cluster)
+    workload = make_workload(rows)
+    grow = fast_run.PassLogBuffer.grow
+    grows = []
+
+    def counted(buffer, ranks, width):  # a loop still on the old arrays would ask forever
+        grows.append(len(buffer))
+        assert len(grows) < 20, "the loop kept asking for room after the buffer grew"
+        grow(buffer, ranks, width)
+
+    tiny = classmethod(lambda cls, input_length, output_length: cls(rows=1, entries=1,
+                                                                      finished=1))
+    with patch.object(fast_run.PassLogBuffer, "grow", counted):
+        roomy = simulate(config, workload)
+        grows.clear()
+        with patch.object(fast_run.PassLogBuffer, "for_workload", tiny):
+            grown = simulate(config, workload)
+    assert len(grows) > 1 and len(grown.pass_log.buffer.head) > 1  # it grew, more than once
+    assert len(grown.pass_log) == len(roomy.pass_log) > 20
+    assert list(grown.pass_log) == list(roomy.pass_log)
+    same_results(roomy, grown)
 
 
 def test_kernels_compiled_without_reference_counts_hand_back_no_arrays(tmp_path):

@@ -50,7 +50,7 @@ WORKERS_PADDED = 8
 @njit(_nrt=False)
 def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
                 never_fits, worker_of, rank_of, status, finished_code, rejected_code,
-                h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
+                h_time, h_order, h_seq, log_on, log):
     """Run the workers' events and the arrivals up to the horizon (module
     docstring). Worker k is `group[k]` (its `run_passes` arguments but the
     horizon and the pass log), `ws_t[k]`, `wt_t[k]` its state arrays, its
@@ -76,8 +76,7 @@ def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms,
                                        h_order, h_seq, log_on)
         ws = ws_t[k]
         ws[W_SEQ] = cs[P_SEQ]
-        state = run_passes(*(group[k] + (t, order, seq, log_on, lhead, ltime, lsched, lpre, lfin,
-                                         lcount)))
+        state = run_passes(*(group[k] + (t, order, seq, log_on, log)))
         cs[P_SEQ] = ws[W_SEQ]
         cs[P_LAST] = k
         finished = group[k][0].finished

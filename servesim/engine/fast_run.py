@@ -91,7 +91,7 @@ from servesim.scheduler import fast
 from servesim.scheduler.fast import LIVELOCK_PREEMPTIONS
 from servesim.scheduler.fast_table import KVHandoff, KVLoad
 from servesim.engine import fast_disagg
-from servesim.engine.worker_arrays import new_worker_arrays
+from servesim.engine.worker_arrays import new_pass_log_arrays, new_worker_arrays
 
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
 U_AREA, U_MAX, U_VALUE, U_SINCE = range(4)
@@ -148,17 +148,22 @@ def _before(t, order, seq, h_time, h_order, h_seq):
 
 
 @njit
-def _log_room(lcount, lhead, lsched, lpre, lfin, ranks, width):
-    return (lcount[N_ROWS] + ranks <= lhead.shape[0]
-            and lcount[N_SCHED_E] + ranks * width <= lsched.shape[0]
-            and lcount[N_PRE_E] + ranks * width <= lpre.shape[0]
-            and lcount[N_FIN_E] + ranks * width <= lfin.shape[0])
+def _log_room(log, ranks, width):
+    """Whether the pass log buffer (`log`, a `PassLogArrays`) holds one more
+    pass of `ranks` ranks of up to `width` entries each."""
+    count = log.count
+    return (count[N_ROWS] + ranks <= log.head.shape[0]
+            and count[N_SCHED_E] + ranks * width <= log.sched.shape[0]
+            and count[N_PRE_E] + ranks * width <= log.pre.shape[0]
+            and count[N_FIN_E] + ranks * width <= log.fin.shape[0])
 
 
 @njit
-def _log_pass(lhead, ltime, lsched, lpre, lfin, lcount, ws, ptime, slot, r, index, out, feats,
-              finished, n_fin):
-    """One line of `passes.jsonl`: rank r's part of the pass in `slot`."""
+def _log_pass(log, ws, ptime, slot, r, index, out, feats, finished, n_fin):
+    """One line of `passes.jsonl`: rank r's part of the pass in `slot`,
+    into the pass log buffer `log` (a `PassLogArrays`)."""
+    lhead, ltime, lsched = log.head, log.time, log.sched
+    lpre, lfin, lcount = log.pre, log.fin, log.count
     row = lcount[N_ROWS]
     lhead[row, L_PASS] = index
     lhead[row, L_POOL] = ws[W_POOL]
@@ -314,8 +319,7 @@ def _has_requests(S_t, ranks):
 
 
 @njit(_nrt=False)
-def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin,
-               lcount):
+def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
     """Run the worker's events up to the horizon (module docstring); returns
     the state handed back. `w`: the worker's arrays (a `WorkerArrays`,
     engine/worker_arrays.py; read as `w.name` where used, so that entering
@@ -332,11 +336,13 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
     rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
     `link_free`, `link_of`, `xparams` the handoffs' transfers and links
     (engine/fast_disagg.py); a decode decision's transfers go into
-    `pulls[:ws[W_NPULL]]` for the core to tell their senders.
+    `pulls[:ws[W_NPULL]]` for the core to tell their senders. With `log_on`
+    each rank's part of each pass ends in the pass log buffer `log` (a
+    `PassLogArrays`; `PassLogBuffer.arrays`).
 
     Compiled without reference counts, as the scheduler's kernels it calls
     (servesim/scheduler/fast.py, "Reference counts"): the caller holds every
-    array `w` and `kv_t` bundle for the call."""
+    array `w`, `kv_t` and `log` bundle for the call."""
     ws = w.ws  # (read everywhere below: held for the call)
     wt = w.wt
     ranks = w.feats.shape[1]
@@ -385,8 +391,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
             if kind == EV_NONE:
                 ws[W_NFIN] = n_fin
                 return IDLE
-            if kind == EV_END and log_on and not _log_room(lcount, lhead, lsched, lpre, lfin,
-                                                           ranks, width):
+            if kind == EV_END and log_on and not _log_room(log, ranks, width):
                 ws[W_NFIN] = n_fin
                 return LOG_FULL
             if kv_t is not None:
@@ -424,8 +429,8 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lp
                             _submit_finished_stores(kv_t[r], w.ptime[following, P_END]
                                                     if count == 2 else t)
                     if log_on:
-                        _log_pass(lhead, ltime, lsched, lpre, lfin, lcount, ws, w.ptime, head, r,
-                                  index, w.outs[head, r], w.feats[head, r], w.finished[n_fin:], n)
+                        _log_pass(log, ws, w.ptime, head, r, index, w.outs[head, r],
+                                  w.feats[head, r], w.finished[n_fin:], n)
                     n_fin += n
                     finished_here += n
                     track_usage(w.usage[r], w.pscal_t[r], w.num_gpu_blocks, t)
@@ -698,6 +703,7 @@ class PassLogBuffer:
         self.pre = np.zeros(rows, dtype=np.int32)
         self.fin = np.zeros(finished or rows, dtype=np.int32)
         self.count = np.zeros(4, dtype=np.int64)
+        self._arrays = None  # (`arrays`)
 
     @classmethod
     def for_workload(cls, input_length, output_length):
@@ -724,6 +730,15 @@ class PassLogBuffer:
         self.sched = bigger(self.sched, c[N_SCHED_E], ranks * width)
         self.pre = bigger(self.pre, c[N_PRE_E], ranks * width)
         self.fin = bigger(self.fin, c[N_FIN_E], ranks * width)
+        self._arrays = None
+
+    def arrays(self):
+        """The buffer's arrays as the pass loops take them (a
+        `PassLogArrays`, engine/worker_arrays.py), made again after `grow`."""
+        if self._arrays is None:
+            self._arrays = new_pass_log_arrays(self.head, self.time, self.sched, self.pre,
+                                               self.fin, self.count)
+        return self._arrays
 
     def __len__(self):
         return int(self.count[N_ROWS])
@@ -736,7 +751,7 @@ def log_arguments(log):
     """The pass loops' last arguments: whether they log passes, and the
     `PassLogBuffer`'s arrays (stand-ins without a pass log, `log` None)."""
     buf = log if log is not None else _NO_LOG
-    return (log is not None, buf.head, buf.time, buf.sched, buf.pre, buf.fin, buf.count)
+    return (log is not None, buf.arrays())
 
 # a worker admitting its own arrivals returns to the event loop after this many
 # (progress, Ctrl-C and the debug mode's checks get a turn)

@@ -329,7 +329,7 @@ def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_
 
 @njit(_nrt=False)
 def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, pool_b, rp,
-                h_time, h_order, h_seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount):
+                h_time, h_order, h_seq, log_on, log):
     """Run the workers' events up to the horizon (module docstring). Worker k
     is `group_a[k]` (a prefill worker's `run_passes` arguments but the
     horizon and the pass log) for k below `ps[P_NUM_A]`, else
@@ -359,7 +359,7 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a
                                        h_order, h_seq, True)
         ws = ws_t[k]
         ws[W_SEQ] = ps[P_SEQ]
-        tail = (t, order, seq, log_on, lhead, ltime, lsched, lpre, lfin, lcount)
+        tail = (t, order, seq, log_on, log)
         if k < n_a:
             state = run_passes(*(group_a[k] + tail))
         else:

@@ -1,5 +1,6 @@
 """A worker's arrays for its compiled pass loop (engine/fast_run.py
-`run_passes`), as one named bundle: `WorkerArrays`, a Numba StructRef.
+`run_passes`), as one named bundle: `WorkerArrays`, a Numba StructRef; and
+the pass log buffer's arrays the loop writes, `PassLogArrays`.
 
 The loop is entered at every outside event of an aggregated worker and, in a
 disaggregated deployment, at nearly every event of each worker
@@ -79,3 +80,38 @@ def new_worker_arrays(*fields):
     if plain_python():
         return PlainWorkerArrays(*fields)
     return _new_worker_arrays(*fields)
+
+
+# the pass log buffer's arrays (engine/fast_run.py `PassLogBuffer`)
+LOG_FIELDS = ("head", "time", "sched", "pre", "fin", "count")
+
+
+class PassLogArraysType(BundleType):
+    pass
+
+
+class PassLogArrays(structref.StructRefProxy):
+    """A `PassLogBuffer`'s arrays, in the order of `LOG_FIELDS` (make with
+    `new_pass_log_arrays`; made again when the buffer grows)."""
+
+
+register_bundle(PassLogArraysType, PassLogArrays, LOG_FIELDS)
+
+
+@njit
+def _new_pass_log_arrays(*fields):
+    return PassLogArrays(*fields)
+
+
+class PlainPassLogArrays(PlainBundle):
+    """The pass log's bundle when the kernels run as plain Python."""
+
+    __slots__ = LOG_FIELDS
+
+
+def new_pass_log_arrays(*fields):
+    """A `PassLogArrays` of `fields` (in `LOG_FIELDS` order); a
+    `PlainPassLogArrays` as plain Python."""
+    if plain_python():
+        return PlainPassLogArrays(*fields)
+    return _new_pass_log_arrays(*fields)
