@@ -14,10 +14,11 @@ Numba's own StructRef reads call that helper, which such kernels may not.
 
 A bundle is declared by a `BundleType` subclass and a proxy class, named
 in its module (their names are how Numba's cache finds the kernels that take
-them), then `register_bundle(type, proxy, fields)`. Its constructor is a
-cached kernel of that module (the proxy's own would compile in every
-process). As plain Python (servesim/jit.py `plain_python`) a bundle is a
-`PlainBundle` of the same fields.
+them), and a constructor, a cached kernel of that module returning
+`Proxy(*fields)` (the proxy's own would compile in every process); then
+`declare(type, proxy, fields, constructor)` registers it and returns the
+function that makes one. As plain Python (servesim/jit.py `plain_python`) a
+bundle is a `PlainBundle` of the same fields.
 """
 
 from numba.core import cgutils, imputils, types
@@ -26,6 +27,8 @@ from numba.core.runtime.nrtdynmod import _meminfo_struct_type
 from numba.core.typing.templates import AttributeTemplate
 from numba.experimental import structref
 from numba.extending import infer_getattr, lower_getattr_generic, lower_setattr_generic
+
+from servesim.jit import plain_python
 
 
 class BundleType(types.StructRef):
@@ -63,7 +66,7 @@ def _setattr(context, builder, sig, args, attr):
     setattr(payload, attr, value)
 
 
-def register_bundle(type_class, proxy_class, fields):
+def _register(type_class, proxy_class, fields):
     """Make `type_class` (a `BundleType`) and `proxy_class` (a
     `structref.StructRefProxy`) a bundle of `fields`, read and written
     without the runtime's helper."""
@@ -90,3 +93,19 @@ class PlainBundle:
     def __init__(self, *fields):
         for name, value in zip(self.__slots__, fields, strict=True):
             setattr(self, name, value)
+
+
+def declare(type_class, proxy_class, fields, constructor):
+    """Register the bundle (module docstring) and return the function that
+    makes one of `fields`' values, in their order: `constructor` compiled,
+    a `PlainBundle` as plain Python."""
+    _register(type_class, proxy_class, fields)
+    plain = type("Plain" + proxy_class.__name__, (PlainBundle,), {"__slots__": tuple(fields)})
+
+    def make(*values):
+        if plain_python():
+            return plain(*values)
+        return constructor(*values)
+
+    make.__doc__ = f"A `{proxy_class.__name__}` of the values of `{fields}`, in order."
+    return make

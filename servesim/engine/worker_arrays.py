@@ -26,9 +26,10 @@ tier or remote KV, and the loop's code for it is chosen by that argument's
 type when it compiles.
 """
 
-from servesim.bundles import BundleType, PlainBundle, register_bundle
-from servesim.jit import njit, plain_python
 from numba.experimental import structref
+
+from servesim.bundles import BundleType, declare
+from servesim.jit import njit
 
 FIELDS = (
     # the request table, the first rank's scheduler configuration, the
@@ -55,10 +56,7 @@ class WorkerArraysType(BundleType):
 
 class WorkerArrays(structref.StructRefProxy):
     """One worker's arrays, in the order of `FIELDS` (make with
-    `new_worker_arrays`: its constructor is compiled once and cached)."""
-
-
-register_bundle(WorkerArraysType, WorkerArrays, FIELDS)
+    `new_worker_arrays`)."""
 
 
 @njit
@@ -66,20 +64,7 @@ def _new_worker_arrays(*fields):
     return WorkerArrays(*fields)
 
 
-class PlainWorkerArrays(PlainBundle):
-    """The bundle when the kernels run as plain Python (servesim/jit.py
-    `plain_python`): the same fields, as attributes."""
-
-    __slots__ = FIELDS
-
-
-def new_worker_arrays(*fields):
-    """A `WorkerArrays` of `fields` (in `FIELDS` order), made by a compiled
-    and cached constructor (the proxy's own would compile in every
-    process); a `PlainWorkerArrays` as plain Python."""
-    if plain_python():
-        return PlainWorkerArrays(*fields)
-    return _new_worker_arrays(*fields)
+new_worker_arrays = declare(WorkerArraysType, WorkerArrays, FIELDS, _new_worker_arrays)
 
 
 # the pass log buffer's arrays (engine/fast_run.py `PassLogBuffer`)
@@ -95,23 +80,10 @@ class PassLogArrays(structref.StructRefProxy):
     `new_pass_log_arrays`; made again when the buffer grows)."""
 
 
-register_bundle(PassLogArraysType, PassLogArrays, LOG_FIELDS)
-
-
 @njit
 def _new_pass_log_arrays(*fields):
     return PassLogArrays(*fields)
 
 
-class PlainPassLogArrays(PlainBundle):
-    """The pass log's bundle when the kernels run as plain Python."""
-
-    __slots__ = LOG_FIELDS
-
-
-def new_pass_log_arrays(*fields):
-    """A `PassLogArrays` of `fields` (in `LOG_FIELDS` order); a
-    `PlainPassLogArrays` as plain Python."""
-    if plain_python():
-        return PlainPassLogArrays(*fields)
-    return _new_pass_log_arrays(*fields)
+new_pass_log_arrays = declare(PassLogArraysType, PassLogArrays, LOG_FIELDS,
+                              _new_pass_log_arrays)

@@ -34,8 +34,8 @@ again then (`FastScheduler._kv`).
 
 from numba.experimental import structref
 
-from servesim.bundles import BundleType, PlainBundle, register_bundle
-from servesim.jit import njit, plain_python
+from servesim.bundles import BundleType, declare
+from servesim.jit import njit
 
 FIELDS = ("R", "idents", "tables", "blocks", "idmap", "pscal", "cfg", "S", "running", "wq",
           "spec", "held", "client_ms", "token_offsets", "last_client", "detokenize_ms")
@@ -50,27 +50,13 @@ class SchedulerArrays(structref.StructRefProxy):
     `new_scheduler_arrays`)."""
 
 
-register_bundle(SchedulerArraysType, SchedulerArrays, FIELDS)
-
-
 @njit
 def _new_scheduler_arrays(*fields):
     return SchedulerArrays(*fields)
 
 
-class PlainSchedulerArrays(PlainBundle):
-    """The bundle when the kernels run as plain Python."""
-
-    __slots__ = FIELDS
-
-
-def new_scheduler_arrays(*fields):
-    """A `SchedulerArrays` of `fields` (in `FIELDS` order), made by a
-    compiled and cached constructor; a `PlainSchedulerArrays` as plain
-    Python."""
-    if plain_python():
-        return PlainSchedulerArrays(*fields)
-    return _new_scheduler_arrays(*fields)
+new_scheduler_arrays = declare(SchedulerArraysType, SchedulerArrays, FIELDS,
+                               _new_scheduler_arrays)
 
 
 KV_FIELDS = ("wfk", "KO", "KC", "tier", "slot_of", "free_slots", "jobs", "job_times",
@@ -86,23 +72,9 @@ class KVArrays(structref.StructRefProxy):
     `new_kv_arrays`)."""
 
 
-register_bundle(KVArraysType, KVArrays, KV_FIELDS)
-
-
 @njit
 def _new_kv_arrays(*fields):
     return KVArrays(*fields)
 
 
-class PlainKVArrays(PlainBundle):
-    """The `kv` bundle when the kernels run as plain Python."""
-
-    __slots__ = KV_FIELDS
-
-
-def new_kv_arrays(*fields):
-    """A `KVArrays` of `fields` (in `KV_FIELDS` order); a `PlainKVArrays`
-    as plain Python."""
-    if plain_python():
-        return PlainKVArrays(*fields)
-    return _new_kv_arrays(*fields)
+new_kv_arrays = declare(KVArraysType, KVArrays, KV_FIELDS, _new_kv_arrays)
