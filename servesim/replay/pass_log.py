@@ -198,6 +198,8 @@ def _lines(head, time_bytes, time_offsets, which, sched, pre, fin, first, last, 
     pools = (b'"pool": "prefill", ', b'"pool": "decode", ')  # _POOLS, in pool order
     t = 0
     kinds = (b', "kind": "new"', b', "kind": "resumed"', b', "kind": "running"')  # KIND_NAMES
+    # most entries: a running request's, nothing cached (one copy, not four)
+    decoding = b', "cached": 0, "kind": "running"}'
     at = 0
     s, p, f = s0, p0, f0
     for row in range(first, last):
@@ -228,6 +230,10 @@ def _lines(head, time_bytes, time_offsets, which, sched, pre, fin, first, last, 
                 at = _put(out, at, b", ")
             at = _put_text(out, at, entry_bytes, entry_offsets, sched[e, fr.E_REQ])
             at = _put_int(out, at, sched[e, fr.E_TOK])
+            if (sched[e, fr.E_CACHED] == 0 and sched[e, fr.E_KIND] == PassKind.RUNNING
+                    and not speculative):
+                at = _put(out, at, decoding)
+                continue
             at = _put(out, at, b', "cached": ')
             at = _put_int(out, at, sched[e, fr.E_CACHED])
             at = _put(out, at, kinds[sched[e, fr.E_KIND]])
