@@ -56,6 +56,7 @@ def _getattr(context, builder, typ, val, attr):
 
 
 def _setattr(context, builder, sig, args, attr):
+    # (the bundle's constructor sets each field with it; kernels set none)
     typ, value_type = sig.args
     instance, value = args
     payload = _payload(context, builder, typ, instance)

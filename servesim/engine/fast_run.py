@@ -275,13 +275,13 @@ def _rank_kv(kv_t, r):
 
 
 @njit
-def _kv_room(kv_t, S_t, ranks, width, num_gpu_blocks):
+def _kv_room(kv_t, sched_t, ranks, width, num_gpu_blocks):
     """Whether every rank's CPU-tier job arrays hold the jobs of one call
     (`FastScheduler._kv`'s bound, which `TierArrays.ensure_room` grows to)."""
     for r in range(ranks):
         kv = kv_t[r]
         KS = kv.KS
-        jobs = 2 * width + min(S_t[r][0].num_waiting, num_gpu_blocks)
+        jobs = 2 * width + min(sched_t[r].S[0].num_waiting, num_gpu_blocks)
         if (KS[ct.K_JOBS] + jobs > kv.jobs.shape[0]
                 or KS[ct.K_JB] + 3 * num_gpu_blocks > kv.job_blocks.shape[1]):
             return False
@@ -308,10 +308,10 @@ def _next_completion_ms(kv_t, ranks):
 
 
 @njit
-def _has_requests(S_t, ranks):
+def _has_requests(sched_t, ranks):
     """Anything to run or wait for on some rank (`FastScheduler.has_requests`)."""
     for r in range(ranks):
-        S = S_t[r]
+        S = sched_t[r].S
         if (S[0].num_running + S[0].num_waiting + S[0].num_waiting_for_kv
                 + S[0].num_delayed_free_requests > 0):
             return True
@@ -347,7 +347,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
     wt = w.wt
     ranks = w.feats.shape[1]
     width = w.outs.shape[3]
-    cpu = w.cfg[0].kv_source == fast.KV_SOURCE_CPU  # (read under `kv_t is not None`)
+    cpu = w.sched_t[0].cfg[0].kv_source == fast.KV_SOURCE_CPU  # (read under `kv_t is not None`)
     pool = ws[W_POOL]
     n_fin = 0
     ws[W_NOUT] = 0
@@ -361,7 +361,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
             # after the finishes of a pass end went out (`stop_on_finish`):
             # with nothing left in flight, an idle engine with requests wakes
             ws[W_PHASE] = PH_NORMAL
-            if count == 0 and decide == DEC_NONE and _has_requests(w.S_t, ranks):
+            if count == 0 and decide == DEC_NONE and _has_requests(w.sched_t, ranks):
                 ws[W_DECIDE] = DEC_WAKE
                 wt[T_DECIDE] = wt[T_NOW]
                 ws[W_DSEQ] = _next_seq(ws)
@@ -396,7 +396,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
                 return LOG_FULL
             if kv_t is not None:
                 if cpu and (ws[W_NXW] + 1 >= len(w.xw_t)
-                            or not _kv_room(kv_t, w.S_t, ranks, width, w.num_gpu_blocks)):
+                            or not _kv_room(kv_t, w.sched_t, ranks, width, w.num_gpu_blocks)):
                     ws[W_NFIN] = n_fin
                     return ROOM
             if (not (ws[W_FORCE] or decide == DEC_NOW
@@ -433,7 +433,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
                                   w.feats[head, r], w.finished[n_fin:], n)
                     n_fin += n
                     finished_here += n
-                    track_usage(w.usage[r], w.pscal_t[r], w.num_gpu_blocks, t)
+                    track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
                 ws[W_HEAD] = following
                 ws[W_COUNT] = count - 1
                 ws[W_ENDED] = w.pidx[head, 0]
@@ -443,7 +443,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
                     ws[W_PHASE] = PH_ENDED
                     ws[W_NFIN] = n_fin
                     return FINISHED
-                if count == 1 and _has_requests(w.S_t, ranks):
+                if count == 1 and _has_requests(w.sched_t, ranks):
                     # an idle engine wakes (after arrivals at t)
                     ws[W_DECIDE] = DEC_WAKE
                     wt[T_DECIDE] = t
@@ -479,7 +479,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
                                                   w.XI, w.XF, t)
             n_taken = 0
             for r in range(ranks):
-                S = w.S_t[r]
+                S = w.sched_t[r].S
                 w.feats[tail, r, :] = 0
                 if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
                     if kv_t is not None:
@@ -507,7 +507,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
                                                 w.side_state_t[r], w.XI, w.XF, w.link_free,
                                                 w.link_of, w.xparams, t, w.pulls, n_pulls)
             for r in range(ranks):
-                track_usage(w.usage[r], w.pscal_t[r], w.num_gpu_blocks, t)
+                track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
             if n_taken or n_pulls:
                 ws[W_PHASE] = PH_SETTLE
                 ws[W_NOUT] = n_taken
@@ -527,11 +527,11 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
                     ws[W_DECIDE] = DEC_NOW
                     wt[T_DECIDE] = t
                 elif pool >= 0:
-                    _wake_at(_next_land(w.side_pending_t, w.side_state_t, w.XF, ranks), w.S_t,
+                    _wake_at(_next_land(w.side_pending_t, w.side_state_t, w.XF, ranks), w.sched_t,
                              ranks, ws, wt, w.xw_t, w.xw_s)
                 elif kv_t is not None:
                     if cpu:
-                        _wake_at(_next_completion_ms(kv_t, ranks), w.S_t, ranks, ws, wt, w.xw_t,
+                        _wake_at(_next_completion_ms(kv_t, ranks), w.sched_t, ranks, ws, wt, w.xw_t,
                                  w.xw_s)
             continue  # else wait: for the pass in flight's end, or an arrival
         # launch it: it starts when the pass in flight ends, and no earlier
@@ -652,13 +652,13 @@ def _submit_pulls(R, kv, pending, state, XI, XF, link_free, link_of, xparams, no
 
 
 @njit
-def _wake_at(t, S_t, ranks, ws, wt, xw_t, xw_s):
+def _wake_at(t, sched_t, ranks, ws, wt, xw_t, xw_s):
     """An idle engine whose requests wait on a transfer (a load, a store a
     lookup waits for, a handoff's transfer) decides again when the next one
     completes, at `t` (-1: none): a wake (order DECIDE) at that instant,
     unless one is pending no later (`EngineCore._wake_at_next_transfer`).
     Returns whether it added one."""
-    if not _has_requests(S_t, ranks):
+    if not _has_requests(sched_t, ranks):
         return False
     if t < 0 or (wt[T_XWAKE] >= 0 and wt[T_XWAKE] <= t):
         return False
@@ -808,11 +808,8 @@ class CompiledWorker:
         self.width = width
         table = s0.table
         pricer = ranks[0].pricer
-        self._shared = (table.R, s0.cfg,
-                        np.zeros(0, dtype=np.float64))  # arrival_ms (`take_arrivals`)
+        self._shared = (table.R, np.zeros(0, dtype=np.float64))  # arrival_ms (`take_arrivals`)
         self._ranks = (padded([s.arrays for s in schedulers]),
-                       padded([s.S for s in schedulers]),
-                       padded([s.pool.scalars for s in schedulers]),
                        usage, counters, pricer.model, pricer.params, pricer.kv_capacity_tokens,
                        s0.pool.num_gpu_blocks, launch_params)
 
@@ -839,11 +836,10 @@ class CompiledWorker:
         `seq + 1`. Returns whether a wake was added."""
         self._grow_wakes()
         self.ws[W_SEQ] = seq
-        S_t = self._ranks[1]
         side = self._side_args
         d = len(self.ranks)
         t = _next_land(side[0], side[1], side[4], d)
-        return bool(_wake_at(t, S_t, d, self.ws, self.wt, self.xw_t, self.xw_s))
+        return bool(_wake_at(t, self._ranks[0], d, self.ws, self.wt, self.xw_t, self.xw_s))
 
     def take_arrivals(self, arrival_ms, seq):
         """The loop admits requests 0 to `len(arrival_ms)` - 1 itself

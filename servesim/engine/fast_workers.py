@@ -235,7 +235,7 @@ def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
         ws = ws_t[pw]
         if ws[W_COUNT] == 0 and ws[W_DECIDE] == DEC_NONE:
             ws[W_SEQ] = ps[P_SEQ]
-            if _wake_at(_next_land(a.side_pending_t, a.side_state_t, a.XF, dp), a.S_t, dp, ws,
+            if _wake_at(_next_land(a.side_pending_t, a.side_state_t, a.XF, dp), a.sched_t, dp, ws,
                         wt_t[pw], a.xw_t, a.xw_s):
                 ps[P_SEQ] = ws[W_SEQ]
                 offer_key(keys_t, keys_o, keys_s, pw, wt_t[pw][T_XWAKE], DECIDE, ps[P_SEQ])

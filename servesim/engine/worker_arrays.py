@@ -15,7 +15,7 @@ runtime's helper, so that the loop can be compiled without Numba's
 reference counts.
 
 The fields carry the names the loop's docstring uses (the request table `R`,
-the scheduler's `cfg`, each rank's scheduler arrays `sched_t` (a tuple of
+each rank's scheduler arrays `sched_t` (a tuple of
 `SchedulerArrays`, scheduler/scheduler_arrays.py, the bundle the scheduler's
 kernels take) and other per-rank tuples `*_t`, the batch queue's `outs` /
 `feats` / `pidx` / `ptime` / `pseq`,
@@ -32,13 +32,11 @@ from servesim.bundles import BundleType, declare
 from servesim.jit import njit
 
 FIELDS = (
-    # the request table, the first rank's scheduler configuration, the
-    # arrivals the loop admits
-    "R", "cfg", "arrival_ms",
-    # each attention-DP rank's (tuples, `padded`): its scheduler's arrays
-    # (scheduler/scheduler_arrays.py), and of those its state and block pool's
-    # scalars, which the loop reads itself
-    "sched_t", "S_t", "pscal_t",
+    # the request table its ranks share, the arrivals the loop admits
+    "R", "arrival_ms",
+    # each attention-DP rank's scheduler arrays (scheduler/scheduler_arrays.py;
+    # a tuple, `padded`), its state, configuration and block pool's among them
+    "sched_t",
     # KV usage, counters and pricing
     "usage", "counters", "model", "params", "kv_capacity", "num_gpu_blocks", "launch",
     # disaggregated mode: each rank's sender or receiver, the handoffs' transfers
