@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from helpers import ONE_PER_PASS, TRUE_RATE, write
 from servesim.capacity.capacity import FOUND, MAX_MET, UNMET, bracket_and_bisect, capacity, run_probe
-from servesim.capacity.deployment import gpus_of
+from servesim.capacity.gpus import gpus_of
 from servesim.capacity.load import load_of
 from servesim.capacity.search import search
 from servesim.config.slo import build_slos

@@ -6,9 +6,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from servesim.engine.config import EngineConfig, KVOffloadingConfig, LaunchConfig, TimingConfig
+from servesim.engine.config import EngineConfig, LaunchConfig, TimingConfig
 from servesim.errors import InputError
-from servesim.kvcache.config import KVCacheConfig
+from servesim.kvcache.config import KVCacheConfig, KVOffloadingConfig
 from servesim.config.config import config_from_dict, config_to_dict, load_config, read_fitted_model
 from servesim.config.config_types import ClusterConfig, LengthDistribution, OutputConfig
 from servesim.config.examples import EXAMPLES, bundled_trace_path, example_text

@@ -171,7 +171,7 @@ def capacity(config, slos, *, overrides=(), limit=None, precision=DEFAULT_PRECIS
     `max_rate` to start x 1024 (and, for a concurrency, the workload's
     request count); `min_rate` to start / 1024 (a concurrency: 1).
     `progress(row)` is called after each probe."""
-    from servesim.capacity.deployment import gpus_of
+    from servesim.capacity.gpus import gpus_of
     from servesim.capacity.load import load_of
     from servesim.config.slo import binding
     from servesim.replay.api import resolve_config

@@ -131,7 +131,7 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
     """Run the search (see the module docstring) and write search.csv /
     search.json into `out_dir`; returns the search.json document."""
     from servesim.capacity.capacity import DEFAULT_PRECISION
-    from servesim.capacity.deployment import gpus_of
+    from servesim.capacity.gpus import gpus_of
     from servesim.capacity.load import check_grid_keys, load_of
     from servesim.sweep import executors
     from servesim.config.config import config_to_dict, load_config

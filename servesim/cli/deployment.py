@@ -23,7 +23,7 @@ def models_command():
 def gpus_command():
     """List the GPUs (engine.gpu): memory, and the database's vLLM data for pass times."""
     from servesim.deployment import aic
-    from servesim.deployment.capacity import GIB
+    from servesim.deployment.kv_capacity import GIB
     from servesim.deployment.gpus import GPUS
 
     systems = aic.database_systems()

@@ -24,7 +24,7 @@ def read_deployment(ctx, s, kv_cache, scheduler, data_parallel_size=1):
     """`(DeploymentConfig or None, kv_cache)`: the keys checked, and the KV
     cache config with `num_gpu_blocks` derived when the deployment names a
     model and a GPU and `num_gpu_blocks` is absent (an explicit value wins)."""
-    from servesim.deployment.capacity import derive_capacity, gpu_spec
+    from servesim.deployment.kv_capacity import derive_capacity, gpu_spec
     from servesim.deployment.specs import load_model_spec
 
     given = [key for key in KEYS if key in s.data]

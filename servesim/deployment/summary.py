@@ -8,7 +8,7 @@ def deployment_summary(engine, data_parallel_size: int = 1) -> dict | None:
     dep = engine.deployment
     if dep is None:
         return None
-    from servesim.deployment.capacity import derive_capacity, gpu_spec
+    from servesim.deployment.kv_capacity import derive_capacity, gpu_spec
     from servesim.deployment.specs import load_model_spec
 
     out = {key: getattr(dep, key) for key in KEYS}

@@ -4,7 +4,7 @@ import attrs
 
 from servesim.deployment.config import DeploymentConfig
 from servesim.scheduler.speculative import SpeculativeConfig
-from servesim.kvcache.config import KVCacheConfig, KVOffloadingConfig  # noqa: F401 (re-exported)
+from servesim.kvcache.config import KVCacheConfig, KVOffloadingConfig
 from servesim.scheduler.config import SchedulerConfig
 
 
