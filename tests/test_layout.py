@@ -154,3 +154,50 @@ def test_the_checks_see_lazy_and_relative_imports(tmp_path):
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": {"c"}}) == []
 
+
+
+def module_edges(root: Path = PACKAGE) -> dict:
+    """{module: {imported module, ...}} between servesim's own modules, lazy imports
+    included; `from servesim.pkg import mod` counts as an import of the module `mod`."""
+    modules = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        names = {n.lineno: [a.name for a in n.names] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom)}
+        for line, name in imported_modules(path, root):
+            targets = [f"{name}.{a}" for a in names.get(line, ()) if f"{name}.{a}" in modules]
+            for target in targets or ([name] if name in modules else []):
+                if target != module:
+                    graph.setdefault(module, set()).add(target)
+    return graph
+
+
+# The module circles left inside sub-packages when this check was written (issue 37
+# is to cut them). The list may only shrink: a new circle fails, and so does a cut
+# one still listed here, so the list is kept exact.
+KNOWN_MODULE_CIRCLES = sorted([
+    ["servesim.config.config", "servesim.config.fitted_checks"],
+    ["servesim.replay.disaggregated", "servesim.replay.driver"],
+    ["servesim.results.metrics", "servesim.results.session_metrics"],
+    ["servesim.results.report", "servesim.results.session_report"],
+    ["servesim.workload.session_trace", "servesim.workload.synthetic",
+     "servesim.workload.workload"],
+])
+
+
+def test_no_new_module_circle():
+    found = sorted(circles(module_edges()))
+    assert found == KNOWN_MODULE_CIRCLES, "module circles changed: " + "; ".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_module_circles_are_found(tmp_path):
+    """`from pkg import mod` is an edge to the module, so a circle through it is seen."""
+    pkg = tmp_path / "servesim" / "replay"
+    pkg.mkdir(parents=True)
+    (tmp_path / "servesim" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from servesim.replay import b\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import g\n")
+    assert circles(module_edges(tmp_path / "servesim")) == [["servesim.replay.a", "servesim.replay.b"]]
