@@ -63,18 +63,9 @@ from servesim.config.validation import (
 from servesim.config.speculative_config import parse_speculative
 from servesim.config.speculative_config import to_data as speculative_to_data
 from servesim.config.yaml_input import apply_override, plain_data, read_yaml
+from servesim.engine.fitted_formula import FITTED_FEATURES, FITTED_SPEC_FEATURE
 from servesim.scheduler.config import SchedulerConfig
 
-
-FITTED_FEATURES = (
-    "intercept",
-    "num_prefill_requests",
-    "sum_prefill_tokens",
-    "num_decode_requests",
-    "sum_decode_kv_tokens",
-)
-# a model fitted on records of speculative decoding has a sixth feature
-FITTED_SPEC_FEATURE = "sum_draft_tokens"
 
 # Parameters of each timing type and length distribution: name -> default.
 _TIMING_PARAMS = {
@@ -754,4 +745,4 @@ def _defaults(cls) -> dict:
 
 
 
-__all__ = ["load_config", "config_from_dict", "config_to_dict", "read_fitted_model", "FITTED_FEATURES"]
+__all__ = ["load_config", "config_from_dict", "config_to_dict", "read_fitted_model"]

@@ -118,7 +118,7 @@ def _model_name(engine: EngineConfig) -> str:
 def _terms(engine: EngineConfig, corner) -> str:
     """' = intercept 5.2 + num_decode_requests 256 x -0.07 + ...' for a
     fitted model (the coefficients that make the price), else ''."""
-    from servesim.config.config import FITTED_FEATURES, FITTED_SPEC_FEATURE
+    from servesim.engine.fitted_formula import FITTED_FEATURES, FITTED_SPEC_FEATURE
 
     timing = engine.timing
     if timing.type != "fitted":

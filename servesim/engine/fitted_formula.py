@@ -5,6 +5,17 @@ check of `servesim/engine/price_floor.py` calls it as it is, so loading a
 config never imports Numba.
 """
 
+# The features of a fitted model, in its coefficients' order (docs/fitting.md).
+FITTED_FEATURES = (
+    "intercept",
+    "num_prefill_requests",
+    "sum_prefill_tokens",
+    "num_decode_requests",
+    "sum_decode_kv_tokens",
+)
+# a model fitted on records of speculative decoding has a sixth feature
+FITTED_SPEC_FEATURE = "sum_draft_tokens"
+
 
 def fitted_ms(params, num_prefill_requests, prefill_tokens, decode_requests, decode_context,
               draft_tokens=0):

@@ -23,7 +23,7 @@ from ruamel.yaml.representer import RoundTripRepresenter
 
 from servesim.errors import InputError
 from servesim.fitting.records import DECODE, ForwardPassRecords
-from servesim.config.config import FITTED_FEATURES, FITTED_SPEC_FEATURE
+from servesim.engine.fitted_formula import FITTED_FEATURES, FITTED_SPEC_FEATURE
 
 
 @attrs.frozen

@@ -34,7 +34,7 @@ import numpy as np
 from servesim.errors import InputError
 
 # The four features of a record, in the order of the fitted model (after the
-# intercept; servesim.config.config.FITTED_FEATURES).
+# intercept; servesim.engine.fitted_formula.FITTED_FEATURES).
 FEATURES = ("num_prefill_requests", "sum_prefill_tokens", "num_decode_requests",
             "sum_decode_kv_tokens")
 # optional (0 when absent): draft tokens of speculative decoding, a sixth
