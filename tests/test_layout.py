@@ -179,7 +179,6 @@ def module_edges(root: Path = PACKAGE) -> dict:
 KNOWN_MODULE_CIRCLES = sorted([
     ["servesim.replay.disaggregated", "servesim.replay.driver"],
     ["servesim.results.metrics", "servesim.results.session_metrics"],
-    ["servesim.results.report", "servesim.results.session_report"],
     ["servesim.workload.session_trace", "servesim.workload.synthetic",
      "servesim.workload.workload"],
 ])

@@ -3,11 +3,11 @@ requests.jsonl) and the prefix-cache hit rate by turn (summary.json)."""
 
 import numpy as np
 
+from servesim.results import html as report
+
 
 def sessions_section(plots, requests: list, summary: dict) -> list:
     """HTML parts of the "Sessions" section ([] for a run without sessions)."""
-    from servesim.results import report
-
     sessions = summary.get("sessions")
     if not isinstance(sessions, dict) or not requests or "turn" not in requests[0]:
         return []
