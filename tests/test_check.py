@@ -301,7 +301,7 @@ def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, mon
     assert f"block {found['block']}; found 2, expected 1" in str(info.value)
 
 
-# -- the kept count of pending prefill tokens (kv_aware routing's load) -------
+# -- the kept count of pending prefill tokens (least_prefill routing's load) -------
 
 
 def test_a_pending_prefill_count_off_is_caught_at_the_next_pass(checking, monkeypatch):
@@ -319,10 +319,10 @@ def test_a_pending_prefill_count_off_is_caught_at_the_next_pass(checking, monkey
                               "pending prefill tokens (kept count)")
 
 
-def test_kv_aware_routing_checks_the_kept_count_at_every_arrival(checking):
-    """`kv_aware` reads each candidate rank's kept count; the debug mode
+def test_least_prefill_routing_checks_the_kept_count_at_every_arrival(checking):
+    """`least_prefill` reads each candidate rank's kept count; the debug mode
     compares it with the scan at the arrival, before any pass runs."""
-    r = replay(make_config(cluster={"workers": 2, "router": "kv_aware"}, block_size=16,
+    r = replay(make_config(cluster={"workers": 2, "router": "least_prefill"}, block_size=16,
                            num_gpu_blocks=64), make_workload(rows()))
     r.workers[1].ranks[0].scheduler.S[0]["pending_prefill_tokens"] = 7
     with pytest.raises(InvariantError) as info:
@@ -338,12 +338,12 @@ def test_kv_aware_routing_checks_the_kept_count_at_every_arrival(checking):
     {"async_scheduling": True, "num_gpu_blocks": 9, "max_num_batched_tokens": 32},
     {"scheduling_policy": "priority", "num_gpu_blocks": 12},
 ])
-def test_kv_aware_runs_keep_the_count_exact(monkeypatch, engine):
-    """Real kv_aware runs over two workers, with preemptions (sync, async:
+def test_least_prefill_runs_keep_the_count_exact(monkeypatch, engine):
+    """Real least_prefill runs over two workers, with preemptions (sync, async:
     tokens of preempted requests still in flight) and the priority queue,
     pass the check at every pass and arrival and route as without it."""
     engine = {"block_size": 16, **engine}
-    cfg = make_config(cluster={"workers": 2, "router": "kv_aware"}, **engine)
+    cfg = make_config(cluster={"workers": 2, "router": "least_prefill"}, **engine)
     workload = make_workload(rows(12, output=30, gap=1.0))
     monkeypatch.delenv("SERVESIM_CHECK", raising=False)
     plain = replay(cfg, workload).run()

@@ -118,6 +118,19 @@ def test_validate_bad_set_value_exits_2(tiny_config):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("router, key", [
+    ("{policy: kv_router, router_temperature: -1}", "cluster.router.router_temperature"),
+    ("{policy: kv_router, overlap_score_weight: -2}", "cluster.router.overlap_score_weight"),
+    ("{policy: random}", "cluster.router.policy")])
+def test_a_bad_router_knob_exits_2_naming_it(tiny_config, tmp_path, router, key):
+    out = tmp_path / "out"
+    result = invoke("run", tiny_config, "-o", out, "--set", f"cluster.router={router}")
+    assert result.exit_code == 2
+    assert f"{key}:" in result.stderr
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
 def test_run_writes_the_three_files(tiny_config, tmp_path):
     out = tmp_path / "out"
     result = invoke("run", tiny_config, "-o", out, "--pass-log", "--telemetry-interval-ms", "10")

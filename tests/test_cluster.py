@@ -105,7 +105,7 @@ def test_trace_dp_rank_pins_the_rank_and_round_robin_picks_the_worker_among_thos
                               "e": (0, 1), "f": (1, 0)}
 
 
-@pytest.mark.parametrize("router", ["round_robin", "least_loaded", "kv_aware"])
+@pytest.mark.parametrize("router", ["round_robin", "least_loaded", "least_prefill", "kv_router"])
 def test_pinned_rank_wins_over_every_router(router):
     # 1 worker x 2 ranks; a, b, c all pinned to rank 1 arrive at t=0: every router
     # would spread them (rank 0 is empty and as good), the pin keeps them on rank 1.
@@ -169,7 +169,7 @@ def _kv_rows():
             dict(id="d", t=45, P=64, O=1, hash_ids=[1, 2, 3, 9])]
 
 
-def test_kv_aware_sends_a_request_to_the_rank_holding_its_prefix_unless_load_outweighs_it():
+def test_least_prefill_sends_a_request_to_the_rank_holding_its_prefix_unless_load_outweighs_it():
     # 1 worker x 2 ranks, 10 ms passes. cost = (P - cached prefix tokens, at most
     # (P-1)//16 blocks of 16) + prefill tokens queued on the rank (what running
     # requests still have to prefill + every waiting request's tokens); the least
@@ -186,7 +186,7 @@ def test_kv_aware_sends_a_request_to_the_rank_holding_its_prefix_unless_load_out
     #      registered its blocks when scheduled): r0 16 + 0, r1 16 + 0 -> r0.
     #      d [1,2,3,9]: r0 16 + 32 (c waiting) = 48 > r1 16 + 0 -> r1.
     # t=50 decision: r0 x 1, c 16 (16 cached); r1 y 1, d 16 (48 cached).
-    cfg = cluster_config(1, 2, router="kv_aware")
+    cfg = cluster_config(1, 2, router="least_prefill")
     result = sim(cfg, workload(_kv_rows()))
     rec = result.records
     assert placement(rec) == {"a": (0, 0), "b": (0, 0), "x": (0, 0), "y": (0, 1),

@@ -19,7 +19,7 @@ open and closed loop, some requests pinned to a rank, checked for:
 - the compiled runs of passes (without the pass log) change nothing.
 
 Workloads are built directly as :class:`Workload` objects (hash ids at
-trace_block_size 16, in two prefix families so that kv_aware has prefixes to
+trace_block_size 16, in two prefix families so that least_prefill has prefixes to
 find); configs go through `config_from_dict` (the `workload.synthetic` block
 is a placeholder the validation needs). CLUSTER_EXAMPLES=N in the environment
 runs N examples per property instead of 100 (for a longer search).
@@ -60,7 +60,7 @@ def scenarios(draw, closed_loop=None):
     draws open or closed loop."""
     workers = draw(st.integers(1, 3), label="workers")
     dp = draw(st.integers(1, 3), label="data_parallel_size")
-    router = draw(st.sampled_from(["round_robin", "least_loaded", "kv_aware"]), label="router")
+    router = draw(st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router"]), label="router")
     async_scheduling = draw(st.booleans(), label="async_scheduling")
     num_gpu_blocks = draw(st.integers(8, 24) | st.integers(8, 64), label="num_gpu_blocks")
     if closed_loop is None:

@@ -63,7 +63,7 @@ def test_runs_without_the_pass_log_give_the_logged_results(spec, engine, interva
 
 
 @settings(max_examples=60, deadline=None)
-@given(requests, engines, st.integers(1, 4), st.sampled_from(["round_robin", "least_loaded", "kv_aware"]),
+@given(requests, engines, st.integers(1, 4), st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router"]),
        st.sampled_from([None, 2, 5]))
 def test_compiled_runs_across_workers_and_closed_loop(spec, engine, workers, router, concurrency):
     config, workload = build(spec, engine, output={"pass_log": False},
@@ -136,7 +136,7 @@ def test_arrivals_admitted_in_the_compiled_loop_are_the_event_loops(spec, engine
 
 # (up to 2 ranks a worker: the pass loop compiled for 3-4 ranks is another ~30 s cold)
 CLUSTERS = st.tuples(st.integers(1, 3), st.integers(1, 2)).filter(lambda c: c != (1, 1))
-ROUTERS = st.sampled_from(["round_robin", "least_loaded", "kv_aware", "session_affinity"])
+ROUTERS = st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", "session_affinity"])
 
 
 @settings(max_examples=120, deadline=None)
@@ -326,7 +326,7 @@ def test_a_ranks_kv_bundle_holds_its_tier_and_is_made_again_when_the_tier_grows(
 
 
 @pytest.mark.parametrize("cluster", [
-    None, {"workers": 2, "router": "kv_aware"},
+    None, {"workers": 2, "router": "kv_router"},
     {"mode": "disaggregated", "prefill_workers": 1, "decode_workers": 2,
      "kv_transfer": {"bytes_per_token": 62500, "bandwidth_gbps": 1.0}}],
     ids=["one worker", "two workers", "disaggregated"])
@@ -410,7 +410,7 @@ engine:
     paths = []
     two_workers = workload(9) + """\
 engine: {block_size: 16, num_gpu_blocks: 48, timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}}
-cluster: {workers: 2, router: kv_aware}
+cluster: {workers: 2, router: kv_router}
 """
     for k, text in enumerate([CPU_TIER_ASYNC, DISAGGREGATED_DP, speculative_config,
                               two_workers]):
@@ -465,7 +465,7 @@ def test_a_disaggregated_open_loop_stays_in_the_loop_over_workers():
     rows[3]["O"] = 1
     rows[7].update(P=256, hash_ids=list(range(500, 516)))
     config = make_config(cluster={"mode": "disaggregated", "prefill_workers": 1,
-                                  "decode_workers": 2, "router": "kv_aware",
+                                  "decode_workers": 2, "router": "kv_router",
                                   "decode": {"num_gpu_blocks": 16},
                                   "kv_transfer": {"bytes_per_token": 131072,
                                                   "bandwidth_gbps": 50}},

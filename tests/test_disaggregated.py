@@ -155,8 +155,8 @@ def test_a_one_token_request_finishes_on_the_prefill_worker_and_is_never_handed_
 # ------------------------------------------------------------------ what moves
 
 
-def test_a_decode_worker_holding_the_prefix_pulls_only_the_missing_blocks_and_kv_aware_picks_it():
-    # Two decode workers, router kv_aware (prefill side: one worker).
+def test_a_decode_worker_holding_the_prefix_pulls_only_the_missing_blocks_and_least_prefill_picks_it():
+    # Two decode workers, router least_prefill (prefill side: one worker).
     # a: t=0,  P=64, O=2, hashes [1,2,3,4]; b: t=30, P=64, O=2, hashes [1,2,3,9].
     # a: prefill [0,10]; the decode workers tie (nothing cached, no load): decode 0.
     #    Pull 64 tokens: wire [10,14], lands 14.5; decode 0 [14.5,24.5] samples
@@ -164,11 +164,11 @@ def test_a_decode_worker_holding_the_prefix_pulls_only_the_missing_blocks_and_kv
     #    The prefill worker frees a's blocks at 14.5 (they stay cached).
     # b: prefill [30,40]: G1 hit of a's first 3 blocks (48 tokens), computes 16;
     #    free 63 - 3 (hit blocks, taken out of the free queue) - 1 = 59.
-    #    Handoff at 40: kv_aware scores decode 0 at 3 blocks, decode 1 at 0 ->
+    #    Handoff at 40: least_prefill scores decode 0 at 3 blocks, decode 1 at 0 ->
     #    decode 0, whose G1 hit is 48 tokens: only 64 - 48 = 16 tokens are pulled:
     #    1 ms on the wire [40,41], lands 41.5. decode 0 [41.5,51.5]: b 1 token,
     #    64 cached (48 from G1, 16 pulled).
-    data = disagg(decode_workers=2, router="kv_aware", num_gpu_blocks=64)
+    data = disagg(decode_workers=2, router="least_prefill", num_gpu_blocks=64)
     replay, result = simulate(data, [dict(id="a", t=0, P=64, O=2, hash_ids=[1, 2, 3, 4]),
                                      dict(id="b", t=30, P=64, O=2, hash_ids=[1, 2, 3, 9])])
     assert passes(result, "prefill") == [(0.0, 10.0, [("a", 64, 0, "new")], 59),

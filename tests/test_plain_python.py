@@ -55,7 +55,7 @@ cluster:
   mode: disaggregated
   prefill_workers: 2
   decode_workers: 1
-  router: kv_aware
+  router: kv_router
   decode: {data_parallel_size: 2}
   kv_transfer: {bytes_per_token: 131072, bandwidth_gbps: 50}
 """

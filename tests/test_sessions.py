@@ -134,12 +134,12 @@ def test_closed_loop_of_two_sessions_holds_each_slot_through_all_turns(tmp_path)
 
 
 @pytest.mark.parametrize("router, b1_worker", [("round_robin", 0), ("session_affinity", 1),
-                                               ("kv_aware", 1)])
-def test_session_affinity_and_kv_aware_keep_a_later_turn_with_its_first(tmp_path, router,
+                                               ("least_prefill", 1)])
+def test_session_affinity_and_least_prefill_keep_a_later_turn_with_its_first(tmp_path, router,
                                                                          b1_worker):
-    # 2 workers. A0 -> w0, B0 -> w1 (round robin, and kv_aware's tie by index
+    # 2 workers. A0 -> w0, B0 -> w1 (round robin, and least_prefill's tie by index
     # then by load). B1 (delay 5) arrives before A1 (delay 20): round robin
-    # sends it to w0; session_affinity to B0's worker; kv_aware to where B0's
+    # sends it to w0; session_affinity to B0's worker; least_prefill to where B0's
     # 2 prompt blocks are cached.
     rows = [row(32, 1, [1, 2], session_id="A", timestamp=0, request_id="A0"),
             row(32, 1, [5, 6], session_id="B", timestamp=0, request_id="B0"),
@@ -253,7 +253,7 @@ def test_a_limited_session_trace_marks_the_sessions_it_cuts(tmp_path, fmt, rows,
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-@pytest.mark.parametrize("cluster", [None, {"workers": 3, "router": "kv_aware"},
+@pytest.mark.parametrize("cluster", [None, {"workers": 3, "router": "least_prefill"},
                                      {"workers": 3, "router": "session_affinity"}])
 def test_runs_without_the_pass_log_give_the_logged_results(async_scheduling, cluster):
     # no pass log: a worker runs passes in its compiled loop up to the

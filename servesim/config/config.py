@@ -60,6 +60,8 @@ from servesim.config.validation import (
     show,
     tagged_section,
 )
+from servesim.config.router_config import parse_router
+from servesim.config.router_config import to_data as router_to_data
 from servesim.config.speculative_config import parse_speculative
 from servesim.config.speculative_config import to_data as speculative_to_data
 from servesim.config.yaml_input import apply_override, plain_data, read_yaml
@@ -184,8 +186,10 @@ def _cluster_to_data(cluster: ClusterConfig, engine: EngineConfig) -> dict:
     disaggregated one's keys with each pool's engine keys that differ from
     `engine` (so an override of an `engine` key still reaches both pools)."""
     if not cluster.disaggregated:
-        return {key: getattr(cluster, key) for key in _AGGREGATED_KEYS}
+        return {**{key: getattr(cluster, key) for key in _AGGREGATED_KEYS},
+                "router": router_to_data(cluster.router)}
     data = {key: getattr(cluster, key) for key in _DISAGGREGATED_KEYS}
+    data["router"] = router_to_data(cluster.router)
     base = _engine_to_data(engine)
     for pool in _POOLS:
         resolved = _engine_to_data(getattr(cluster, pool))
@@ -588,8 +592,7 @@ def _cluster(ctx: Ctx, data, engine_data, engine: EngineConfig) -> ClusterConfig
     mode = s.get("mode", enum("aggregated", "disaggregated"), d["mode"])
     common = dict(
         data_parallel_size=s.get("data_parallel_size", INT, d["data_parallel_size"], ge(1)),
-        router=s.get("router", enum("round_robin", "least_loaded", "kv_aware", "session_affinity"),
-                     d["router"]),
+        router=parse_router(ctx, s.data.get("router"), s.sub("router")),
     )
     if mode == "aggregated":
         for key in _DISAGGREGATED_KEYS:

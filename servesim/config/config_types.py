@@ -71,6 +71,23 @@ class WorkloadConfig:
 
 
 @attrs.frozen
+class RouterConfig:
+    """`cluster.router`: the policy (servesim/engine/routing.py), given as
+    its name or as a mapping with `policy` and the policy's knobs —
+    `kv_router`'s under NVIDIA Dynamo's names: `overlap_score_weight`,
+    `router_temperature`, `seed` (the router's generator: ties and the
+    softmax draw) and `kv_event_lag_ms` (0: the router sees the prefix
+    caches as they are). `kv_aware` reads as `kv_router` with its defaults
+    (servesim/config/router_config.py)."""
+
+    policy: str = "round_robin"
+    overlap_score_weight: float = 1.0
+    router_temperature: float = 0.0
+    seed: int = 0
+    kv_event_lag_ms: float = 0.0
+
+
+@attrs.frozen
 class ClusterConfig:
     """`cluster`. Aggregated (the default): `workers` engines, each running
     prompts and decodes. Disaggregated: `prefill_workers` and `decode_workers`
@@ -85,7 +102,7 @@ class ClusterConfig:
 
     workers: int = 1
     data_parallel_size: int = 1
-    router: str = "round_robin"  # round_robin | least_loaded | kv_aware
+    router: RouterConfig = attrs.Factory(RouterConfig)
     mode: str = "aggregated"  # aggregated | disaggregated
     prefill_workers: int = 0
     decode_workers: int = 0

@@ -183,14 +183,15 @@ def next_key(keys_t, keys_o, keys_s, st, arrival_ms):
 def pool_arrays(ranks: routing.RankArrays, policy, table, extra_tokens=0):
     """A pool's arrays for a loop's routing (`_route`) and queueing
     (`_queue`): its ranks' (`ranks`), the policy, a count of requests routed
-    to each rank, the request table's block identities, and `kv_aware`'s
-    scratch for a prompt of the table's with `extra_tokens` more."""
+    to each rank, the request table's block identities, the cached-prefix
+    scratch for a prompt of the table's with `extra_tokens` more, and
+    `kv_router`'s state (`RankArrays.kv_router`)."""
     prompts = table.R["num_prompt_tokens"]
     longest = (int(prompts.max()) if len(prompts) else 1) + extra_tokens
-    scratch = np.zeros(max(1, (longest - 1) // ranks.block_size), dtype=np.int64)
+    scratch = np.zeros(max(1, longest // ranks.block_size), dtype=np.int64)
     return (int(policy), ranks.rr, ranks.sched_t, np.zeros(len(ranks.ranks), dtype=np.int64),
             ranks.num_gpu_blocks, ranks.num_workers, ranks.dp, ranks.block_size,
-            ranks.enable_caching, table.idents, scratch)
+            ranks.enable_caching, table.idents, scratch, ranks.kv_router)
 
 
 ROUTED, POOL_DP = 3, 6  # (fields of `pool_arrays`)
@@ -244,16 +245,17 @@ def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
 
 
 @njit
-def _route(pool, R, i, num_prompt_tokens, pinned):
+def _route(pool, R, i, num_prompt_tokens, pinned, admit=True):
     """The rank `j` of `pool` (`pool_arrays`) that request i
     (row i of `R`), with `num_prompt_tokens`, goes to (engine/routing.py
-    `route`), counted as routed there."""
+    `route`; `admit` False: rejected wherever it goes), counted as routed
+    there."""
     (policy, rr, sched_t, routed, num_gpu_blocks, num_workers, dp, block_size, enable_caching,
-     idents, scratch) = pool
+     idents, scratch, kvr) = pool
     off = R[i].block_offset
     j = routing.route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned,
                       idents[off:off + R[i].block_capacity], scratch, num_prompt_tokens,
-                      block_size, enable_caching)
+                      block_size, enable_caching, kvr, i, admit)
     routed[j] += 1  # routed here, rejected or not
     return j
 
@@ -286,7 +288,7 @@ def arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinn
     i = next_arrival(R, st, arrival_ms, P_ANEXT, P_AEND, P_ASEQ, P_SEQ)
     now = arrival_ms[i]
     dp = pool[POOL_DP]
-    j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i])
+    j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i], not never_fits[i])
     k = j // dp
     worker_of[i] = k
     rank_of[i] = j % dp

@@ -15,8 +15,27 @@ index only.
   in its rank's own cycle.
 - `least_loaded`: fewest running + waiting requests, then fewest used
   blocks, ties by (worker, rank).
-- `kv_aware`: the least `(prompt tokens - cached prefix tokens on the rank)
-  + prefill tokens already queued there`, ties by (worker, rank).
+- `least_prefill` (`kv_aware` until it became `kv_router`'s alias): the
+  least `(prompt tokens - cached prefix tokens on the rank) + prefill tokens
+  already queued there`, ties by (worker, rank). It has no decode-load term:
+  a rank holding a hot prefix keeps winning however long its decode batch.
+- `kv_router` (NVIDIA Dynamo's KV router, `DefaultWorkerSelector` in
+  lib/kv-router/src/scheduling/selector.rs, 1.6.1): the least logit
+  `overlap_score_weight * prefill blocks + decode blocks`, where, from the
+  router's own book of the requests it sent to the rank and that have not
+  finished (Dynamo's `ActiveSequences`, kept in `KVRouterArrays`):
+  prefill blocks = (its requests' uncached prompt tokens, counted from their
+  routing until their first token, + this prompt - this prompt's cached
+  prefix on the rank) / block size, and decode blocks = the distinct full
+  prompt blocks of its requests with this prompt's added. The cached prefix
+  is the rank's prefix cache as it is now (Dynamo's KV events with no lag).
+  Ties go to one of the tied ranks uniformly at random; with
+  `router_temperature` > 0 the rank is drawn with probability proportional
+  to `exp(-(logit - min) / ((max - min) * temperature))` (every rank alike
+  when all logits are equal), both from the router's seeded generator. A
+  disaggregated decode pool's router is load-only, as Dynamo's
+  (`build_decode_router_override`): logit = its requests' full prompt blocks
+  counted per request, plus this prompt's.
 """
 
 from enum import IntEnum
@@ -27,12 +46,14 @@ from servesim.engine.fast_run import padded
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
 from servesim.scheduler import fast
+from servesim.scheduler.request import RequestStatus
 
 
 class RoutePolicy(IntEnum):
     ROUND_ROBIN = 0
     LEAST_LOADED = 1
-    KV_AWARE = 2
+    LEAST_PREFILL = 2
+    KV_ROUTER = 3
 
 
 # the round-robin state: the next target of the whole cycle, then the next
@@ -54,6 +75,167 @@ def round_robin(rr, num_workers, dp, pinned):
     return (t % num_workers) * dp + t // num_workers
 
 
+# `KVRouterArrays`: the knobs (float64), the generator and the pool's kind
+# (int64), per rank (`KR_*` rows) and per request (`KQ_*` rows)
+KW_WEIGHT, KW_TEMPERATURE = 0, 1
+KI_RNG, KI_LOAD_ONLY = 0, 1
+KR_HEAD, KR_BLOCKS, KR_PREFILL = 0, 1, 2  # first of its book, distinct blocks, prefill tokens
+KQ_NEXT, KQ_PREFILL, KQ_BLOCKS = 0, 1, 2  # next in its rank's book, its prefill tokens, blocks
+NONE = -1
+RNG_MODULUS = 2147483647  # MINSTD (Park and Miller): exact in int64, here and as plain Python
+
+
+@njit
+def uniform(ints):
+    """The router's next draw in [0, 1) from its generator `ints[KI_RNG]`
+    (MINSTD, seeded by `KVRouterArrays`)."""
+    ints[KI_RNG] = ints[KI_RNG] * 48271 % RNG_MODULUS
+    return (ints[KI_RNG] - 1) / (RNG_MODULUS - 1)
+
+
+def first_state(seed: int) -> int:
+    """The generator's state for `seed` (any integer >= 0): the seed spread
+    over MINSTD's states by Knuth's multiplicative hash, so that seeds near
+    each other (and 0) start far apart."""
+    return (seed * 2654435761 + 0x9E3779B9) % (RNG_MODULUS - 1) + 1
+
+
+@njit
+def forget_finished(kvr, R, idents, j):
+    """Rank j's book brought up to now: a request that finished or was taken
+    out leaves it (its prompt blocks and prefill tokens with it), one that
+    has its first token no longer counts prefill tokens (Dynamo frees a
+    request at its completion and its prompt load at its first token)."""
+    ints, ranks, reqs, refs = kvr[1], kvr[2], kvr[3], kvr[4]
+    prev = NONE
+    i = ranks[KR_HEAD, j]
+    while i != NONE:
+        nxt = reqs[KQ_NEXT, i]
+        if reqs[KQ_PREFILL, i] and R[i].first_token_pass >= 0:
+            ranks[KR_PREFILL, j] -= reqs[KQ_PREFILL, i]
+            reqs[KQ_PREFILL, i] = 0
+        if R[i].status >= RequestStatus.FINISHED:
+            ranks[KR_PREFILL, j] -= reqs[KQ_PREFILL, i]
+            reqs[KQ_PREFILL, i] = 0
+            if ints[KI_LOAD_ONLY]:
+                ranks[KR_BLOCKS, j] -= reqs[KQ_BLOCKS, i]
+            else:
+                off = R[i].block_offset
+                for k in range(reqs[KQ_BLOCKS, i]):
+                    refs[j, idents[off + k]] -= 1
+                    if refs[j, idents[off + k]] == 0:
+                        ranks[KR_BLOCKS, j] -= 1
+            if prev == NONE:
+                ranks[KR_HEAD, j] = nxt
+            else:
+                reqs[KQ_NEXT, prev] = nxt
+        else:
+            prev = i
+        i = nxt
+
+
+@njit
+def kv_router_logit(kvr, s, j, idents, num_full, hit, num_prompt_tokens, block_size):
+    """Rank j's logit for a prompt of `num_prompt_tokens` whose first `hit`
+    full blocks (of `num_full`) are in its prefix cache (module docstring)."""
+    weights, ints, ranks, refs = kvr[0], kvr[1], kvr[2], kvr[4]
+    if ints[KI_LOAD_ONLY]:
+        return float(ranks[KR_BLOCKS, j] + num_full)
+    new = 0
+    for k in range(num_full):
+        if refs[j, idents[k]] == 0:
+            new += 1
+    prefill = (ranks[KR_PREFILL, j] + num_prompt_tokens - hit * block_size) / block_size
+    return weights[KW_WEIGHT] * prefill + (ranks[KR_BLOCKS, j] + new)
+
+
+@njit
+def kv_router_book(kvr, j, i, idents, num_full, prefill_tokens):
+    """Request i, sent to rank j, enters its book with its full prompt blocks
+    and (but on a load-only pool) its uncached prompt tokens."""
+    ints, ranks, reqs, refs = kvr[1], kvr[2], kvr[3], kvr[4]
+    reqs[KQ_NEXT, i] = ranks[KR_HEAD, j]
+    ranks[KR_HEAD, j] = i
+    reqs[KQ_BLOCKS, i] = num_full
+    if ints[KI_LOAD_ONLY]:
+        ranks[KR_BLOCKS, j] += num_full
+        return
+    reqs[KQ_PREFILL, i] = prefill_tokens
+    ranks[KR_PREFILL, j] += prefill_tokens
+    for k in range(num_full):
+        if refs[j, idents[k]] == 0:
+            ranks[KR_BLOCKS, j] += 1
+        refs[j, idents[k]] += 1
+
+
+@njit
+def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt_tokens,
+              block_size, enable_caching, i, admit):
+    """`kv_router`'s choice (module docstring) for request i; the request
+    enters the chosen rank's book unless it is rejected there (`admit`
+    False: it can never fit elsewhere; or it can never fit the rank)."""
+    weights, ints = kvr[0], kvr[1]
+    temperature = weights[KW_TEMPERATURE]
+    num_full = num_prompt_tokens // block_size
+    lo = hi = 0.0
+    best = -1
+    ties = 0
+    n = num_workers * dp
+    logits = kvr[5]
+    for j in range(n):
+        logits[j] = np.inf
+        if pinned >= 0 and j % dp != pinned:
+            continue
+        s = sched_t[j]
+        forget_finished(kvr, s.R, s.idents, j)
+        hit = 0
+        if enable_caching and not ints[KI_LOAD_ONLY]:
+            hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch)
+        x = kv_router_logit(kvr, s, j, idents, num_full, hit, num_prompt_tokens, block_size)
+        logits[j] = x
+        kvr[6][j] = hit
+        if best < 0 or x > hi:
+            hi = x
+        if best < 0 or x < lo:
+            best, lo, ties = j, x, 1
+        elif x == lo:
+            ties += 1
+            if temperature == 0.0 and uniform(ints) * ties < 1.0:
+                best = j  # reservoir sampling: each tied rank alike
+    if temperature > 0.0:
+        best = softmax_sample(logits, n, lo, hi, temperature, uniform(ints))
+    if admit and fast.can_ever_fit(sched_t[best].cfg, num_prompt_tokens):
+        hit = kvr[6][best]
+        kv_router_book(kvr, best, i, idents, num_full, num_prompt_tokens - hit * block_size)
+    return best
+
+
+@njit
+def softmax_sample(logits, n, lo, hi, temperature, u):
+    """Dynamo's `softmax_sample_entries` over the candidate ranks (finite
+    `logits[:n]`, least `lo`, greatest `hi`) with the draw `u`: rank j with
+    probability proportional to exp(-(logit - lo) / ((hi - lo) * temperature)),
+    every candidate alike when hi == lo; the first rank whose cumulative
+    probability reaches `u`."""
+    total = 0.0
+    count = 0
+    for j in range(n):
+        if logits[j] != np.inf:
+            count += 1
+            total += 1.0 if hi == lo else np.exp(-(logits[j] - lo) / ((hi - lo) * temperature))
+    cum = 0.0
+    last = -1
+    for j in range(n):
+        if logits[j] == np.inf:
+            continue
+        p = 1.0 if hi == lo else np.exp(-(logits[j] - lo) / ((hi - lo) * temperature))
+        cum += p / total
+        last = j
+        if u <= cum:
+            return j
+    return last
+
+
 @njit
 def least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned):
     """`least_loaded`'s choice: the first rank of least (running + waiting
@@ -73,9 +255,9 @@ def least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned):
 
 
 @njit
-def kv_aware(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
+def least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
              num_prompt_tokens, block_size):
-    """`kv_aware`'s choice: the first rank of least cost, a rank's cost being
+    """`least_prefill`'s choice: the first rank of least cost, a rank's cost being
     the prompt tokens not in its prefix cache (the longest cached run of the
     first `max_blocks` identities, `scratch` holding them) plus the prefill
     tokens queued there (fast.py `pending_prefill_tokens`, kept as requests
@@ -95,15 +277,48 @@ def kv_aware(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
 
 @njit
 def route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
-          num_prompt_tokens, block_size, enable_caching):
-    """The rank `j` (module docstring) `policy` sends a request to."""
-    if policy == RoutePolicy.KV_AWARE:
+          num_prompt_tokens, block_size, enable_caching, kvr, i, admit):
+    """The rank `j` (module docstring) `policy` sends request i to (`admit`
+    False: it is rejected whichever rank it goes to)."""
+    if policy == RoutePolicy.KV_ROUTER:
+        return kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch,
+                         num_prompt_tokens, block_size, enable_caching, i, admit)
+    if policy == RoutePolicy.LEAST_PREFILL:
         max_blocks = (num_prompt_tokens - 1) // block_size if enable_caching else 0
-        return kv_aware(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
-                        num_prompt_tokens, block_size)
+        return least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
+                             num_prompt_tokens, block_size)
     if policy == RoutePolicy.LEAST_LOADED:
         return least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned)
     return round_robin(rr, num_workers, dp, pinned)
+
+
+class KVRouterArrays:
+    """`kv_router`'s state for a pool of `num_ranks` ranks over a request
+    table of `num_requests` rows and `num_identities` block identities, as the
+    tuple `arrays` the rule takes: the knobs (`overlap_score_weight`,
+    `router_temperature`), the generator (seeded by `seed`) and whether the
+    pool is load-only (a disaggregated decode pool), the ranks' books (the
+    first request of each, as a list linked through the requests; its
+    distinct blocks; its prefill tokens), each request's link, prefill tokens
+    and blocks, each rank's count of requests holding each identity, and
+    scratch for the logits and hits of a choice. Another policy gets one of
+    the same types with nothing in it (one compile of the loops for all)."""
+
+    def __init__(self, options=None, num_ranks=1, num_requests=1, num_identities=1,
+                 load_only=False):
+        weight = 1.0 if options is None else options.overlap_score_weight
+        temperature = 0.0 if options is None else options.router_temperature
+        seed = 0 if options is None else options.seed
+        if options is None:
+            num_ranks = num_requests = num_identities = 1
+        ranks = np.zeros((3, num_ranks), dtype=np.int64)
+        ranks[KR_HEAD] = NONE
+        refs_shape = (1, 1) if load_only else (num_ranks, max(1, num_identities))
+        self.arrays = (np.array([weight, temperature]),
+                       np.array([first_state(seed), int(load_only)], dtype=np.int64),
+                       ranks, np.zeros((3, max(1, num_requests)), dtype=np.int64),
+                       np.zeros(refs_shape, dtype=np.int32), np.zeros(num_ranks),
+                       np.zeros(num_ranks, dtype=np.int64))
 
 
 class RankArrays:
@@ -111,10 +326,12 @@ class RankArrays:
     (and the compiled loops over workers queue arrivals on), as a tuple in
     (worker, rank) order, `padded` to RANKS_PADDED at least (a tuple's length is part of
     its type: one compile of each rule, and of the cluster loop, for every
-    deployment of up to 16 ranks; the rules never index the padding), and
-    the round-robin state."""
+    deployment of up to 16 ranks; the rules never index the padding), the
+    round-robin state and `kv_router`'s (`KVRouterArrays`: `kv_router` its
+    options, a `RouterConfig`, when the policy is `kv_router`; `load_only` on
+    a disaggregated decode pool)."""
 
-    def __init__(self, workers, data_parallel_size: int):
+    def __init__(self, workers, data_parallel_size: int, kv_router=None, load_only=False):
         ranks = [w.ranks[r] for w in workers for r in range(data_parallel_size)]
         self.ranks = ranks
         self.num_workers = len(workers)
@@ -125,6 +342,8 @@ class RankArrays:
         self.enable_caching = bool(pool.enable_caching)
         self.sched_t = padded([rk.scheduler.arrays for rk in ranks], RANKS_PADDED)
         self.rr = np.zeros(RR_PINNED + data_parallel_size, dtype=np.int64)
+        self.kv_router = KVRouterArrays(kv_router, len(ranks), len(ranks[0].scheduler.table.R),
+                                        len(pool.idmap), load_only).arrays
 
     def target(self, j):
         """Rank index j as (worker, rank)."""

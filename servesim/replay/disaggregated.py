@@ -196,7 +196,8 @@ class DisaggregatedReplay(Replay):
                                           self, buffer)
         (prefill_key, _), (decode_key, _) = cluster.data_parallel_widths()
         self.router = Router(cluster.router, self.prefill_workers, prefill_dp, prefill_key)
-        self.decode_router = Router(cluster.router, self.decode_workers, decode_dp, decode_key)
+        self.decode_router = Router(cluster.router, self.decode_workers, decode_dp, decode_key,
+                                    load_only=True)
 
     # -- what tests read ---------------------------------------
 
@@ -298,14 +299,14 @@ class DisaggregatedReplay(Replay):
         self._arrivals += 1
         prompt = int(w.input_length[i])
         max_tokens = int(self.max_tokens[i])
-        worker, rank = self.router.route(w.request_ids[i], prompt, self._idents(i),
-                                         int(w.dp_rank[i]))
+        decode_fits = (max_tokens <= 1 or self.decode_workers[0].ranks[0]
+                       .scheduler.can_ever_fit(prompt + 1))
+        worker, rank = self.router.route(w.request_ids[i], i, prompt, self._idents(i),
+                                         int(w.dp_rank[i]), admit=decode_fits)
         self.prefill_worker_of[i] = worker
         self.prefill_rank_of[i] = rank
         request = self.sides.create_prefill(i, prompt, max_tokens)
         core = self.prefill_workers[worker]
-        decode_fits = (max_tokens <= 1 or self.decode_workers[0].ranks[0]
-                       .scheduler.can_ever_fit(prompt + 1))
         if not decode_fits:
             core.ranks[rank].num_requests += 1  # routed there, as add_request counts rejections
         if not decode_fits or not core.add_request(rank, request, prompt):
@@ -320,7 +321,7 @@ class DisaggregatedReplay(Replay):
             return
         w = self.workload
         prompt = int(w.input_length[i])
-        worker, rank = self.decode_router.route(w.request_ids[i], prompt + 1, self._idents(i),
+        worker, rank = self.decode_router.route(w.request_ids[i], i, prompt + 1, self._idents(i),
                                                 int(w.dp_rank[i]))
         self.worker_of[i] = worker
         self.rank_of[i] = rank

@@ -270,7 +270,7 @@ class Replay:
         prompt = int(w.input_length[i])
         session = int(w.sessions.session[i]) if w.sessions is not None else -1
         worker, rank = self.router.route(
-            w.request_ids[i], prompt, self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]],
+            w.request_ids[i], i, prompt, self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]],
             int(w.dp_rank[i]), session)
         self.worker_of[i] = worker
         self.rank_of[i] = rank

@@ -4,7 +4,8 @@ debug mode): the rules are servesim/engine/routing.py's, compiled, which an
 aggregated cluster's compiled loop also applies to the open-loop arrivals it
 takes (engine/fast_cluster.py); docs/engine.md §11.
 
-- `round_robin`, `least_loaded`, `kv_aware`: engine/routing.py.
+- `round_robin`, `least_loaded`, `least_prefill`, `kv_router`:
+  engine/routing.py.
 - `session_affinity`: a session's first request goes round robin, its later
   requests to the same (worker, rank); requests outside sessions go round
   robin.
@@ -15,6 +16,7 @@ among the ranks with that index.
 
 import numpy as np
 
+from servesim.config.config_types import RouterConfig
 from servesim.errors import InputError
 from servesim.engine import routing
 from servesim.engine.routing import RankArrays, RoutePolicy
@@ -22,14 +24,21 @@ from servesim.jit import Entry
 from servesim.scheduler import check
 
 POLICIES = {"round_robin": RoutePolicy.ROUND_ROBIN, "least_loaded": RoutePolicy.LEAST_LOADED,
-            "kv_aware": RoutePolicy.KV_AWARE, "session_affinity": RoutePolicy.ROUND_ROBIN}
+            "least_prefill": RoutePolicy.LEAST_PREFILL, "kv_router": RoutePolicy.KV_ROUTER,
+            "session_affinity": RoutePolicy.ROUND_ROBIN}
 
 
 class Router:
-    def __init__(self, policy: str, workers, data_parallel_size: int,
-                 width_key: str = "cluster.data_parallel_size"):
-        self.policy = policy
-        self.code = POLICIES[policy]
+    """A pool's router (`options`: `cluster.router`, a RouterConfig;
+    `load_only`: a disaggregated decode pool, which `kv_router` routes by
+    load alone)."""
+
+    def __init__(self, options: RouterConfig, workers, data_parallel_size: int,
+                 width_key: str = "cluster.data_parallel_size", load_only: bool = False):
+        self.options = options
+        self.policy = options.policy
+        self.code = POLICIES[self.policy]
+        self.load_only = load_only
         self.width_key = width_key  # the config key of the DP width, for messages
         self.workers = workers
         self.dp = data_parallel_size
@@ -42,7 +51,8 @@ class Router:
     @property
     def arrays(self) -> RankArrays:
         if self._arrays is None:
-            self._arrays = RankArrays(self.workers, self.dp)
+            kv_router = self.options if self.code == RoutePolicy.KV_ROUTER else None
+            self._arrays = RankArrays(self.workers, self.dp, kv_router, self.load_only)
         return self._arrays
 
     def _check_pinned(self, request_id: str, pinned_rank: int):
@@ -51,10 +61,12 @@ class Router:
                 f"request {request_id!r}: dp_rank {pinned_rank} is out of range "
                 f"({self.width_key} is {self.dp})")
 
-    def route(self, request_id: str, num_prompt_tokens: int, idents, pinned_rank: int,
-              session: int = -1):
-        """The (worker, rank) for a request with these prompt block identities
-        (`session`: its session's index, -1 outside sessions)."""
+    def route(self, request_id: str, i: int, num_prompt_tokens: int, idents, pinned_rank: int,
+              session: int = -1, admit: bool = True):
+        """The (worker, rank) for request i (its row in the pool's request
+        table) with these prompt block identities (`session`: its session's
+        index, -1 outside sessions; `admit` False: it is rejected wherever
+        it goes)."""
         self._check_pinned(request_id, pinned_rank)
         if self.policy == "session_affinity":
             target = self._session_target.get(session)
@@ -63,15 +75,15 @@ class Router:
                 if session >= 0:
                     self._session_target[session] = target
             return target
-        if self._checking and self.code == RoutePolicy.KV_AWARE:
+        if self._checking and self.code == RoutePolicy.LEAST_PREFILL:
             self._check_kept_counts(pinned_rank)
         a = self.arrays
-        if num_prompt_tokens // a.block_size > len(self._scratch):  # kv_aware's cached run
+        if num_prompt_tokens // a.block_size > len(self._scratch):  # a cached run
             self._scratch = np.zeros(num_prompt_tokens // a.block_size, dtype=np.int64)
         return a.target(self._call(routing.route, int(self.code), a.rr, a.sched_t,
                                    a.num_gpu_blocks, a.num_workers, a.dp, pinned_rank, idents,
                                    self._scratch, num_prompt_tokens, a.block_size,
-                                   a.enable_caching))
+                                   a.enable_caching, a.kv_router, i, admit))
 
     def _call(self, kernel, *args):
         """`kernel(*args)`, through its compiled function for these types
@@ -89,7 +101,7 @@ class Router:
         return a.target(self._call(routing.round_robin, a.rr, a.num_workers, a.dp, pinned_rank))
 
     def _check_kept_counts(self, pinned_rank):
-        """The debug mode, before a `kv_aware` choice: every candidate rank's
+        """The debug mode, before a `least_prefill` choice: every candidate rank's
         kept count of pending prefill tokens against a scan of its queues."""
         for j, rank in enumerate(self.arrays.ranks):
             if pinned_rank >= 0 and j % self.dp != pinned_rank:

@@ -49,7 +49,7 @@ The invariants, with vLLM's accounting:
   `num_cached_blocks <= num_blocks`, registered blocks are full of known
   tokens;
 - the rank's kept count of pending prefill tokens (`S[0].pending_prefill_tokens`,
-  what the `kv_aware` router reads) equals its scan: the running requests'
+  what the `least_prefill` router reads) equals its scan: the running requests'
   `prefill_target_tokens - num_computed_tokens` where positive plus every
   waiting request's `num_tokens` (`check_pending_prefill`, also run by the
   router at every arrival);

@@ -61,7 +61,7 @@ def cases():
     out["dp2"] = _with(moon, cluster__data_parallel_size=2, engine__num_gpu_blocks=1500)
     out["dp2-async"] = _with(moon, cluster__data_parallel_size=2,
                              engine__async_scheduling=True, engine__num_gpu_blocks=1500)
-    out["4w-kv"] = _with(moon, cluster__workers=4, cluster__router="kv_aware",
+    out["4w-kv"] = _with(moon, cluster__workers=4, cluster__router="least_prefill",
                          engine__num_gpu_blocks=2000)
     out["disagg-2p2d"] = _with(dis, cluster__prefill_workers=2, cluster__decode_workers=2,
                                engine__num_gpu_blocks=3000)
