@@ -87,6 +87,14 @@ class RouterConfig:
     kv_event_lag_ms: float = 0.0
 
 
+def router_config(router) -> RouterConfig:
+    """`router` as a RouterConfig: a policy's name (an alias read as what it
+    stands for) is that policy with its defaults."""
+    if isinstance(router, RouterConfig):
+        return router
+    return RouterConfig(policy={"kv_aware": "kv_router"}.get(router, router))
+
+
 @attrs.frozen
 class ClusterConfig:
     """`cluster`. Aggregated (the default): `workers` engines, each running
@@ -102,7 +110,7 @@ class ClusterConfig:
 
     workers: int = 1
     data_parallel_size: int = 1
-    router: RouterConfig = attrs.Factory(RouterConfig)
+    router: RouterConfig = attrs.field(factory=RouterConfig, converter=router_config)
     mode: str = "aggregated"  # aggregated | disaggregated
     prefill_workers: int = 0
     decode_workers: int = 0

@@ -4,12 +4,11 @@ mapping of `policy` and that policy's knobs (README.md, "Routing")."""
 
 import attrs
 
-from servesim.config.config_types import RouterConfig
+from servesim.config.config_types import RouterConfig, router_config
 from servesim.config.validation import INT, NUMBER, Section, check, enum, ge, show
 
 POLICIES = ("round_robin", "least_loaded", "least_prefill", "kv_router", "kv_aware",
-            "session_affinity")
-ALIASES = {"kv_aware": "kv_router"}  # a name kept for an old config: what it reads as
+            "session_affinity")  # kv_aware: read as kv_router (`router_config`)
 KV_ROUTER_KEYS = ("overlap_score_weight", "router_temperature", "seed", "kv_event_lag_ms")
 KEYS = ("policy", *KV_ROUTER_KEYS)
 
@@ -22,11 +21,9 @@ def parse_router(ctx, data, path="cluster.router") -> RouterConfig:
     if data is None:
         return RouterConfig()
     if isinstance(data, str) or not isinstance(data, dict):
-        policy = check(ctx, path, data, enum(*POLICIES))
-        return RouterConfig(policy=ALIASES.get(policy, policy))
+        return router_config(check(ctx, path, data, enum(*POLICIES)))
     s = Section(ctx, data, path, KEYS)
-    policy = s.get("policy", enum(*POLICIES))
-    policy = ALIASES.get(policy, policy)
+    policy = router_config(s.get("policy", enum(*POLICIES))).policy
     if policy != "kv_router":
         for key in KV_ROUTER_KEYS:
             if key in s.data:

@@ -1,0 +1,147 @@
+"""`kv_router` side by side with the peer's, NVIDIA Dynamo 1.6.1's offline
+replay with `router_mode="kv_router"` (router_temperature 0, no KV event lag:
+its defaults): the first 3,000 rows of the Mooncake conversation trace on 4
+workers with fixed pass times, and the prefix hit rate, the largest worker's
+share of the requests and the mean TTFT of each, computed the same way from
+both simulators' per-request records; `round_robin` on both sides as the
+reference. Appends a dated table to benchmarks/RESULTS.md.
+
+    python benchmarks/router_parity.py --peer-python PEER/bin/python
+    python benchmarks/router_parity.py --peer-python ... --no-write   # print only
+    python benchmarks/router_parity.py --peer-python ... --seeds 0,1,2  # servesim seeds
+
+The peer runs in its own interpreter (`ai-dynamo` is never a dependency of
+servesim; install it as its own venv: `pip download --no-deps ai-dynamo==1.6.1
+ai-dynamo-runtime==1.6.1`, then install the runtime wheel and the
+`ai-dynamo` wheel with `--no-deps`). The engine on both sides: `block_size:
+64`, 16,384 blocks, 256 sequences, 8,192 tokens a pass, trace blocks of 512
+tokens; fixed pass times (20 ms with prompt tokens, 10 ms without). The
+peer's ties at temperature 0 are drawn from an unseeded generator, so it
+runs `--peer-runs` times; servesim once per seed.
+"""
+
+import argparse
+import datetime
+import gzip
+import json
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from servesim.replay.api import run
+from results_file import commit, machine, publish  # a sibling module
+
+HERE = Path(__file__).resolve().parent
+TRACE = HERE / "traces" / "mooncake_conversation_trace.jsonl.gz"
+ROWS, WORKERS, TBS = 3000, 4, 512
+PREFILL_MS, DECODE_MS = 20.0, 10.0
+ENGINE = {"block_size": 64, "num_gpu_blocks": 16384, "max_num_seqs": 256,
+          "max_num_batched_tokens": 8192}
+
+PEER_CHILD = r"""
+import json, os, sys
+os.environ.setdefault("DYN_LOG", "error")
+from dynamo.replay import run_trace_replay
+trace, router, engine, workers, tbs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+rep = run_trace_replay(trace, trace_block_size=tbs, num_workers=workers, router_mode=router,
+                       extra_engine_args={"engine": engine}, capture_per_request=True)
+rows = [{"ttft_ms": r["ttft_ms"], "input_length": r["input_length"],
+         "reused": r["admission_history"][0]["reused_input_tokens"] if r["admission_history"] else 0,
+         "worker": r["decode_worker_idx"], "status": r["terminal_status"]}
+        for r in rep.per_request]
+print(json.dumps(rows))
+"""
+
+
+def figures(ttft, reused, prompt, worker) -> dict:
+    """Hit rate (prompt tokens cached at first admission over prompt tokens),
+    the largest worker's share of the requests, the mean TTFT, the shares."""
+    counts = np.bincount(np.asarray(worker, dtype=np.int64), minlength=WORKERS)
+    return {"hit": float(np.sum(reused) / np.sum(prompt)),
+            "largest": float(counts.max() / counts.sum()),
+            "ttft": float(np.mean(ttft)), "counts": counts.tolist(), "n": int(len(ttft))}
+
+
+def servesim_figures(router, seed=0) -> dict:
+    policy = router if router != "kv_router" else {"policy": "kv_router", "seed": seed}
+    report = run({"workload": {"trace": str(TRACE), "trace_block_size": TBS, "limit": ROWS},
+                  "engine": dict(ENGINE, timing={"type": "fixed", "prefill_ms": PREFILL_MS,
+                                                 "decode_ms": DECODE_MS}),
+                  "cluster": {"workers": WORKERS, "router": policy},
+                  "output": {"per_request": True}})
+    rec = report.records
+    done = np.asarray(rec.status) == 0
+    return figures((rec.first_token_ms - rec.arrival_ms)[done],
+                   rec.first_admission_cached_tokens[done], rec.input_length[done],
+                   rec.worker[done])
+
+
+def peer_figures(python, path, router) -> dict:
+    engine = dict(ENGINE, timing_model={"type": "fixed", "prefill_ms": PREFILL_MS,
+                                        "decode_ms": DECODE_MS})
+    proc = subprocess.run([python, "-c", PEER_CHILD, str(path), router, json.dumps(engine),
+                           str(WORKERS), str(TBS)], check=True, capture_output=True, text=True)
+    rows = [r for r in json.loads(proc.stdout.strip().splitlines()[-1])
+            if r["status"] == "completed"]
+    return figures([r["ttft_ms"] for r in rows], [r["reused"] for r in rows],
+                   [r["input_length"] for r in rows], [r["worker"] for r in rows])
+
+
+def median_of(runs: list) -> dict:
+    return {key: statistics.median(r[key] for r in runs) for key in ("hit", "largest", "ttft")}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peer-python", required=True)
+    parser.add_argument("--peer-runs", type=int, default=3)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.jsonl"
+        with gzip.open(TRACE, "rt") as src, open(path, "w") as dst:
+            for k, line in enumerate(src):
+                if k == ROWS:
+                    break
+                dst.write(line)
+        table = []
+        for router in ("round_robin", "kv_router"):
+            ours = [servesim_figures(router, seed) for seed in (seeds if router == "kv_router"
+                                                              else [0])]
+            peer = [peer_figures(args.peer_python, path, router) for _ in range(args.peer_runs)]
+            table.append((router, ours, peer))
+    today = datetime.date.today().isoformat()
+    lines = [
+        f"### {today} — commit {commit()} — `kv_router` against Dynamo 1.6.1's "
+        f"(`benchmarks/router_parity.py`)", "",
+        f"First {ROWS:,} rows of the Mooncake conversation trace (trace blocks of {TBS}), "
+        f"{WORKERS} workers, `block_size: 64`, 16,384 blocks, 256 sequences, 8,192 tokens a "
+        f"pass, fixed pass times ({PREFILL_MS:g} ms with prompt tokens, {DECODE_MS:g} ms "
+        "without); both routers at temperature 0, no KV event lag. From each simulator's "
+        "per-request records (completed requests): hit rate = prompt tokens cached at first "
+        "admission / prompt tokens; largest share = the busiest worker's requests / "
+        f"requests. servesim: seeds {args.seeds} (median); peer: {args.peer_runs} runs "
+        "(median; its ties are unseeded). Machine: " + machine() + ". Reproduce: "
+        "`python benchmarks/router_parity.py --peer-python PEER/bin/python`.", "",
+        "| router | requests (servesim / peer) | hit rate | largest share | TTFT mean ms | "
+        "requests per worker (servesim; peer, first run) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for router, ours, peer in table:
+        a, b = median_of(ours), median_of(peer)
+        lines.append(
+            f"| {router} | {ours[0]['n']} / {peer[0]['n']} | {a['hit']:.2%} / {b['hit']:.2%} "
+            f"({(a['hit'] - b['hit']) * 100:+.2f} pt) | {a['largest']:.2%} / {b['largest']:.2%} "
+            f"({(a['largest'] - b['largest']) * 100:+.2f} pt) | {a['ttft']:,.1f} / "
+            f"{b['ttft']:,.1f} ({a['ttft'] / b['ttft'] - 1:+.1%}) | "
+            f"{'/'.join(map(str, ours[0]['counts']))}; {'/'.join(map(str, peer[0]['counts']))} |")
+    publish(lines + [""], not args.no_write)
+
+
+if __name__ == "__main__":
+    main()
