@@ -1,7 +1,8 @@
 """`kv_router` side by side with the peer's, NVIDIA Dynamo 1.6.1's offline
 replay with `router_mode="kv_router"` (router_temperature 0, no KV event lag:
-its defaults): the first 3,000 rows of the Mooncake conversation trace on 4
-workers with fixed pass times, and the prefix hit rate, the largest worker's
+its defaults): the first 3,000 rows of the Mooncake conversation trace, and
+300 generated chat sessions of 4 turns (`sessions_peer.py`'s, as `mooncake`
+rows with `session_id` / `delay`), on 4 workers with fixed pass times, and the prefix hit rate, the largest worker's
 share of the requests and the mean TTFT of each, computed the same way from
 both simulators' per-request records; `round_robin` on both sides as the
 reference. Appends a dated table to benchmarks/RESULTS.md.
@@ -33,6 +34,7 @@ import numpy as np
 
 from servesim.replay.api import run
 from results_file import commit, machine, publish  # a sibling module
+from sessions_peer import SEED, chat_traces, write  # a sibling module
 
 HERE = Path(__file__).resolve().parent
 TRACE = HERE / "traces" / "mooncake_conversation_trace.jsonl.gz"
@@ -65,9 +67,9 @@ def figures(ttft, reused, prompt, worker) -> dict:
             "ttft": float(np.mean(ttft)), "counts": counts.tolist(), "n": int(len(ttft))}
 
 
-def servesim_figures(router, seed=0) -> dict:
+def servesim_figures(path, router, seed=0) -> dict:
     policy = router if router != "kv_router" else {"policy": "kv_router", "seed": seed}
-    report = run({"workload": {"trace": str(TRACE), "trace_block_size": TBS, "limit": ROWS},
+    report = run({"workload": {"trace": str(path), "format": "mooncake", "trace_block_size": TBS},
                   "engine": dict(ENGINE, timing={"type": "fixed", "prefill_ms": PREFILL_MS,
                                                  "decode_ms": DECODE_MS}),
                   "cluster": {"workers": WORKERS, "router": policy},
@@ -102,43 +104,57 @@ def main():
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    table = []
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "trace.jsonl"
-        with gzip.open(TRACE, "rt") as src, open(path, "w") as dst:
+        moon = Path(folder) / "mooncake_3000.jsonl"
+        with gzip.open(TRACE, "rt") as src, open(moon, "w") as dst:
             for k, line in enumerate(src):
                 if k == ROWS:
                     break
                 dst.write(line)
-        table = []
-        for router in ("round_robin", "kv_router"):
-            ours = [servesim_figures(router, seed) for seed in (seeds if router == "kv_router"
-                                                              else [0])]
-            peer = [peer_figures(args.peer_python, path, router) for _ in range(args.peer_runs)]
-            table.append((router, ours, peer))
+        sessions = Path(folder) / "sessions.jsonl"
+        write(chat_traces(np.random.default_rng(SEED))[0], sessions)
+        for name, path in ((f"Mooncake, first {ROWS:,} rows", moon),
+                           ("300 chat sessions of 4 turns", sessions)):
+            for router in ("round_robin", "kv_router", "least_prefill"):
+                ours = [servesim_figures(path, router, seed)
+                        for seed in (seeds if router == "kv_router" else [0])]
+                peer = ([peer_figures(args.peer_python, path, router)
+                         for _ in range(args.peer_runs)] if router != "least_prefill" else None)
+                table.append((name, router, ours, peer))
     today = datetime.date.today().isoformat()
     lines = [
         f"### {today} — commit {commit()} — `kv_router` against Dynamo 1.6.1's "
         f"(`benchmarks/router_parity.py`)", "",
-        f"First {ROWS:,} rows of the Mooncake conversation trace (trace blocks of {TBS}), "
+        f"The first {ROWS:,} rows of the Mooncake conversation trace and 300 chat sessions "
+        "of 4 turns (`sessions_peer.py`'s, seed 7, as `mooncake` rows with `session_id` / "
+        f"`delay`), trace blocks of {TBS}, "
         f"{WORKERS} workers, `block_size: 64`, 16,384 blocks, 256 sequences, 8,192 tokens a "
         f"pass, fixed pass times ({PREFILL_MS:g} ms with prompt tokens, {DECODE_MS:g} ms "
         "without); both routers at temperature 0, no KV event lag. From each simulator's "
         "per-request records (completed requests): hit rate = prompt tokens cached at first "
         "admission / prompt tokens; largest share = the busiest worker's requests / "
         f"requests. servesim: seeds {args.seeds} (median); peer: {args.peer_runs} runs "
-        "(median; its ties are unseeded). Machine: " + machine() + ". Reproduce: "
+        "(median; its ties are unseeded); `least_prefill` (servesim's `kv_aware` before "
+        "this change) has no peer. Machine: " + machine() + ". Reproduce: "
         "`python benchmarks/router_parity.py --peer-python PEER/bin/python`.", "",
-        "| router | requests (servesim / peer) | hit rate | largest share | TTFT mean ms | "
-        "requests per worker (servesim; peer, first run) |",
-        "|---|---:|---:|---:|---:|---|",
+        "| trace | router | requests (servesim / peer) | hit rate | largest share | "
+        "TTFT mean ms | requests per worker (servesim; peer, first run) |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
-    for router, ours, peer in table:
-        a, b = median_of(ours), median_of(peer)
+    for name, router, ours, peer in table:
+        a = median_of(ours)
+        if peer is None:
+            lines.append(f"| {name} | {router} | {ours[0]['n']} / - | {a['hit']:.2%} / - | "
+                         f"{a['largest']:.2%} / - | {a['ttft']:,.1f} / - | "
+                         f"{'/'.join(map(str, ours[0]['counts']))}; - |")
+            continue
+        b = median_of(peer)
         lines.append(
-            f"| {router} | {ours[0]['n']} / {peer[0]['n']} | {a['hit']:.2%} / {b['hit']:.2%} "
-            f"({(a['hit'] - b['hit']) * 100:+.2f} pt) | {a['largest']:.2%} / {b['largest']:.2%} "
-            f"({(a['largest'] - b['largest']) * 100:+.2f} pt) | {a['ttft']:,.1f} / "
-            f"{b['ttft']:,.1f} ({a['ttft'] / b['ttft'] - 1:+.1%}) | "
+            f"| {name} | {router} | {ours[0]['n']} / {peer[0]['n']} | {a['hit']:.2%} / "
+            f"{b['hit']:.2%} ({(a['hit'] - b['hit']) * 100:+.2f} pt) | {a['largest']:.2%} / "
+            f"{b['largest']:.2%} ({(a['largest'] - b['largest']) * 100:+.2f} pt) | "
+            f"{a['ttft']:,.1f} / {b['ttft']:,.1f} ({a['ttft'] / b['ttft'] - 1:+.1%}) | "
             f"{'/'.join(map(str, ours[0]['counts']))}; {'/'.join(map(str, peer[0]['counts']))} |")
     publish(lines + [""], not args.no_write)
 
