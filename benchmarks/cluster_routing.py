@@ -5,7 +5,7 @@ dated table to benchmarks/RESULTS.md.
 The engine is `benchmarks/configs/mooncake-full.yaml`'s: `block_size: 64`,
 `num_gpu_blocks: 16384` per worker, polynomial pass times, trace blocks of 512
 tokens; only `cluster` changes: 4 workers of one rank, `round_robin`,
-`least_loaded` or `kv_aware`. The simulated figures are deterministic, so each
+`least_loaded`, `least_prefill` or `kv_router`. The simulated figures are deterministic, so each
 router runs once; "wall s" is the simulator's own end-to-end time for that run
 (reading the trace, simulating, summarising), not a simulated figure.
 
@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 TRACE = HERE / "traces" / "mooncake_conversation_trace.jsonl.gz"
 ROWS = 5000
 WORKERS = 4
-ROUTERS = ("round_robin", "least_loaded", "kv_aware")
+ROUTERS = ("round_robin", "least_loaded", "least_prefill", "kv_router")
 
 
 def config(router):
@@ -50,12 +50,12 @@ def main():
                         help="print, do not append to RESULTS.md")
     args = parser.parse_args()
     reports = {router: run(config(router)) for router in ROUTERS}
-    rr, kv = reports["round_robin"].summary, reports["kv_aware"].summary
+    rr, kv = reports["round_robin"].summary, reports["kv_router"].summary
     better_hits = kv["prefix_cache_hit_rate"] > rr["prefix_cache_hit_rate"]
     better_ttft = kv["ttft_ms"]["mean"] < rr["ttft_ms"]["mean"]
-    verdict = ("kv_aware has a higher hit rate and a lower mean TTFT than round_robin."
+    verdict = ("kv_router has a higher hit rate and a lower mean TTFT than round_robin."
                if better_hits and better_ttft else
-               f"NOTE: against round_robin, kv_aware's hit rate is "
+               f"NOTE: against round_robin, kv_router's hit rate is "
                f"{'higher' if better_hits else 'not higher'} and its mean TTFT "
                f"{'lower' if better_ttft else 'not lower'}.")
     lines = [
