@@ -250,7 +250,8 @@ def test_ranks_run_in_lockstep_and_an_idle_rank_waits_for_the_group(async_schedu
     assert w.kv_usage_mean == pytest.approx(area / 2 / 90, abs=1e-12)
     summary = summarize(result, {}, 0.0)
     assert summary["workers"] == [{"worker": 0, "requests": 3, "passes": 4, "busy_ms": 90.0,
-                                   "kv_usage_mean": pytest.approx(area / 180, abs=1e-6)}]
+                                   "kv_usage_mean": pytest.approx(area / 180, abs=1e-6),
+                                   "request_share": 1.0, "prefix_cache_hit_rate": 0.0}]
     assert summary["passes"] == 6
 
 

@@ -162,8 +162,26 @@ def test_counters_and_speed():
     assert (s["kv_usage_mean"], s["kv_usage_max"]) == (0.4, 0.9)
     assert (s["passes"], s["wall_time_s"], s["passes_per_s"]) == (40, 0.5, 80.0)
     assert s["workers"] == [
-        {"worker": 0, "requests": 5, "passes": 40, "busy_ms": 45.5, "kv_usage_mean": 0.4}
+        {"worker": 0, "requests": 5, "passes": 40, "busy_ms": 45.5, "kv_usage_mean": 0.4,
+         "request_share": 1.0, "prefix_cache_hit_rate": 0.0}
     ]
+
+
+def test_each_workers_share_and_prefix_hit_rate():
+    # w0: A (100 prompt tokens, 50 cached at first admission), B (200, none);
+    # w1: C (300, 150 cached), D (rejected: routed there, never admitted).
+    # shares 2/4 and 2/4 (routed requests, as `requests` counts them);
+    # hit rates 50 / 300 and 150 / 300 (D's prompt is no query).
+    rows = [dict(arrival=0.0, tokens=[10.0], status=STATUS_FINISHED, input=100, cached=50),
+            dict(arrival=1.0, tokens=[12.0], status=STATUS_FINISHED, input=200),
+            dict(arrival=2.0, tokens=[14.0], status=STATUS_FINISHED, input=300, cached=150,
+                 worker=1),
+            dict(arrival=3.0, tokens=[], status=STATUS_REJECTED, input=10000, worker=1)]
+    result = make_result(rows)
+    result.stats.workers[:] = [WorkerStats(worker=k, requests=2) for k in (0, 1)]
+    s = summarize(result, {}, 0.5)
+    assert [(w["request_share"], w["prefix_cache_hit_rate"]) for w in s["workers"]] == [
+        (0.5, round(50 / 300, 6)), (0.5, 0.5)]
 
 
 def test_summary_is_json_native():

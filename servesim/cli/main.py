@@ -115,6 +115,22 @@ def _pct(fraction):
     return "-" if fraction is None else f"{fraction * 100:.1f}%"
 
 
+def _routing_lines(workers: list) -> list:
+    """Where the router sent the requests, a line per pool of several
+    workers: each worker's share of its pool's requests and prefix hit rate."""
+    lines = []
+    for pool in dict.fromkeys(w.get("pool") for w in workers):
+        group = [w for w in workers if w.get("pool") == pool]
+        if len(group) < 2:
+            continue
+        name = "routing" if pool is None else f"{pool} routing"
+        cells = ", ".join(f"{w['worker']}: {_pct(w['request_share'])}"
+                          + ("" if w["prefix_cache_hit_rate"] is None
+                             else f" ({_pct(w['prefix_cache_hit_rate'])} hit)") for w in group)
+        lines.append(f"{name:<16}{cells}")
+    return lines
+
+
 def format_table(summary: dict, out_dir) -> str:
     """The human summary of a run printed by `servesim run`."""
     s = summary
@@ -139,6 +155,7 @@ def format_table(summary: dict, out_dir) -> str:
     ]
     if s["cpu_tier_hit_tokens"]:
         lines.append(f"cpu tier        {s['cpu_tier_hit_tokens']} hit tokens")
+    lines += _routing_lines(s["workers"])
     if "pools" in s:  # disaggregated prefill/decode
         for name, pool in s["pools"].items():
             lines.append(f"{name + ' pool':<16}{pool['workers']} worker(s), {pool['passes']} passes, "

@@ -204,6 +204,30 @@ def _worker_dict(w) -> dict:
     }
 
 
+def _with_routing(workers: list, rec) -> list:
+    """Each worker's routing figures after its own (README.md, "Outputs"):
+    `request_share`, its requests over its pool's, and
+    `prefix_cache_hit_rate`, the prompt tokens cached at first admission over
+    the prompt tokens of the requests admitted there (None on a decode
+    worker, which computes no prompt, and where nothing was admitted)."""
+    admitted = np.isfinite(np.asarray(rec.first_scheduled_ms))
+    cached = np.where(admitted, rec.first_admission_cached_tokens, 0)
+    prompt = np.where(admitted, rec.input_length, 0)
+    totals = {}
+    for w in workers:
+        totals[w.get("pool")] = totals.get(w.get("pool"), 0) + w["requests"]
+    for w in workers:
+        pool = w.get("pool")
+        total = totals[pool]
+        w["request_share"] = _round(w["requests"] / total) if total else 0.0
+        where = rec.prefill_worker if pool == "prefill" else rec.worker
+        on = np.asarray(where) == w["worker"]
+        queries = float(prompt[on].sum())
+        w["prefix_cache_hit_rate"] = (_round(float(cached[on].sum()) / queries)
+                                      if queries and pool != "decode" else None)
+    return workers
+
+
 def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -> dict:
     """The summary.json dict of a run, keys in the spec's order.
 
@@ -256,7 +280,7 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
         "passes": passes,
         "wall_time_s": _round(wall_time_s),
         "passes_per_s": _round(passes / wall_time_s) if wall_time_s > 0 else 0.0,
-        "workers": [_worker_dict(w) for w in stats.workers],
+        "workers": _with_routing([_worker_dict(w) for w in stats.workers], rec),
         "config": config_dict,
     }
     if stats.spec_positions is not None:

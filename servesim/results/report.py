@@ -235,9 +235,11 @@ def _workers_html(s: dict) -> str:
     rows = []
     for w in s.get("workers", []):
         busy = w["busy_ms"] / duration if duration > 0 else None
-        rows.append([_worker_label(w), _fmt(w["requests"]), _fmt(w["passes"]), _fmt(w["busy_ms"] / 1000.0),
-                     _pct(busy), _pct(w["kv_usage_mean"])])
-    return _table(["worker", "requests", "passes", "busy (s)", "busy", "KV usage mean"], rows)
+        rows.append([_worker_label(w), _fmt(w["requests"]), _pct(w.get("request_share")),
+                     _pct(w.get("prefix_cache_hit_rate")), _fmt(w["passes"]),
+                     _fmt(w["busy_ms"] / 1000.0), _pct(busy), _pct(w["kv_usage_mean"])])
+    return _table(["worker", "requests", "share", "prefix hit rate", "passes", "busy (s)", "busy",
+                   "KV usage mean"], rows)
 
 
 def _pools_html(s: dict) -> str:
