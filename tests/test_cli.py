@@ -121,7 +121,8 @@ def test_validate_bad_set_value_exits_2(tiny_config):
 @pytest.mark.parametrize("router, key", [
     ("{policy: kv_router, router_temperature: -1}", "cluster.router.router_temperature"),
     ("{policy: kv_router, overlap_score_weight: -2}", "cluster.router.overlap_score_weight"),
-    ("{policy: random}", "cluster.router.policy")])
+    ("{policy: random}", "cluster.router.policy"),
+    ("{policy: weighted, scorers: {latency: 2}}", "cluster.router.scorers.latency")])
 def test_a_bad_router_knob_exits_2_naming_it(tiny_config, tmp_path, router, key):
     out = tmp_path / "out"
     result = invoke("run", tiny_config, "-o", out, "--set", f"cluster.router={router}")

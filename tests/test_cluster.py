@@ -105,7 +105,7 @@ def test_trace_dp_rank_pins_the_rank_and_round_robin_picks_the_worker_among_thos
                               "e": (0, 1), "f": (1, 0)}
 
 
-@pytest.mark.parametrize("router", ["round_robin", "least_loaded", "least_prefill", "kv_router"])
+@pytest.mark.parametrize("router", ["round_robin", "least_loaded", "least_prefill", "kv_router", "weighted"])
 def test_pinned_rank_wins_over_every_router(router):
     # 1 worker x 2 ranks; a, b, c all pinned to rank 1 arrive at t=0: every router
     # would spread them (rank 0 is empty and as good), the pin keeps them on rank 1.

@@ -42,7 +42,7 @@ def scenarios(draw, fit=False, chunked=None):
     engine = draw(engine_configs(chunked))
     cluster = {"workers": draw(st.sampled_from([1, 1, 1, 2]), label="workers"),
                "data_parallel_size": draw(st.sampled_from([1, 1, 1, 2]), label="dp"),
-               "router": draw(st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router"]),
+               "router": draw(st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", "weighted"]),
                               label="router")}
     return engine, cluster, draw(workloads(engine, fit=fit))
 

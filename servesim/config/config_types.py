@@ -77,7 +77,9 @@ class RouterConfig:
     `kv_router`'s under NVIDIA Dynamo's names: `overlap_score_weight`,
     `router_temperature`, `seed` (the router's generator: ties and the
     softmax draw) and `kv_event_lag_ms` (0: the router sees the prefix
-    caches as they are). `kv_aware` reads as `kv_router` with its defaults
+    caches as they are); `weighted`'s under `scorers` (`prefix_cache`,
+    `queue_depth`, `kv_usage`: the weights of the gateways' scorers) and
+    `seed`. `kv_aware` reads as `kv_router` with its defaults
     (servesim/config/router_config.py)."""
 
     policy: str = "round_robin"
@@ -85,6 +87,9 @@ class RouterConfig:
     router_temperature: float = 0.0
     seed: int = 0
     kv_event_lag_ms: float = 0.0
+    prefix_cache: float = 1.0  # `weighted`'s scorers' weights (`scorers:` in the YAML)
+    queue_depth: float = 1.0
+    kv_usage: float = 1.0
 
 
 def router_config(router) -> RouterConfig:

@@ -185,13 +185,13 @@ def pool_arrays(ranks: routing.RankArrays, policy, table, extra_tokens=0):
     (`_queue`): its ranks' (`ranks`), the policy, a count of requests routed
     to each rank, the request table's block identities, the cached-prefix
     scratch for a prompt of the table's with `extra_tokens` more, and
-    `kv_router`'s state (`RankArrays.kv_router`)."""
+    the router's knobs and state (`RankArrays.router`)."""
     prompts = table.R["num_prompt_tokens"]
     longest = (int(prompts.max()) if len(prompts) else 1) + extra_tokens
     scratch = np.zeros(max(1, longest // ranks.block_size), dtype=np.int64)
     return (int(policy), ranks.rr, ranks.sched_t, np.zeros(len(ranks.ranks), dtype=np.int64),
             ranks.num_gpu_blocks, ranks.num_workers, ranks.dp, ranks.block_size,
-            ranks.enable_caching, table.idents, scratch, ranks.kv_router)
+            ranks.enable_caching, table.idents, scratch, ranks.router)
 
 
 ROUTED, POOL_DP = 3, 6  # (fields of `pool_arrays`)

@@ -23,7 +23,7 @@ index only.
   lib/kv-router/src/scheduling/selector.rs, 1.6.1): the least logit
   `overlap_score_weight * prefill blocks + decode blocks`, where, from the
   router's own book of the requests it sent to the rank and that have not
-  finished (Dynamo's `ActiveSequences`, kept in `KVRouterArrays`):
+  finished (Dynamo's `ActiveSequences`, kept in `RouterArrays`):
   prefill blocks = (its requests' uncached prompt tokens, counted from their
   routing until their first token, + this prompt - this prompt's cached
   prefix on the rank) / block size, and decode blocks = the distinct full
@@ -36,12 +36,22 @@ index only.
   disaggregated decode pool's router is load-only, as Dynamo's
   (`build_decode_router_override`): logit = its requests' full prompt blocks
   counted per request, plus this prompt's.
+- `weighted` (the Kubernetes inference gateways' scorers: the Gateway API
+  inference extension's `queue` and `kv-cache` scorers and llm-d's precise
+  prefix-cache scorer, summed with their weights, the greatest score wins):
+  `prefix_cache * (cached full prompt blocks / full prompt blocks) +
+  queue_depth * (max waiting - waiting) / (max waiting - min waiting) (1 when
+  every candidate waits alike) + kv_usage * (1 - used blocks / usable blocks)`,
+  waiting counting the loads waiting ahead of the queue, each rank's state
+  read as it is at the arrival (no metrics scrape interval); ties drawn from
+  the router's generator (the gateways' max-score picker draws among ties).
 """
 
 from enum import IntEnum
 
 import numpy as np
 
+from servesim.config.config_types import RouterConfig
 from servesim.engine.fast_run import padded
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
@@ -54,6 +64,7 @@ class RoutePolicy(IntEnum):
     LEAST_LOADED = 1
     LEAST_PREFILL = 2
     KV_ROUTER = 3
+    WEIGHTED = 4
 
 
 # the round-robin state: the next target of the whole cycle, then the next
@@ -75,9 +86,9 @@ def round_robin(rr, num_workers, dp, pinned):
     return (t % num_workers) * dp + t // num_workers
 
 
-# `KVRouterArrays`: the knobs (float64), the generator and the pool's kind
+# `RouterArrays`: the knobs (float64), the generator and the pool's kind
 # (int64), per rank (`KR_*` rows) and per request (`KQ_*` rows)
-KW_WEIGHT, KW_TEMPERATURE = 0, 1
+KW_WEIGHT, KW_TEMPERATURE, KW_PREFIX, KW_QUEUE, KW_KV = range(5)
 KI_RNG, KI_LOAD_ONLY = 0, 1
 KR_HEAD, KR_BLOCKS, KR_PREFILL = 0, 1, 2  # first of its book, distinct blocks, prefill tokens
 KQ_NEXT, KQ_PREFILL, KQ_BLOCKS = 0, 1, 2  # next in its rank's book, its prefill tokens, blocks
@@ -88,7 +99,7 @@ RNG_MODULUS = 2147483647  # MINSTD (Park and Miller): exact in int64, here and a
 @njit
 def uniform(ints):
     """The router's next draw in [0, 1) from its generator `ints[KI_RNG]`
-    (MINSTD, seeded by `KVRouterArrays`)."""
+    (MINSTD, seeded by `RouterArrays`)."""
     ints[KI_RNG] = ints[KI_RNG] * 48271 % RNG_MODULUS
     return (ints[KI_RNG] - 1) / (RNG_MODULUS - 1)
 
@@ -276,6 +287,47 @@ def least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
 
 
 @njit
+def weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
+             num_prompt_tokens, block_size, enable_caching):
+    """`weighted`'s choice (module docstring): the rank of greatest
+    `prefix_cache * hit blocks / prompt blocks + queue_depth * (max - waiting)
+    / (max - min) (1 when all wait alike) + kv_usage * (1 - KV usage)`, ties
+    drawn from the router's generator."""
+    weights, ints = kvr[0], kvr[1]
+    num_full = num_prompt_tokens // block_size
+    lo, hi = 1 << 62, -1
+    for j in range(num_workers * dp):
+        if pinned >= 0 and j % dp != pinned:
+            continue
+        S = sched_t[j].S
+        waiting = S[0].num_waiting + S[0].num_waiting_for_kv
+        lo = min(lo, waiting)
+        hi = max(hi, waiting)
+    best = -1
+    top = 0.0
+    ties = 0
+    for j in range(num_workers * dp):
+        if pinned >= 0 and j % dp != pinned:
+            continue
+        s = sched_t[j]
+        score = 0.0
+        if num_full and enable_caching:
+            hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch)
+            score += weights[KW_PREFIX] * hit / num_full
+        waiting = s.S[0].num_waiting + s.S[0].num_waiting_for_kv
+        score += weights[KW_QUEUE] * (1.0 if hi == lo else (hi - waiting) / (hi - lo))
+        used = num_gpu_blocks - 1 - s.pscal[bp.NUM_FREE]
+        score += weights[KW_KV] * (1.0 - used / (num_gpu_blocks - 1))
+        if best < 0 or score > top:
+            best, top, ties = j, score, 1
+        elif score == top:
+            ties += 1
+            if uniform(ints) * ties < 1.0:
+                best = j
+    return best
+
+
+@njit
 def route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
           num_prompt_tokens, block_size, enable_caching, kvr, i, admit):
     """The rank `j` (module docstring) `policy` sends request i to (`admit`
@@ -283,6 +335,9 @@ def route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned, idents, 
     if policy == RoutePolicy.KV_ROUTER:
         return kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch,
                          num_prompt_tokens, block_size, enable_caching, i, admit)
+    if policy == RoutePolicy.WEIGHTED:
+        return weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
+                        num_prompt_tokens, block_size, enable_caching)
     if policy == RoutePolicy.LEAST_PREFILL:
         max_blocks = (num_prompt_tokens - 1) // block_size if enable_caching else 0
         return least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
@@ -292,30 +347,31 @@ def route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned, idents, 
     return round_robin(rr, num_workers, dp, pinned)
 
 
-class KVRouterArrays:
-    """`kv_router`'s state for a pool of `num_ranks` ranks over a request
-    table of `num_requests` rows and `num_identities` block identities, as the
-    tuple `arrays` the rule takes: the knobs (`overlap_score_weight`,
-    `router_temperature`), the generator (seeded by `seed`) and whether the
-    pool is load-only (a disaggregated decode pool), the ranks' books (the
-    first request of each, as a list linked through the requests; its
-    distinct blocks; its prefill tokens), each request's link, prefill tokens
-    and blocks, each rank's count of requests holding each identity, and
-    scratch for the logits and hits of a choice. Another policy gets one of
-    the same types with nothing in it (one compile of the loops for all)."""
+class RouterArrays:
+    """The knobs and state of `kv_router` and `weighted` for a pool of
+    `num_ranks` ranks over a request table of `num_requests` rows and
+    `num_identities` block identities, as the tuple `arrays` the rules take:
+    the knobs (`options`, a RouterConfig: `overlap_score_weight`,
+    `router_temperature`, the scorers' weights), the generator (seeded by
+    `seed`) and whether the pool is load-only (a disaggregated decode pool),
+    then `kv_router`'s book when `book` (the first request of each rank's, as
+    a list linked through the requests; its distinct blocks; its prefill
+    tokens; each request's link, prefill tokens and blocks; each rank's count
+    of requests holding each identity), and scratch for the logits and hits
+    of a choice. Without a book its arrays are of the same types with nothing
+    in them (one compile of the loops for every policy)."""
 
     def __init__(self, options=None, num_ranks=1, num_requests=1, num_identities=1,
-                 load_only=False):
-        weight = 1.0 if options is None else options.overlap_score_weight
-        temperature = 0.0 if options is None else options.router_temperature
-        seed = 0 if options is None else options.seed
-        if options is None:
-            num_ranks = num_requests = num_identities = 1
+                 load_only=False, book=False):
+        o = RouterConfig() if options is None else options
+        if not book:
+            num_requests = num_identities = 1
         ranks = np.zeros((3, num_ranks), dtype=np.int64)
         ranks[KR_HEAD] = NONE
-        refs_shape = (1, 1) if load_only else (num_ranks, max(1, num_identities))
-        self.arrays = (np.array([weight, temperature]),
-                       np.array([first_state(seed), int(load_only)], dtype=np.int64),
+        refs_shape = (1, 1) if load_only or not book else (num_ranks, max(1, num_identities))
+        self.arrays = (np.array([o.overlap_score_weight, o.router_temperature, o.prefix_cache,
+                                 o.queue_depth, o.kv_usage]),
+                       np.array([first_state(o.seed), int(load_only)], dtype=np.int64),
                        ranks, np.zeros((3, max(1, num_requests)), dtype=np.int64),
                        np.zeros(refs_shape, dtype=np.int32), np.zeros(num_ranks),
                        np.zeros(num_ranks, dtype=np.int64))
@@ -327,11 +383,10 @@ class RankArrays:
     (worker, rank) order, `padded` to RANKS_PADDED at least (a tuple's length is part of
     its type: one compile of each rule, and of the cluster loop, for every
     deployment of up to 16 ranks; the rules never index the padding), the
-    round-robin state and `kv_router`'s (`KVRouterArrays`: `kv_router` its
-    options, a `RouterConfig`, when the policy is `kv_router`; `load_only` on
-    a disaggregated decode pool)."""
+    round-robin state and the `RouterArrays` of `options` (a RouterConfig;
+    `load_only` on a disaggregated decode pool)."""
 
-    def __init__(self, workers, data_parallel_size: int, kv_router=None, load_only=False):
+    def __init__(self, workers, data_parallel_size: int, options=None, load_only=False):
         ranks = [w.ranks[r] for w in workers for r in range(data_parallel_size)]
         self.ranks = ranks
         self.num_workers = len(workers)
@@ -342,8 +397,9 @@ class RankArrays:
         self.enable_caching = bool(pool.enable_caching)
         self.sched_t = padded([rk.scheduler.arrays for rk in ranks], RANKS_PADDED)
         self.rr = np.zeros(RR_PINNED + data_parallel_size, dtype=np.int64)
-        self.kv_router = KVRouterArrays(kv_router, len(ranks), len(ranks[0].scheduler.table.R),
-                                        len(pool.idmap), load_only).arrays
+        book = options is not None and options.policy == "kv_router"
+        self.router = RouterArrays(options, len(ranks), len(ranks[0].scheduler.table.R),
+                                   len(pool.idmap), load_only, book).arrays
 
     def target(self, j):
         """Rank index j as (worker, rank)."""

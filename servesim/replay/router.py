@@ -4,7 +4,7 @@ debug mode): the rules are servesim/engine/routing.py's, compiled, which an
 aggregated cluster's compiled loop also applies to the open-loop arrivals it
 takes (engine/fast_cluster.py); docs/engine.md §11.
 
-- `round_robin`, `least_loaded`, `least_prefill`, `kv_router`:
+- `round_robin`, `least_loaded`, `least_prefill`, `kv_router`, `weighted`:
   engine/routing.py.
 - `session_affinity`: a session's first request goes round robin, its later
   requests to the same (worker, rank); requests outside sessions go round
@@ -25,6 +25,7 @@ from servesim.scheduler import check
 
 POLICIES = {"round_robin": RoutePolicy.ROUND_ROBIN, "least_loaded": RoutePolicy.LEAST_LOADED,
             "least_prefill": RoutePolicy.LEAST_PREFILL, "kv_router": RoutePolicy.KV_ROUTER,
+            "weighted": RoutePolicy.WEIGHTED,
             "session_affinity": RoutePolicy.ROUND_ROBIN}
 
 
@@ -51,8 +52,7 @@ class Router:
     @property
     def arrays(self) -> RankArrays:
         if self._arrays is None:
-            kv_router = self.options if self.code == RoutePolicy.KV_ROUTER else None
-            self._arrays = RankArrays(self.workers, self.dp, kv_router, self.load_only)
+            self._arrays = RankArrays(self.workers, self.dp, self.options, self.load_only)
         return self._arrays
 
     def _check_pinned(self, request_id: str, pinned_rank: int):
@@ -83,7 +83,7 @@ class Router:
         return a.target(self._call(routing.route, int(self.code), a.rr, a.sched_t,
                                    a.num_gpu_blocks, a.num_workers, a.dp, pinned_rank, idents,
                                    self._scratch, num_prompt_tokens, a.block_size,
-                                   a.enable_caching, a.kv_router, i, admit))
+                                   a.enable_caching, a.router, i, admit))
 
     def _call(self, kernel, *args):
         """`kernel(*args)`, through its compiled function for these types
