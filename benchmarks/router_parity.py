@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 TRACE = HERE / "traces" / "mooncake_conversation_trace.jsonl.gz"
 ROWS, WORKERS, TBS = 3000, 4, 512
 PREFILL_MS, DECODE_MS = 20.0, 10.0
+PEER_ROUTERS = ("round_robin", "kv_router")  # the peer's router modes
 ENGINE = {"block_size": 64, "num_gpu_blocks": 16384, "max_num_seqs": 256,
           "max_num_batched_tokens": 8192}
 
@@ -116,11 +117,11 @@ def main():
         write(chat_traces(np.random.default_rng(SEED))[0], sessions)
         for name, path in ((f"Mooncake, first {ROWS:,} rows", moon),
                            ("300 chat sessions of 4 turns", sessions)):
-            for router in ("round_robin", "kv_router", "least_prefill"):
+            for router in ("round_robin", "kv_router", "least_prefill", "weighted"):
                 ours = [servesim_figures(path, router, seed)
                         for seed in (seeds if router == "kv_router" else [0])]
                 peer = ([peer_figures(args.peer_python, path, router)
-                         for _ in range(args.peer_runs)] if router != "least_prefill" else None)
+                         for _ in range(args.peer_runs)] if router in PEER_ROUTERS else None)
                 table.append((name, router, ours, peer))
     today = datetime.date.today().isoformat()
     lines = [
@@ -136,7 +137,7 @@ def main():
         "admission / prompt tokens; largest share = the busiest worker's requests / "
         f"requests. servesim: seeds {args.seeds} (median); peer: {args.peer_runs} runs "
         "(median; its ties are unseeded); `least_prefill` (servesim's `kv_aware` before "
-        "this change) has no peer. Machine: " + machine() + ". Reproduce: "
+        "this change) and `weighted` (default weights) have no peer. Machine: " + machine() + ". Reproduce: "
         "`python benchmarks/router_parity.py --peer-python PEER/bin/python`.", "",
         "| trace | router | requests (servesim / peer) | hit rate | largest share | "
         "TTFT mean ms | requests per worker (servesim; peer, first run) |",
