@@ -76,3 +76,33 @@ class KVTransferConfig:
     bytes_per_token: int
     bandwidth_gbps: float
     latency_ms: float = 0.0
+
+
+@attrs.frozen
+class RouterConfig:
+    """`cluster.router`: the policy (servesim/engine/routing.py), given as
+    its name or as a mapping with `policy` and the policy's knobs —
+    `kv_router`'s under NVIDIA Dynamo's names: `overlap_score_weight`,
+    `router_temperature`, `seed` (the router's generator: ties and the
+    softmax draw) and `kv_event_lag_ms` (0: the router sees the prefix
+    caches as they are); `weighted`'s under `scorers` (`prefix_cache`,
+    `queue_depth`, `kv_usage`: the weights of the gateways' scorers) and
+    `seed`. `kv_aware` reads as `kv_router` with its defaults
+    (servesim/config/router_config.py)."""
+
+    policy: str = "round_robin"
+    overlap_score_weight: float = 1.0
+    router_temperature: float = 0.0
+    seed: int = 0
+    kv_event_lag_ms: float = 0.0
+    prefix_cache: float = 1.0  # `weighted`'s scorers' weights (`scorers:` in the YAML)
+    queue_depth: float = 1.0
+    kv_usage: float = 1.0
+
+
+def router_config(router) -> RouterConfig:
+    """`router` as a RouterConfig: a policy's name (an alias read as what it
+    stands for) is that policy with its defaults."""
+    if isinstance(router, RouterConfig):
+        return router
+    return RouterConfig(policy={"kv_aware": "kv_router"}.get(router, router))

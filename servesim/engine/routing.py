@@ -51,7 +51,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from servesim.config.config_types import RouterConfig
+from servesim.engine.config import RouterConfig
 from servesim.engine.fast_run import padded
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
