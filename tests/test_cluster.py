@@ -333,18 +333,22 @@ def test_closed_loop_releases_the_next_request_at_each_completion_across_workers
     # concurrency 2, 2 workers x 1 rank, round robin; the trace's timestamps are ignored.
     # a P=16 O=3, b O=1, c O=2, d O=1, e O=1 (all P=16).
     # t=0: a -> w0, b -> w1; both [0,10].
-    # t=10: b finishes on w1 -> c released at 10 -> w0 (round robin), which decides
-    #       at 10 after the arrival: a 1, c 16 -> [10,20].
-    # t=20: a token 2, c token 1 -> [20,30]: a 1, c 1; both finish at 30.
-    # t=30: a's and c's completions release d -> w1 and e -> w0, at 30: [30,40] each.
+    # t=10: w0 decides a's next pass first: a 1 -> [10,20]; b finishes on w1 and
+    #       releases c, which arrives after every decision at 10 (docs/engine.md
+    #       §7 "Ties") -> w0 (round robin), so it first joins w0's pass at 20.
+    # t=20: a 1, c 16 -> [20,30]: a finishes (token 3), c has token 1.
+    # t=30: w0 decides c 1 -> [30,40]; a's completion releases d -> w1 (idle) at 30:
+    #       [30,40].
+    # t=40: c and d finish; the first of their completions releases e -> w0 (round
+    #       robin) at 40: [40,50].
     # (Without the pass log the fast path runs compiled stretches of passes.)
     rows = [dict(id="a", t=100, P=16, O=3), dict(id="b", t=200, P=16, O=1),
             dict(id="c", t=300, P=16, O=2), dict(id="d", t=400, P=16, O=1),
             dict(id="e", t=500, P=16, O=1)]
     cfg = cluster_config(2, 1, pass_log=pass_log)
     rec = sim(cfg, workload(rows, concurrency=2)).records
-    assert rec.arrival_ms.tolist() == [0, 0, 10, 30, 30]
-    assert rec.finish_ms.tolist() == [30, 10, 30, 40, 40]
+    assert rec.arrival_ms.tolist() == [0, 0, 10, 30, 40]
+    assert rec.finish_ms.tolist() == [30, 10, 40, 40, 50]
     assert rec.worker.tolist() == [0, 1, 0, 1, 0]
     assert _in_flight_max(rec) == 2
 

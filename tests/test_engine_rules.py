@@ -653,6 +653,66 @@ def test_sync_arrival_at_exactly_the_end_of_pass_k_joins_pass_k_plus_1():
     assert req(records, "b")["first_token_ms"] == 20
 
 
+def _closed_loop_of_two():
+    """Closed loop of 2: a (P=16, O=4) and b (P=16, O=1) start at 0; b's
+    finish releases c (P=16, O=1). The trace's timestamps are ignored."""
+    import attrs
+
+    return attrs.evolve(make_workload([dict(id="a", t=0, P=16, O=4),
+                                       dict(id="b", t=0, P=16, O=1),
+                                       dict(id="c", t=0, P=16, O=1)]), concurrency=2)
+
+
+def test_sync_closed_loop_follow_up_first_joins_pass_k_plus_2():
+    # A request released by an output arrives after every decision at its
+    # release instant (§7 "Ties"): the client has the output only after the
+    # engine processed it and decided the next pass.
+    # pass 0 [0,10]: a 16, b 16. t=10: pass 0's outputs: b finishes, a token 1;
+    # pass 1 is decided at 10: a 1 -> [10,20]; then c, released by b's output at
+    # 10, arrives (arrival_ms 10) and first joins pass 2 [20,30]: a 1, c 16.
+    # t=30: c's token (done), a token 3; pass 3 [30,40]: a 1, done at 40.
+    records, log = run(make_config(), _closed_loop_of_two())
+    assert tokens(log) == [{"a": 16, "b": 16}, {"a": 1}, {"a": 1, "c": 16}, {"a": 1}]
+    assert times(log) == [(0, 10), (10, 20), (20, 30), (30, 40)]
+    c = req(records, "c")
+    assert records.arrival_ms.tolist() == [0, 0, 10]
+    assert (c["first_token_ms"], c["first_token_pass"]) == (30, 2)
+    assert req(records, "a")["finish_ms"] == 40
+
+
+def test_async_closed_loop_follow_up_joins_the_decision_after_its_release():
+    # Async, same workload. decide 0 (t=0): a 16, b 16 -> pass 0 [0,10];
+    # decide 1 (t=0): b's last token is in flight (skipped), a 1 (computed 17,
+    # ph 2) -> pass 1 [10,20].
+    # t=10: pass 0's outputs (b done, a token 1), then decide 2 (t=10, when pass 1
+    # starts): a 17 + 2 - 1 = 18 < 20 -> a 1 -> pass 2 [20,30]. c, released by b's
+    # output at 10, arrives after that decision.
+    # t=20: a token 2; decide 3: a 18 + 2 - 1 = 19 < 20 -> a 1; c 16 -> pass 3 [30,40].
+    # t=30: a token 3; decide 4: a 19 + 2 - 1 = 20 >= 20 and c 16 + 2 - 1 >= 17:
+    # both last tokens in flight -> nothing; t=40: a and c done.
+    records, log = run(make_config(**ASYNC), _closed_loop_of_two())
+    assert tokens(log) == [{"a": 16, "b": 16}, {"a": 1}, {"a": 1}, {"a": 1, "c": 16}]
+    assert times(log) == [(0, 10), (10, 20), (20, 30), (30, 40)]
+    c = req(records, "c")
+    assert records.arrival_ms.tolist() == [0, 0, 10]
+    assert (c["first_token_ms"], c["first_token_pass"]) == (40, 3)
+
+
+def test_requests_released_together_wake_an_idle_engine_into_one_pass():
+    # Closed loop of 2: a, b (P=16, O=1) [0,10] both finish at 10 and release c
+    # and d at 10. Nothing is left to decide at 10, so the first released arrival
+    # wakes the idle engine, which decides after every arrival released at 10:
+    # c 16, d 16 -> [10,20].
+    import attrs
+
+    w = attrs.evolve(make_workload([dict(id=x, t=0, P=16, O=1) for x in "abcd"]),
+                     concurrency=2)
+    records, log = run(make_config(), w)
+    assert tokens(log) == [{"a": 16, "b": 16}, {"c": 16, "d": 16}]
+    assert times(log) == [(0, 10), (10, 20)]
+    assert records.arrival_ms.tolist() == [0, 0, 10, 10]
+
+
 def test_async_empty_decision_waits_for_the_pass_in_flight_and_decides_again_at_its_end():
     # Async, 2 usable blocks. a: t=0 P=16 O=1; b: t=5 P=16 O=1; c: t=10 P=16 O=1.
     # decide 0 (t=0): a 16 (1 block, free 1) -> pass 0 [0,10].

@@ -118,6 +118,24 @@ def test_dynamo_versioned_agent_graph_delays_each_dependency_on_its_own(tmp_path
     assert [req(records, x)["finish_ms"] for x in "abcd"] == [10, 25, 35, 55]
 
 
+def test_a_next_turn_without_delay_arrives_after_the_decision_at_its_release(tmp_path):
+    # x: P=16 O=3 at 0 keeps the engine busy; session s: s0 P=16 O=1 at 0, s1
+    # P=32 (s0's prompt block + 1) with delay 0.
+    # pass 0 [0,10]: x 16, s0 16. t=10: s0 done, x token 1; pass 1 is decided at
+    # 10: x 1 -> [10,20]; s1, sent when s0's answer reached the client (10),
+    # arrives after that decision (docs/engine.md §7 "Ties") and first joins
+    # pass 2 [20,30]: x 1, s1 16 computed + 16 cached -> token at 30.
+    rows = [row(16, 3, [7], request_id="x", timestamp=0),
+            row(16, 1, [1], session_id="s", timestamp=0, request_id="s0"),
+            row(32, 1, [1, 2], session_id="s", delay=0, request_id="s1")]
+    records, log = run(make_config(), trace(tmp_path, rows))
+    s1 = req(records, "s1")
+    assert records.arrival_ms.tolist() == [0, 0, 10]
+    assert [p["start_ms"] for p in log] == [0, 10, 20]
+    assert [[e["id"] for e in p["scheduled"]] for p in log] == [["x", "s0"], ["x"], ["x", "s1"]]
+    assert (s1["first_token_ms"], s1["first_admission_cached_tokens"]) == (30, 16)
+
+
 def test_closed_loop_of_two_sessions_holds_each_slot_through_all_turns(tmp_path):
     # concurrency 2, sessions A, B, C of two turns (P=16, O=1, delay 5):
     # A0, B0 at 0 -> [0,10]; A1, B1 at 15 -> [15,25]; A and B are done at 25,

@@ -31,7 +31,7 @@ import numpy as np
 
 from servesim.engine.config import EngineConfig
 from servesim.engine import fast_run
-from servesim.engine.events import ARRIVAL, DECIDE, EventLoop
+from servesim.engine.events import ARRIVAL, DECIDE, EventLoop, wake_order
 from servesim.engine.launch import launch_params
 from servesim.engine.pricing import PassPricer
 from servesim.kvcache.block_pool import BlockPool
@@ -161,7 +161,7 @@ class EngineCore:
             return False
         if c.ws[fast_run.W_SEQ] != loop.seq:  # it woke the engine: a decision at this instant
             loop.seq = int(c.ws[fast_run.W_SEQ])
-            self._push_resume(loop.now, DECIDE, loop.seq)
+            self._push_resume(loop.now, wake_order(loop.order), loop.seq)
         return True
 
     def take_arrivals(self, arrival_ms, seq) -> None:

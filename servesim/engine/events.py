@@ -15,6 +15,19 @@ import heapq
 PASS_END = 0
 ARRIVAL = 1
 DECIDE = 2
+# A request released by an output (a closed loop's next request, a session's
+# next turn, an agent graph's dependent, sent at the release instant) exists
+# only once its client has the output, so it arrives after every decision at
+# that instant; an idle engine it wakes decides after every such arrival at
+# it (docs/engine.md §7, "Ties").
+RELEASED = 3
+RELEASED_DECIDE = 4
+
+
+def wake_order(order: int) -> int:
+    """The order of the decision an arrival of `order` wakes an idle engine
+    to: after every arrival of its kind at that instant."""
+    return RELEASED_DECIDE if order == RELEASED else DECIDE
 
 
 class EventLoop:
@@ -22,6 +35,7 @@ class EventLoop:
         self._heap = []
         self.seq = 0  # the last sequence number given
         self.now = 0.0
+        self.order = PASS_END  # the order of the event running
 
     def schedule(self, time, order, handler, arg=None):
         self.seq += 1
@@ -41,10 +55,11 @@ class EventLoop:
         heap = self._heap
         pop = heapq.heappop
         while heap:
-            time, _, _, handler, arg = pop(heap)
+            time, order, _, handler, arg = pop(heap)
             if on_advance is not None and time > self.now:
                 on_advance(time)
             self.now = time
+            self.order = order
             handler(arg)
 
     def next_time(self) -> float:

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 
 from servesim.engine.core import EngineCore
-from servesim.engine.events import ARRIVAL, EventLoop
+from servesim.engine.events import ARRIVAL, RELEASED, EventLoop
 from servesim.engine.fast_run import PassLogBuffer
 from servesim.engine.release import TokenLog
 from servesim.scheduler.speculative import spec_table_slack
@@ -299,14 +299,15 @@ class Replay:
 
     def _release_next(self, at=None):
         """A request left the system: closed loop releases the next one at
-        `at` (default now)."""
+        `at` (default now), after every decision at that instant (order
+        RELEASED, engine/events.py)."""
         self.num_done += 1
         if self._next_release < len(self.workload):
             j = self._next_release
             self._next_release += 1
             t = self.loop.now if at is None else at
             self.arrival_ms[j] = t
-            self.loop.schedule(t, ARRIVAL, self._on_arrival, j)
+            self.loop.schedule(t, RELEASED, self._on_arrival, j)
 
     def on_progress(self, core=None):
         """After a compiled run of `core`'s events: the debug mode's check

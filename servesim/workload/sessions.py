@@ -26,7 +26,7 @@ import math
 import attrs
 import numpy as np
 
-from servesim.engine.events import ARRIVAL
+from servesim.engine.events import ARRIVAL, RELEASED
 from servesim.errors import InputError
 
 
@@ -277,7 +277,9 @@ class SessionArrivals:
     sessions (in the order of their first request) start at 0 and each
     session whose requests are all done starts the next at that instant; a
     started session's roots arrive at once. A request whose dependencies are
-    done arrives at the latest of their finishes plus its delay.
+    done arrives at the latest of their finishes plus its delay; sent at a
+    release instant (no delay, or a session started), it arrives after every
+    decision at that instant (order RELEASED, engine/events.py).
     `arrival_ms` (the driver's array) gets every arrival time when it is
     fixed; `on_arrival(i)` is the driver's arrival handler.
 
@@ -332,9 +334,9 @@ class SessionArrivals:
         t = self.loop.next_time() + self.min_delay
         return min(t, self.pending[0]) if self.pending else t
 
-    def _schedule(self, t, handler, arg):
+    def _schedule(self, t, handler, arg, order=ARRIVAL):
         heapq.heappush(self.pending, t)
-        self.loop.schedule(t, ARRIVAL, handler, arg)
+        self.loop.schedule(t, order, handler, arg)
 
     def _on_request(self, i):
         heapq.heappop(self.pending)
@@ -358,7 +360,7 @@ class SessionArrivals:
         now = self.loop.now
         for i in self.session_roots[s]:
             self.arrival_ms[i] = now
-            self._schedule(now, self._on_request, i)
+            self._schedule(now, self._on_request, i, RELEASED)
 
     def done(self, i, finish_ms):
         """Request i is done (finished at `finish_ms`, the client's last
@@ -372,7 +374,8 @@ class SessionArrivals:
             if self.waiting[c] == 0:
                 t = float(self.ready_ms[c] + plan.delay_ms[c])
                 self.arrival_ms[c] = t
-                self._schedule(t, self._on_request, c)
+                # sent at the release instant: after every decision at it
+                self._schedule(t, self._on_request, c, RELEASED if t == finish_ms else ARRIVAL)
         s = plan.session[i]
         self.left[s] -= 1
         if self.left[s] == 0 and self.concurrency is not None:
