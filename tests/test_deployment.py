@@ -399,3 +399,93 @@ def test_quantization_selects_the_database_tables():
     assert (cfg["weight_dtype"], cfg["moe_dtype"], cfg["kv_cache_dtype"]) == ("fp8", "fp8", "fp8")
     block = aic.engine_config(DeploymentConfig(model="Qwen/Qwen3-32B-FP8", gpu="h200_sxm", quantization="fp8"))
     assert "weight_dtype" not in block
+
+
+# ------------------------------------------------------------ vLLM's start-up limits
+
+
+def test_max_model_len_defaults_to_the_models_context_length(tmp_path):
+    # vLLM serves max_position_embeddings when max_model_len is not given.
+    folder = model_dir(tmp_path, {**QWEN3_32B, "max_position_embeddings": 40960})
+    cfg = engine_config({"model": folder, "gpu": "h200_sxm", "tensor_parallel_size": 2})
+    assert cfg.engine.scheduler.max_model_len == 40960
+    assert engine_config({}).engine.scheduler.max_model_len is None  # no deployment: no limit
+
+
+def test_max_model_len_above_the_context_length_is_refused_unless_vllms_override(tmp_path,
+                                                                                monkeypatch):
+    folder = model_dir(tmp_path, {**QWEN3_32B, "max_position_embeddings": 40960})
+    engine = {"model": folder, "gpu": "h200_sxm", "tensor_parallel_size": 2, "max_model_len": 65536}
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    with pytest.raises(InputError, match=r"engine.max_model_len: 65536 is greater than the model's "
+                                         r"context length \(40960, .*VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+        engine_config(engine)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    assert engine_config(engine).engine.scheduler.max_model_len == 65536
+
+
+def test_a_kv_cache_that_cannot_hold_one_max_model_len_request_is_refused(tmp_path):
+    # As test_num_gpu_blocks_qwen3_32b_h200_tp2_by_hand, gpu_memory_utilization 0.3:
+    # budget int(0.3 x 151397597184) = 45419279155; weights 32762101760,
+    # activations 1288044544, runtime 4116709376 -> 7252423475 bytes left, blocks of
+    # 2 MiB -> 3458 blocks (6.75 GiB), 3458 x 16 = 55328 tokens. The default
+    # max_model_len 131072 needs 8192 blocks (16.00 GiB): refused.
+    folder = model_dir(tmp_path, QWEN3_32B)
+    engine = {"model": folder, "gpu": "h200_sxm", "tensor_parallel_size": 2,
+              "gpu_memory_utilization": 0.3}
+    with pytest.raises(InputError, match=r"engine.max_model_len: one request of max_model_len "
+                                         r"131072 needs 16.00 GiB of KV cache \(8192 blocks\), "
+                                         r"more than the 6.75 GiB \(3458 blocks\).*the largest "
+                                         r"max_model_len that fits is 55328"):
+        engine_config(engine)
+    assert engine_config({**engine, "max_model_len": 55328}).engine.kv_cache.num_gpu_blocks == 3458
+    with pytest.raises(InputError, match=r"max_model_len 55329 needs .*\(3459 blocks\)"):
+        engine_config({**engine, "max_model_len": 55329})
+
+
+@pytest.mark.parametrize("heads, kv_heads, tp, message", [
+    (64, 8, 3, "the model's 64 attention heads must be divisible by tensor_parallel_size 3"),
+    (40, 8, 5, "the model's 8 KV heads must be divisible by tensor_parallel_size 5, or 5 by them"),
+    (64, 8, 32, None),  # 32 ranks: each KV head replicated on 4
+    (64, 8, 4, None),
+])
+def test_tensor_parallel_size_must_split_the_heads_as_vllm_does(tmp_path, heads, kv_heads, tp,
+                                                               message):
+    folder = model_dir(tmp_path, {**QWEN3_32B, "num_attention_heads": heads,
+                                  "num_key_value_heads": kv_heads, "head_dim": 128})
+    engine = {"model": folder, "gpu": "h200_sxm", "tensor_parallel_size": tp}
+    if message is None:
+        assert engine_config(engine).engine.deployment.tensor_parallel_size == tp
+        return
+    with pytest.raises(InputError, match="engine.tensor_parallel_size: " + message):
+        engine_config(engine)
+
+
+def test_validate_refuses_what_run_refuses_and_prompts_over_max_model_len_are_rejected(tmp_path):
+    from click.testing import CliRunner
+
+    from servesim.cli.main import main
+
+    folder = model_dir(tmp_path, {**QWEN3_32B, "max_position_embeddings": 1024})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"workload: {{synthetic: {{requests: 4}}}}\n"
+                   f"engine: {{model: {folder}, gpu: h200_sxm, tensor_parallel_size: 3}}\n")
+    for command in (["validate", str(bad)], ["run", str(bad), "-o", str(tmp_path / "out")]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 2, result.output
+        assert "engine.tensor_parallel_size: the model's 64 attention heads" in result.output
+    assert not (tmp_path / "out").exists()
+    # the default max_model_len 1024: a prompt of 1024 tokens or more is rejected at
+    # arrival (vLLM refuses a prompt that leaves no room for an output) and counted;
+    # one of 1000 runs, its output capped at 1024 - 1000 = 24 tokens.
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 0, "input_length": p, "output_length": 30,
+                                         "hash_ids": list(range(k * 100, k * 100 + -(-p // 16)))})
+                             + "\n" for k, p in enumerate((1000, 1024, 2000))))
+    from servesim.replay.api import run
+
+    report = run({"workload": {"trace": str(trace), "trace_block_size": 16},
+                  "engine": {"model": folder, "gpu": "h200_sxm", "tensor_parallel_size": 2,
+                             "timing": {"type": "linear", "base_ms": 10, "per_token_ms": 0}}})
+    assert (report.summary["finished"], report.summary["rejected"]) == (1, 2)
+    assert report.records.output_tokens.tolist()[0] == 24

@@ -462,7 +462,8 @@ def _engine(ctx: Ctx, data, path_of=None, data_parallel_size=1) -> EngineConfig:
         ctx.fail(s.sub("speculative"), f"does not combine with {s.sub('kv_offloading')} "
                  "(the CPU tier's rules are not written for speculative decoding's drafts "
                  "and lookahead slots)")
-    deployment, kv_cache = read_deployment(ctx, s, kv_cache, scheduler, data_parallel_size)
+    deployment, kv_cache, scheduler = read_deployment(ctx, s, kv_cache, scheduler,
+                                                      data_parallel_size)
     timing = _timing(ctx, s.data.get("timing"), s.sub("timing"))
     if timing.type == "aic" and deployment is None:
         ctx.fail(s.sub("timing"), f"type aic requires a deployment: {s.sub('model')} and {s.sub('gpu')}")

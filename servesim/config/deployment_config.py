@@ -21,15 +21,20 @@ def _reraise(ctx, path, exc: InputError):
 
 
 def read_deployment(ctx, s, kv_cache, scheduler, data_parallel_size=1):
-    """`(DeploymentConfig or None, kv_cache)`: the keys checked, and the KV
-    cache config with `num_gpu_blocks` derived when the deployment names a
-    model and a GPU and `num_gpu_blocks` is absent (an explicit value wins)."""
-    from servesim.deployment.kv_capacity import derive_capacity, gpu_spec
+    """`(DeploymentConfig or None, kv_cache, scheduler)`: the keys checked,
+    vLLM's start-up limits applied (deployment/startup.py: TP against the
+    heads, `max_model_len` defaulted to and bounded by the model's context
+    length, one `max_model_len` request in a derived KV cache), the KV cache
+    config with `num_gpu_blocks` derived when the deployment names a model
+    and a GPU and `num_gpu_blocks` is absent (an explicit value wins), and
+    the scheduler config with that `max_model_len`."""
+    from servesim.deployment import startup
+    from servesim.deployment.kv_capacity import derive_capacity, gpu_spec, kv_bytes_per_token
     from servesim.deployment.specs import load_model_spec
 
     given = [key for key in KEYS if key in s.data]
     if not given:
-        return None, kv_cache
+        return None, kv_cache, scheduler
     for key in ("model", "gpu"):
         if key not in s.data:
             ctx.fail(s.sub(key), f"required with {s.sub(given[0])} (a deployment names "
@@ -59,16 +64,30 @@ def read_deployment(ctx, s, kv_cache, scheduler, data_parallel_size=1):
     if dep.pipeline_parallel_size > spec.num_layers:
         ctx.fail(s.sub("pipeline_parallel_size"),
                  f"must be <= the model's {spec.num_layers} layers, got {dep.pipeline_parallel_size}")
+    try:
+        startup.verify_with_parallel_config(spec, dep.tensor_parallel_size)
+    except InputError as exc:
+        ctx.fail(s.sub("tensor_parallel_size"), str(exc))
+    try:
+        max_model_len = startup.get_and_verify_max_len(spec, scheduler.max_model_len)
+    except InputError as exc:
+        ctx.fail(s.sub("max_model_len"), str(exc))
+    scheduler = attrs.evolve(scheduler, max_model_len=max_model_len)
     if "num_gpu_blocks" in s.data:
-        return dep, kv_cache
+        return dep, kv_cache, scheduler
     try:
         capacity = derive_capacity(spec, gpu_spec(gpu), dep, kv_cache.block_size,
                                    scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
                                    data_parallel_size)
     except InputError as exc:
         _reraise(ctx, s.sub("model"), exc)
+    try:
+        startup.check_enough_kv_cache_memory(capacity.num_gpu_blocks, kv_cache.block_size,
+                                             max_model_len, kv_bytes_per_token(spec, dep))
+    except InputError as exc:
+        ctx.fail(s.sub("max_model_len"), str(exc))
     dep = attrs.evolve(dep, derived_num_gpu_blocks=True)
-    return dep, attrs.evolve(kv_cache, num_gpu_blocks=capacity.num_gpu_blocks)
+    return dep, attrs.evolve(kv_cache, num_gpu_blocks=capacity.num_gpu_blocks), scheduler
 
 
 def _gpu_names():
