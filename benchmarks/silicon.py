@@ -3,7 +3,7 @@
 For each vLLM aggregated row of aiconfigurator-core's `systems/silicon_sample.csv`
 that servesim can express (a database model and GPU, bf16 or fp8 weights,
 no attention DP), simulate the benchmark that measured it (InferenceX's
-vLLM benchmark_serving.py run, see MODEL_ALIASES and RANGE_RATIO below: a
+vLLM benchmark_serving.py run, see `model_of` and RANGE_RATIO below: a
 closed loop of CONC clients all starting at once, CONC*10 random prompts
 sharing nothing, prompt and output lengths uniform in [0.8 L, L], vLLM's
 defaults otherwise; a Dynamo node job's row as 8 / (TP x PP) replicas, see
@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from servesim.deployment.model_names import resolve_model_name
 
 
 def silicon_rows():
@@ -63,11 +64,6 @@ def expressible(row, models, systems):
         return "pipeline parallel"
     return None
 
-
-# The silicon rows name a model by its served checkpoint family; the database
-# holds it under another name (the package's InferenceX adapter maps
-# `llama70b` to this config, aiconfigurator/sdk/config_adapter/inferencex.py).
-MODEL_ALIASES = {"meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B"}
 
 # The measuring benchmark (InferenceX, ex-InferenceMAX; AISimulate replays its
 # rows with the same workload): vLLM's benchmark_serving.py, `--dataset-name
@@ -125,7 +121,11 @@ def replicas(row):
 
 
 def model_of(row):
-    return MODEL_ALIASES.get(row["model_path"], row["model_path"])
+    """The row's model as the database names it (the package's alias table,
+    servesim/deployment/model_names.py: `meta-llama/Llama-3.1-70B` is the
+    database's `meta-llama/Meta-Llama-3.1-70B`, as the package's InferenceX
+    adapter maps `llama70b`)."""
+    return resolve_model_name(row["model_path"])
 
 
 def _lengths(n):

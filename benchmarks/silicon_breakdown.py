@@ -27,6 +27,8 @@ import sys
 
 import numpy as np
 
+from servesim.deployment.model_names import resolve_model_name
+
 
 def load(path):
     with open(path) as f:
@@ -74,7 +76,7 @@ def _database_increment(cache, r, c):
     key = (r["model"], r["gpu"], r["tp"], r["precision"])
     if key not in cache:
         cache[key] = aic.DirectModel(DeploymentConfig(
-            model=silicon.MODEL_ALIASES.get(r["model"], r["model"]), gpu=r["gpu"],
+            model=resolve_model_name(r["model"]), gpu=r["gpu"],
             tensor_parallel_size=int(r["tp"]), quantization="fp8" if r["precision"] == "fp8" else None))
     d = cache[key]
     ctx = r["isl"] + 500

@@ -489,3 +489,37 @@ def test_validate_refuses_what_run_refuses_and_prompts_over_max_model_len_are_re
                              "timing": {"type": "linear", "base_ms": 10, "per_token_ms": 0}}})
     assert (report.summary["finished"], report.summary["rejected"]) == (1, 2)
     assert report.records.output_tokens.tolist()[0] == 24
+
+
+# ------------------------------------------------------------ model names
+
+
+def test_alias_table_maps_hugging_face_and_measurement_names_to_the_databases():
+    from servesim.deployment.model_names import MODEL_ALIASES, nearest_names, resolve_model_name
+
+    assert resolve_model_name("meta-llama/Llama-3.1-70B") == "meta-llama/Meta-Llama-3.1-70B"
+    assert resolve_model_name("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama/Meta-Llama-3.1-8B"
+    assert resolve_model_name("Qwen/Qwen3-32B") == "Qwen/Qwen3-32B"  # no alias: itself
+    assert "meta-llama/Meta-Llama-3.1-70B" not in MODEL_ALIASES  # a database name is no alias
+    assert nearest_names("qwen/qwen3-32b", ["Qwen/Qwen3-32B", "Qwen/Qwen3-8B"])[0] == "Qwen/Qwen3-32B"
+
+
+@needs_aic
+def test_a_measurement_name_runs_as_the_database_model_and_an_unknown_one_suggests(tmp_path):
+    cfg = engine_config({"model": "meta-llama/Llama-3.1-70B", "gpu": "h100_sxm",
+                         "tensor_parallel_size": 4, "quantization": "fp8"})
+    assert cfg.engine.deployment.model == "meta-llama/Meta-Llama-3.1-70B"
+    assert cfg.engine.scheduler.max_model_len == 131072  # its max_position_embeddings
+    with pytest.raises(InputError, match=r"engine.model: unknown model 'Qwen/Qwen3-33B'; did you "
+                                         r"mean Qwen/Qwen3-32B"):
+        engine_config({"model": "Qwen/Qwen3-33B", "gpu": "h100_sxm"})
+
+
+@needs_aic
+def test_models_lists_the_aliases():
+    from click.testing import CliRunner
+
+    from servesim.cli.main import main
+
+    out = CliRunner().invoke(main, ["models"]).output
+    assert "meta-llama/Llama-3.1-70B -> meta-llama/Meta-Llama-3.1-70B" in out

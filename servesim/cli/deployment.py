@@ -7,6 +7,7 @@ import click
 def models_command():
     """List the database's models (engine.model); a folder with a config.json works too."""
     from servesim.deployment import aic
+    from servesim.deployment.model_names import MODEL_ALIASES
     from servesim.deployment.specs import database_models
 
     names = database_models()
@@ -17,6 +18,11 @@ def models_command():
     click.echo(f"{len(names)} models of aiconfigurator-core {aic.package_version()}:")
     for name in names:
         click.echo(f"  {name}")
+    known = set(names)
+    aliases = {a: t for a, t in MODEL_ALIASES.items() if t in known}
+    click.echo(f"{len(aliases)} aliases (Hugging Face and measurement names):")
+    for alias, target in sorted(aliases.items()):
+        click.echo(f"  {alias} -> {target}")
 
 
 @click.command()

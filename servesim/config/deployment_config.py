@@ -44,6 +44,10 @@ def read_deployment(ctx, s, kv_cache, scheduler, data_parallel_size=1):
         ctx.fail(s.sub("model"), "must be a database model name or a folder holding config.json")
     if os.path.isdir(ctx.resolve(model)):
         model = ctx.resolve(model)
+    else:
+        from servesim.deployment.model_names import resolve_model_name
+
+        model = resolve_model_name(model)  # a Hugging Face or measurement name: the database's
     gpu = s.get("gpu", enum(*_gpu_names()))
     quant = s.get("quantization", enum(*QUANTIZATIONS), None, nullable=True)
     dep = DeploymentConfig(

@@ -9,6 +9,7 @@ import os
 
 import attrs
 
+from servesim.deployment.model_names import MODEL_ALIASES, nearest_names, resolve_model_name
 from servesim.errors import InputError
 
 # weight bytes per parameter of the linear layers, by `quantization`
@@ -96,16 +97,19 @@ def config_path(model: str, where: str = "engine.model") -> str:
         return path
     folder = _database_dir()
     if folder is None:
-        bundled = _config_file(_BUNDLED, model)
+        bundled = _config_file(_BUNDLED, resolve_model_name(model))
         if os.path.isfile(bundled):  # servesim/data/README.md
             return bundled
         raise InputError(
             f"{where}: {model!r} is not a folder with a config.json, and database model names "
             "need the optional package aiconfigurator-core (pip install 'servesim[aic]')")
-    path = _config_file(folder, model)
+    path = _config_file(folder, resolve_model_name(model))
     if not os.path.isfile(path):
-        raise InputError(f"{where}: unknown model {model!r}; the database has: "
-                         + ", ".join(database_models()))
+        known = database_models() + list(MODEL_ALIASES)
+        near = nearest_names(model, known)
+        hint = f"did you mean {' or '.join(near)}? " if near else ""
+        raise InputError(f"{where}: unknown model {model!r}; {hint}`servesim models` lists the "
+                         f"{len(database_models())} database models and their aliases")
     return path
 
 
