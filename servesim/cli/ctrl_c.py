@@ -13,6 +13,7 @@ as the interrupt.
 
 import contextlib
 import signal
+import sys
 import threading
 
 
@@ -30,6 +31,17 @@ class _CtrlC:
         self.pressed = True
         raise KeyboardInterrupt
 
+    def _unraisable(self, previous):
+        """The hook for exceptions C code swallows: a KeyboardInterrupt from
+        our own Ctrl-C is already remembered (and raised again by `check()`),
+        so its "Exception ignored ... Traceback" report is not printed; every
+        other report goes to the hook that was there before."""
+        def hook(unraisable):
+            if self.pressed and unraisable.exc_type is KeyboardInterrupt:
+                return
+            previous(unraisable)
+        return hook
+
 
 @contextlib.contextmanager
 def remembered():
@@ -44,6 +56,8 @@ def remembered():
         yield ctrl_c
         return
     signal.signal(signal.SIGINT, ctrl_c._handler)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = ctrl_c._unraisable(previous_hook)
     try:
         yield ctrl_c
     except Exception:
@@ -53,4 +67,5 @@ def remembered():
             raise KeyboardInterrupt from None
         raise
     finally:
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGINT, previous)
