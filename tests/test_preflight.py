@@ -117,12 +117,12 @@ def test_a_telemetry_interval_giving_millions_of_samples_is_warned_by_validate(c
 
 def test_num_cpu_blocks_counts_the_blocks_the_tier_can_hold():
     pools = [PoolSize("engine", 2, 100, 10**15, 16)]
-    parts = estimate_memory(pools, requests=10, request_blocks=1000, output_tokens=100)
-    # the tier never holds more blocks than there are identities: 1000 slots of
-    # 48 bytes, 1000 identities of 4, 100 G1 blocks of 8, on each of 2 ranks
-    assert parts["engine.kv_offloading.num_cpu_blocks"][0] == 2 * (1000 * 48 + 1000 * 4 + 100 * 8)
+    parts = estimate_memory(pools, requests=10, request_blocks=10000, output_tokens=100)
+    # the tier never holds more blocks than there are identities: 10000 slots of
+    # 48 bytes, 10000 identities of 4, 100 G1 blocks of 8, on each of 2 ranks
+    assert parts["engine.kv_offloading.num_cpu_blocks"][0] == 2 * (10000 * 48 + 10000 * 4 + 100 * 8)
     with pytest.raises(InputError, match=r"^engine.kv_offloading.num_cpu_blocks: the run would need"):
-        check_memory(parts, limit=110_000)
+        check_memory(parts, limit=1_100_000)
     check_memory(parts, limit=10 * GiB)
 
 
@@ -160,3 +160,102 @@ def test_validate_refuses_a_dp_rank_beyond_data_parallel_size_as_run_does(tmp_pa
     message = refused_by_both("--set", f"workload.trace={trace}", "--set", "cluster.data_parallel_size=2", config)
     assert message == (f"error: {trace}: request '4': dp_rank 2 is out of range "
                        f"(cluster.data_parallel_size is 2)\n")
+
+
+# ----------------------------------------------- sizes known before generating or compiling
+
+
+def test_synthetic_sessions_are_sized_before_generating(tmp_path):
+    """1,000 sessions of 1,000 turns hold ~10^9 prompt tokens (prompts grow
+    turn by turn): refused in both commands at once, naming the sessions,
+    before a single turn is generated (it was a bare MemoryError, and 10^6
+    turns an OOM kill)."""
+    config = tmp_path / "s.yaml"
+    config.write_text("workload:\n  synthetic:\n    sessions: {count: 1000, turns: 1000, "
+                      "new_input_tokens: 100, output_tokens: 50}\n")
+    message = refused_by_both(config)
+    assert message.startswith("error: workload.synthetic.sessions (1000 sessions x 1000 turns): "
+                              "the run would need ~")
+    message = refused_by_both("--set", "workload.synthetic.sessions.turns=1000000", config)
+    assert message.startswith("error: workload.synthetic.sessions (1000 sessions x 1000000 turns)")
+
+
+def test_the_session_estimate_is_what_generation_gives():
+    """`session_sizes` in closed form against the generated workload: the
+    requests and output tokens exactly, the blocks at least those of the
+    prompts and outputs, within one block a turn."""
+    from servesim.config.config_types import LengthDistribution, SessionsConfig, SyntheticConfig
+    from servesim.config.preflight import session_sizes
+    from servesim.workload.synthetic import synthetic_sessions
+
+    sc = SessionsConfig(count=3, turns=7, new_input_tokens=LengthDistribution(value=100),
+                        output_tokens=LengthDistribution(value=30))
+    w = synthetic_sessions(SyntheticConfig(sessions=sc), 16)
+    requests, blocks, tokens, ids = session_sizes(sc, 16)
+    assert (requests, tokens) == (len(w), int(w.output_length.sum()))
+    exact = int((-(-(w.input_length + w.output_length) // 16)).sum())
+    assert exact - requests <= blocks <= exact
+    assert len(w.hash_flat) - requests <= ids <= len(w.hash_flat)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("cluster.workers", 513, "cluster.workers: 513 is more than the 512 workers per pool"),
+    ("cluster.workers", 100000, "cluster.workers: 100000 is more than the 512 workers per pool"),
+    ("cluster.data_parallel_size", 600, "cluster.data_parallel_size: 600 is more than the 512 DP ranks"),
+])
+def test_more_workers_or_ranks_than_the_compiled_loops_take_are_refused(tmp_path, key, value, message):
+    """These crashed inside Numba (a tuple of 1,000 entries or more) after
+    announcing a compile; now both commands refuse them before anything."""
+    config = tmp_path / "c.yaml"
+    config.write_text("workload: {synthetic: {requests: 4}}\n")
+    assert refused_by_both("--set", f"{key}={value}", config).startswith(f"error: {message}")
+
+
+def test_a_disaggregated_pool_beyond_the_compiled_limit_is_refused(tmp_path):
+    config = tmp_path / "d.yaml"
+    config.write_text(invoke("example", "disaggregated").stdout)
+    message = refused_by_both("--set", "cluster.decode_workers=1000", config)
+    assert message.startswith("error: cluster.decode_workers: 1000 is more than the 512 workers")
+
+
+def test_every_rank_has_a_fixed_cost():
+    from servesim.config.preflight import RANK_BYTES
+
+    parts = estimate_memory([PoolSize("engine", 100000, 1, 0, 16)], 1, 1, 1)
+    assert parts["cluster.workers"] == (100000 * RANK_BYTES, "100000 rank(s)")
+    with pytest.raises(InputError, match=r"^cluster.workers: .*for 100000 rank\(s\)"):
+        check_memory(parts, limit=GiB)
+
+
+def test_the_memory_limit_is_the_cgroup_s_when_lower(tmp_path, monkeypatch):
+    from servesim.config import preflight
+
+    machine = preflight.memory_limit()
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(preflight, "CGROUP_MEMORY_MAX", str(limit))
+    limit.write_text("max\n")
+    assert preflight.memory_limit() == machine
+    limit.write_text(f"{GiB}\n")
+    assert preflight.memory_limit() == (GiB, f"this process's cgroup allows ({limit})")
+    with pytest.raises(InputError, match=r"more than this process's cgroup allows .*\(1.07 GB\)$"):
+        check_memory({"engine.num_gpu_blocks": (2 * GiB, "2 rank(s) x 10 blocks")})
+
+
+def test_the_memory_limit_honours_the_process_address_space_rlimit(tmp_path):
+    """`ulimit -v 3 GB`: a run estimated at ~5 GB is refused against it."""
+    import resource
+    import subprocess
+    import sys
+
+    config = tmp_path / "c.yaml"
+    config.write_text("workload: {synthetic: {requests: 4}}\n")
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * GiB, 3 * GiB))
+
+    result = subprocess.run([sys.executable, "-m", "servesim", "validate", str(config),
+                             "--set", "engine.num_gpu_blocks=100000000"],
+                            preexec_fn=limited, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: engine.num_gpu_blocks: the run would need ~4.8 GB")
+    assert result.stderr.rstrip().endswith("more than this process may take (ulimit -v) (3.22 GB)")

@@ -37,8 +37,15 @@ CPU_GPU_BLOCK_BYTES = 8  # `storing`: the latest store reading each G1 block (in
 TOKEN_BYTES = 16  # engine/release.py: a client time per output token, then its compact copy
 REQUEST_BLOCK_BYTES = 16  # block identities (int64) and block tables (int32) per request block
 REQUEST_BYTES = 1024  # per-request state, records and output rows
+# generating synthetic sessions (workload/sessions.py `accumulate_deltas`):
+# each turn's hash ids as Python ints in a list, then flattened to int64
+SESSION_ID_BYTES = 56
+# a rank's fixed cost: its block pool, scheduler and worker objects and
+# arrays besides the blocks (measured: ~75 KB more a worker, 8 workers against 2)
+RANK_BYTES = 128 * 1024
 SAMPLE_BYTES = 1024  # replay/telemetry.py: one dict per worker-rank per sample
 TELEMETRY_WARN_SAMPLES = 1_000_000
+MAX_COMPILED = 512  # workers per pool, DP ranks per worker (`check_compiled_limits`)
 SYNTHETIC_PLACES = {"output_length": "workload.synthetic.requests x output_tokens",
                     "input_length": "workload.synthetic.requests x input_tokens"}
 
@@ -71,12 +78,39 @@ def pool_sizes(cfg) -> list:
     return out
 
 
-def memory_limit_bytes() -> int:
-    """This machine's physical memory."""
+CGROUP_MEMORY_MAX = "/sys/fs/cgroup/memory.max"  # cgroup v2: this process's group limit
+
+
+def _cgroup_limit():
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        with open(CGROUP_MEMORY_MAX, encoding="ascii") as f:
+            text = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def memory_limit() -> tuple:
+    """`(bytes, what)`: the memory this process may use, the least of the
+    machine's physical memory, its address-space rlimit (`ulimit -v`) and its
+    cgroup's `memory.max` (a container's limit)."""
+    limits = []
+    try:
+        limits.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine has"))
     except (ValueError, OSError, AttributeError):
-        return 1 << 62
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            limits.append((soft, "this process may take (ulimit -v)"))
+    except (ImportError, OSError, ValueError):
+        pass
+    cgroup = _cgroup_limit()
+    if cgroup is not None:
+        limits.append((cgroup, f"this process's cgroup allows ({CGROUP_MEMORY_MAX})"))
+    return min(limits, default=(1 << 62, "this machine has"))
 
 
 def _gb(n: float) -> str:
@@ -91,6 +125,8 @@ def estimate_memory(pools, requests: int, request_blocks: int, output_tokens: in
     parts = {}
     identities = request_blocks  # at most one identity per request block
     for p in pools:
+        workers = "cluster.workers" if p.key == "engine" else f"{p.key}_workers"
+        parts[workers] = (p.ranks * RANK_BYTES, f"{p.ranks} rank(s)")
         parts[f"{p.key}.num_gpu_blocks"] = (
             p.ranks * (p.num_gpu_blocks * GPU_BLOCK_BYTES + identities * IDENTITY_BYTES),
             f"{p.ranks} rank(s) x {p.num_gpu_blocks} blocks")
@@ -115,7 +151,7 @@ def check_memory(parts: dict, limit: int | None = None, where: dict | None = Non
     exceeds `limit` bytes (default: this machine's memory), naming the key
     that takes the most; `where` maps keys to a better place for the
     message (e.g. the trace file and request)."""
-    limit = memory_limit_bytes() if limit is None else limit
+    limit, against = memory_limit() if limit is None else (limit, "this machine has")
     total = sum(b for b, _ in parts.values())
     if total <= limit:
         return
@@ -123,7 +159,7 @@ def check_memory(parts: dict, limit: int | None = None, where: dict | None = Non
     place = (where or {}).get(key, key)
     hint = " (use a larger interval)" if key == "output.telemetry_interval_ms" else ""
     raise InputError(f"{place}: the run would need ~{_gb(total)} of memory (~{_gb(size)} for {what}), "
-                     f"more than this machine has ({_gb(limit)}){hint}")
+                     f"more than {against} ({_gb(limit)}){hint}")
 
 
 def check_trace_ids(source: str, input_length, num_ids: int, limit: int | None = None) -> None:
@@ -138,22 +174,72 @@ def _blocks(tokens, block_size: int):
     return -(-tokens // block_size)
 
 
+def _least(dist) -> int:
+    """The least length a draw of `dist` can give."""
+    return dist.value if dist.distribution == "constant" else max(dist.min, 1)
+
+
+def session_sizes(sc, block_size: int) -> tuple:
+    """`(requests, request_blocks, output_tokens, hash_ids)` of synthetic
+    sessions at their least lengths, in closed form (nothing generated): turn
+    k's prompt is (k + 1) new inputs and k outputs (workload/synthetic.py), so
+    a session of T turns holds about (new + out) T (T + 1) / 2 tokens of
+    prompts and outputs, and its prompts' tokens in trace blocks of hash
+    ids. Each is a lower bound, short by less than a block a turn."""
+    from servesim.workload.synthetic import synthetic_trace_block_size
+
+    count, turns = max(int(sc.count), 0), max(int(sc.turns), 0)
+    new, out = _least(sc.new_input_tokens), _least(sc.output_tokens)
+    prompts = new * turns * (turns + 1) // 2 + out * turns * (turns - 1) // 2  # one session's
+    tbs = synthetic_trace_block_size(block_size, 0)
+    return (count * turns, count * _blocks(prompts + turns * out, block_size), count * turns * out,
+            count * _blocks(prompts, tbs))
+
+
+def check_compiled_limits(cluster) -> None:
+    """Refuse more workers in a pool, or DP ranks in a worker, than the
+    compiled loops take (MAX_COMPILED): they get them as a tuple padded to a
+    power of two (engine/fast_run.py `padded`), and Numba compiles no tuple
+    of 1,000 entries or more."""
+    if cluster.disaggregated:
+        counts = [("cluster.prefill_workers", cluster.prefill_workers),
+                  ("cluster.decode_workers", cluster.decode_workers)]
+    else:
+        counts = [("cluster.workers", cluster.workers)]
+    for key, n in counts + cluster.data_parallel_widths():
+        if n > MAX_COMPILED:
+            what = "DP ranks per worker" if key.endswith("data_parallel_size") else "workers per pool"
+            raise InputError(f"{key}: {n} is more than the {MAX_COMPILED} {what} servesim simulates "
+                             "(its compiled loops take at most that many)")
+
+
 def check_config(cfg, limit: int | None = None) -> None:
-    """The checks that need no workload: the pools' sizes, `max_model_len`,
-    and a synthetic workload's size before it is generated."""
+    """The checks that need no workload: the compiled loops' limits, the
+    pools' sizes, `max_model_len`, and a synthetic workload's size before
+    it is generated."""
+    check_compiled_limits(cfg.cluster)
     pools = pool_sizes(cfg)
     requests = blocks = tokens = 0
     syn = cfg.workload.synthetic
+    block_size = pools[0].block_size
+    sessions = None
     if syn is not None and cfg.workload.trace is None:
-        requests = syn.requests
-        block_size = pools[0].block_size
-        lengths = []
-        for dist in (syn.input_tokens, syn.output_tokens):  # the least any draw can give
-            lengths.append(dist.value if dist.distribution == "constant" else max(dist.min, 1))
-        blocks = requests * _blocks(lengths[0] + lengths[1], block_size)
-        tokens = requests * lengths[1]
+        if syn.sessions is not None:
+            sessions = session_sizes(syn.sessions, block_size)
+            requests, blocks, tokens = sessions[:3]
+        else:
+            requests = syn.requests
+            new, out = _least(syn.input_tokens), _least(syn.output_tokens)
+            blocks = requests * _blocks(new + out, block_size)
+            tokens = requests * out
     parts = estimate_memory(pools, requests, blocks, tokens)
     where = SYNTHETIC_PLACES if syn is not None else {}
+    if sessions is not None:
+        sc = syn.sessions
+        what = f"{sc.count} sessions x {sc.turns} turns"
+        parts["workload.synthetic.sessions"] = (sessions[3] * SESSION_ID_BYTES,
+                                                f"generating {what}: {sessions[3]} prompt hash ids")
+        where = {key: f"workload.synthetic.sessions ({what})" for key in (*parts, "input_length")}
     max_model_len = cfg.engine.scheduler.max_model_len
     if max_model_len is not None:  # one request of max_model_len tokens
         parts["engine.max_model_len"] = (max_model_len * TOKEN_BYTES, f"one request of {max_model_len} tokens")
