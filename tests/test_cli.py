@@ -137,7 +137,7 @@ def test_run_writes_the_three_files(tiny_config, tmp_path):
     result = invoke("run", tiny_config, "-o", out, "--pass-log", "--telemetry-interval-ms", "10")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == [
-        "itl_quantiles.json", "passes.jsonl", "requests.jsonl", "summary.json",
+        ".servesim-manifest", "itl_quantiles.json", "passes.jsonl", "requests.jsonl", "summary.json",
         "telemetry.jsonl",
     ]
     summary = json.loads((out / "summary.json").read_text())
@@ -154,7 +154,7 @@ def test_run_format_json_prints_the_summary(tiny_config, tmp_path):
     assert printed["requests"] == 3
     assert printed == json.loads((out / "summary.json").read_text())
     assert sorted(p.name for p in out.iterdir()) == [
-        "itl_quantiles.json", "requests.jsonl", "summary.json"]
+        ".servesim-manifest", "itl_quantiles.json", "requests.jsonl", "summary.json"]
 
 
 def test_run_limit_and_quiet(tiny_config, tmp_path):
@@ -185,7 +185,7 @@ def test_api_run_from_dict_config_object_and_path(tiny_config, tmp_path):
     assert from_dict.summary["finished"] == 3
     out = from_dict.write(tmp_path / "out")
     assert sorted(p.name for p in out.iterdir()) == [
-        "itl_quantiles.json", "requests.jsonl", "summary.json"]
+        ".servesim-manifest", "itl_quantiles.json", "requests.jsonl", "summary.json"]
 
 
 def test_api_run_progress_reports_total(tiny_config):

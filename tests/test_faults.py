@@ -152,7 +152,7 @@ def test_a_stale_lock_of_a_dead_run_is_taken_over(tmp_path, tiny_config):
     (out / LOCK).write_text(f"{dead.pid}\n")
     result = invoke("run", tiny_config, "-o", out, "--quiet")
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["itl_quantiles.json", "requests.jsonl", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".servesim-manifest", "itl_quantiles.json", "requests.jsonl", "summary.json"]
 
 
 def start_slow_run(tmp_path, requests):
@@ -187,7 +187,7 @@ def test_two_concurrent_runs_into_one_folder(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"] == 40000
     assert len((out / "requests.jsonl").read_text().splitlines()) == 40000
-    assert sorted(p.name for p in out.iterdir()) == ["itl_quantiles.json", "requests.jsonl", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".servesim-manifest", "itl_quantiles.json", "requests.jsonl", "summary.json"]
 
 
 def test_a_second_run_replaces_every_output_of_the_first(tmp_path, tiny_config):
@@ -200,7 +200,7 @@ def test_a_second_run_replaces_every_output_of_the_first(tmp_path, tiny_config):
     second = invoke("run", tiny_config, "-o", out, "--set", "workload.synthetic.requests=3", "-q")
     assert second.exit_code == 0, second.output
     assert sorted(p.name for p in out.iterdir()) == [
-        "itl_quantiles.json", "notes.txt", "requests.jsonl", "summary.json"]
+        ".servesim-manifest", "itl_quantiles.json", "notes.txt", "requests.jsonl", "summary.json"]
     assert json.loads((out / "summary.json").read_text())["requests"] == 3
     assert (out / "notes.txt").read_text() == "mine\n"  # not a servesim output: left alone
 

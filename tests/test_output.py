@@ -111,7 +111,7 @@ def test_output_dir_created_and_no_temporary_files_left(tmp_path):
     out = tmp_path / "a" / "b"
     write(out, make_result(PASS_LOG, TELEMETRY))
     assert sorted(p.name for p in out.iterdir()) == [
-        "itl_quantiles.json", "passes.jsonl", "requests.jsonl", "summary.json",
+        ".servesim-manifest", "itl_quantiles.json", "passes.jsonl", "requests.jsonl", "summary.json",
         "telemetry.jsonl",
     ]
 
@@ -139,11 +139,12 @@ def test_stale_files_of_a_previous_run_are_removed(tmp_path):
     write(tmp_path, make_result(PASS_LOG, TELEMETRY))
     (tmp_path / "notes.txt").write_text("mine")
     write(tmp_path, make_result(), per_request=False, pass_log=False, telemetry=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "summary.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".servesim-manifest", "notes.txt", "summary.json"]
 
 
 def test_pass_log_not_written_when_result_has_none(tmp_path):
-    (tmp_path / "passes.jsonl").write_text("old\n")
+    write(tmp_path, make_result(PASS_LOG))  # a previous run's passes.jsonl
+    assert (tmp_path / "passes.jsonl").exists()
     write(tmp_path, make_result(pass_log=None), pass_log=True)
     assert not (tmp_path / "passes.jsonl").exists()
 

@@ -271,14 +271,13 @@ def _fig(value) -> str:
 
 
 def write_capacity(doc: dict, out_dir) -> Path:
-    """Write `out_dir/capacity.json` (a temporary name, then a rename)."""
+    """Write `out_dir/capacity.json` (outdir.write_file: a temporary name,
+    then a rename; never over a file servesim did not write)."""
+    from servesim.results.outdir import write_file
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / CAPACITY_JSON
-    tmp = out / ("." + CAPACITY_JSON + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_file(out / CAPACITY_JSON, json.dumps(doc, indent=2, allow_nan=False) + "\n")
 
 
 def probe_table(doc: dict) -> str:

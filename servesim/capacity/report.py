@@ -188,8 +188,7 @@ def write_report(directory) -> Path:
         page = search_page
     else:
         return base.write_report(d)
-    text = page(d, base._Plots())
-    tmp = d / ("." + base.REPORT + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, d / base.REPORT)
-    return d / base.REPORT
+    from servesim.results.outdir import check_replaceable, write_file
+
+    check_replaceable(d, [base.REPORT])
+    return write_file(d / base.REPORT, page(d, base._Plots()))

@@ -24,10 +24,12 @@ interrupted search resumes. The results: `DIR/search.csv` and
 `DIR/search.json`, in grid order.
 """
 
+import contextlib
 import csv
 import io
 import json
 import os
+import shutil
 import traceback
 from pathlib import Path
 
@@ -37,6 +39,9 @@ from servesim.errors import InputError
 
 SEARCH_CSV = "search.csv"
 SEARCH_JSON = "search.json"
+POINTS_DIR = "points"
+SEARCH_OUTPUTS = (SEARCH_CSV, SEARCH_JSON, POINTS_DIR)  # what a search writes in its folder
+NOT_RUN = "not run"
 SLO_JSON = "slo.json"
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 
@@ -49,7 +54,7 @@ class SearchPoint:
     gpus: int
     config: dict  # the resolved config the point runs (before the load)
     status: str = FAILED
-    error: str | None = "not run"
+    error: str | None = NOT_RUN
     row: dict | None = None  # the probe row (rate) or capacity document (capacity)
     resumed: bool = False
     rank: int | None = None
@@ -106,9 +111,9 @@ def capacity_point(config_path, overrides, out_dir, slo, settings, fingerprint) 
 
 
 def _write_json(path: Path, doc) -> None:
-    tmp = path.with_name("." + path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    from servesim.results.outdir import write_file
+
+    write_file(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
 
 
 def _resumed(path: Path, fingerprint: dict):
@@ -158,6 +163,9 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
     check_grid_keys(load, grid.keys, grid.source)
     validate_points(config_path, grid)  # messages naming the grid's line
     out = Path(out_dir)
+    from servesim.results.outdir import check_replaceable, record_written
+
+    check_replaceable(out, SEARCH_OUTPUTS)  # before any point: nothing of the user's in the way
     slo = slos.to_dict()
     settings = {"limit": limit, "precision": precision or DEFAULT_PRECISION,
                 "min_rate": min_rate, "max_rate": max_rate}
@@ -170,7 +178,7 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
             raise InputError(f"{grid.source}: point {i}: changes the workload's load from {load.key} "
                              f"to {load_of(cfg).key}; every point must share one load")
         resolved = json.loads(json.dumps(config_to_dict(cfg)))
-        p = SearchPoint(i, values, f"points/{name}", gpus_of(resolved), resolved)
+        p = SearchPoint(i, values, f"{POINTS_DIR}/{name}", gpus_of(resolved), resolved)
         points.append(p)
         point_dir = str((out / p.dir).absolute())
         if capacity_mode:
@@ -197,6 +205,7 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
             progress(sum(p.status == OK for p in points), len(points))
         if todo:
             out.mkdir(parents=True, exist_ok=True)
+            record_written(out, [POINTS_DIR])
             fn = tasks[todo[0][0]][0]
             for i, outcome in executors.EXECUTORS[executor](fn, todo, jobs=jobs, address=ray_address):
                 p = points[i]
@@ -204,6 +213,26 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
                 if progress is not None:
                     progress(sum(q.status == OK for q in points), len(points))
 
+    def finish():
+        ranked = sorted((p for p in points if _meets(p)), key=_capacity_key if capacity_mode else _rate_key)
+        for r, p in enumerate(ranked, 1):
+            p.rank = r
+        doc = _document(config_path, grid, slos, load, rate, capacity_mode, settings, points, ranked)
+        write_search_files(doc, out)
+        return doc
+
+    try:
+        _run_levels(run_level, points, capacity_mode, skip)
+    except KeyboardInterrupt:  # the executor has cancelled the points in flight
+        _remove_interrupted(out, points)
+        finish()  # search.csv lists the points that finished; the same search resumes
+        raise
+    return finish()
+
+
+def _run_levels(run_level, points, capacity_mode, skip) -> None:
+    """Run every point at once (capacity) or level by level of GPU count,
+    skipping the levels above one that meets the SLOs (rate, with `skip`)."""
     if capacity_mode:
         run_level(points)
     else:
@@ -218,12 +247,23 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
                                    f"{gpus}, which meets the SLOs")
                 break
 
-    ranked = sorted((p for p in points if _meets(p)), key=_capacity_key if capacity_mode else _rate_key)
-    for r, p in enumerate(ranked, 1):
-        p.rank = r
-    doc = _document(config_path, grid, slos, load, rate, capacity_mode, settings, points, ranked)
-    write_search_files(doc, out)
-    return doc
+
+def _remove_interrupted(out: Path, points) -> None:
+    """Remove what the points an interrupt stopped mid-run left: a folder
+    holding nothing but servesim's lock, staging folder or error.txt (a
+    finished or resumable result stays)."""
+    from servesim.results.outdir import LOCK
+    from servesim.results.output import STAGING_PREFIX
+
+    for p in points:
+        folder = out / p.dir
+        if p.error != NOT_RUN or not folder.is_dir():
+            continue
+        left = [e.name for e in folder.iterdir()]
+        if all(n in (LOCK, "error.txt") or n.startswith(STAGING_PREFIX) for n in left):
+            shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (out / POINTS_DIR).rmdir()  # if no point finished
 
 
 def _meets(p: SearchPoint) -> bool:
@@ -328,7 +368,7 @@ def write_search_files(doc: dict, out_dir) -> None:
         metrics = p.get("metrics") or {}
         row.update({n: "" if metrics.get(n) is None else cell_text(metrics[n]) for n in names})
         writer.writerow(row)
-    tmp = out / ("." + SEARCH_CSV + ".tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8", newline="")
-    os.replace(tmp, out / SEARCH_CSV)
+    from servesim.results.outdir import write_file
+
+    write_file(out / SEARCH_CSV, buf.getvalue())
     _write_json(out / SEARCH_JSON, doc)

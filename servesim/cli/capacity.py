@@ -14,6 +14,13 @@ SLO_HELP = ("An SLO, METRIC=VALUE: ttft|tpot|itl|e2e _p50|_p90|_p95|_p99 _ms (e.
 PRECISION_HELP = "Relative precision of the answer (bisect until the bracket is this narrow)."
 
 
+def _html(html_report) -> tuple:
+    """What --report replaces."""
+    from servesim.results.output import HTML_REPORT
+
+    return (HTML_REPORT,) if html_report else ()
+
+
 def _write_html(out_dir):
     from servesim.capacity.report import write_report
 
@@ -45,7 +52,7 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
     --precision, and confirms with a probe just above the answer; every probe
     is a full replay. Exits 1 when no load down to --min-rate meets the SLOs.
     """
-    from servesim.capacity.capacity import UNMET, capacity, probe_table, write_capacity
+    from servesim.capacity.capacity import CAPACITY_JSON, UNMET, capacity, probe_table, write_capacity
     from servesim.config.slo import load_slos
 
     if html_report:
@@ -69,7 +76,8 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
     from servesim.results.outdir import claim
 
     integer = load_of(resolve_config(config, overrides)).integer
-    with claim(output_dir, remove_if_empty=True):  # an unwritable folder fails before the probes
+    # an unwritable folder, or the user's own capacity.json, fails before the probes
+    with claim(output_dir, remove_if_empty=True, replaces=(CAPACITY_JSON, *_html(html_report))):
         doc = capacity(config, slos, overrides=tuple(overrides), limit=limit, precision=precision,
                        start=as_int(start) if integer else start,
                        min_rate=as_int(min_rate) if integer else min_rate,
@@ -140,12 +148,18 @@ def search_command(config, slo_options, grid, rate, capacity_mode, output_dir, l
         rate = int(rate)
     from servesim.results.outdir import claim
 
-    with claim(output_dir, remove_if_empty=True):  # an unwritable folder fails before any point
-        doc = search(config, grid, slos, output_dir, rate=rate, capacity_mode=capacity_mode, limit=limit,
-                     precision=precision, min_rate=min_rate, max_rate=max_rate, jobs=jobs,
-                     executor=executor, ray_address=ray_address, skip=not no_skip)
-        if html_report:
-            _write_html(output_dir)
+    # an unwritable folder, or the user's own file in the way, fails before any point
+    try:
+        with claim(output_dir, remove_if_empty=True, replaces=_html(html_report)):
+            doc = search(config, grid, slos, output_dir, rate=rate, capacity_mode=capacity_mode, limit=limit,
+                         precision=precision, min_rate=min_rate, max_rate=max_rate, jobs=jobs,
+                         executor=executor, ray_address=ray_address, skip=not no_skip)
+            if html_report:
+                _write_html(output_dir)
+    except KeyboardInterrupt:
+        click.echo(f"interrupted: {SEARCH_CSV} holds the points that finished; "
+                   "run the same search again to resume", err=True)
+        click.get_current_context().exit(130)  # said once: not again by the group
     points = doc["points"]
     counts = {s: sum(p["status"] == s for p in points) for s in ("ok", "failed", "skipped")}
     resumed = sum(p["resumed"] for p in points)

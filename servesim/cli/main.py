@@ -223,8 +223,10 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
 
         require_matplotlib()  # before the run, not after it
     from servesim.results.outdir import claim
+    from servesim.results.output import RUN_OUTPUTS
 
-    with claim(output_dir, remove_if_empty=True):  # a folder that cannot be written fails here, before the run
+    # a folder that cannot be written, or holds the user's own report.html, fails here, before the run
+    with claim(output_dir, remove_if_empty=True, replaces=RUN_OUTPUTS):
         progress = None
         if fmt == "table" and not quiet and sys.stdout.isatty():
             progress = _Progress()
@@ -316,7 +318,7 @@ def sweep(config, grid, output_dir, jobs, executor, ray_address):
     config and trace) are not run again. Exits 1 if any point failed, 130 on
     Ctrl-C (sweep.csv then lists the points that finished).
     """
-    from servesim.sweep.sweep import SWEEP_CSV, sweep as run_sweep
+    from servesim.sweep.sweep import SWEEP_CSV, SWEEP_OUTPUTS, sweep as run_sweep
 
     bar = None
     progress = None
@@ -332,8 +334,9 @@ def sweep(config, grid, output_dir, jobs, executor, ray_address):
     from servesim.results.outdir import claim
 
     try:
-        # a folder that cannot be written, or another sweep in it, fails before any point
-        with claim(output_dir, remove_if_empty=True):
+        # a folder that cannot be written, another sweep in it, or the user's
+        # own sweep.csv or points/, fails before any point
+        with claim(output_dir, remove_if_empty=True, replaces=SWEEP_OUTPUTS):
             result = run_sweep(config, grid, output_dir, jobs=jobs, executor=executor,
                                ray_address=ray_address, progress=progress)
     except KeyboardInterrupt:

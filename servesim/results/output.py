@@ -11,7 +11,9 @@ too), the new files are renamed into place and `summary.json`, the mark of a
 complete set, comes last. Renames need no space, so a write that fails (a full
 disk: ENOSPC) fails in the staging folder and leaves the previous outputs as
 they were; an OSError is reported as an InputError naming the file. Files in
-the folder that are not servesim outputs are left alone. Output is
+the folder that servesim did not write are left alone, and one in the way of an
+output (the user's own `report.html`) is refused before anything is written
+(outdir.py, its manifest). Output is
 byte-identical for identical results: floats are written with Python's `repr`
 (shortest round-trip form), keys in a fixed order.
 """
@@ -39,6 +41,8 @@ ITL_QUANTILES = "itl_quantiles.json"
 REPORT_FILES = (SUMMARY, REQUESTS, PASSES, TELEMETRY, ITL_QUANTILES)
 HTML_REPORT = "report.html"  # written by report.py from the files above
 STAGING_PREFIX = ".servesim-staging-"
+# what a run's write replaces or removes: servesim's own only (outdir.py's manifest)
+RUN_OUTPUTS = (*REPORT_FILES, HTML_REPORT)
 
 REQUEST_FIELDS = (
     "id", "arrival_ms", "first_scheduled_ms", "first_token_ms", "finish_ms",
@@ -234,7 +238,7 @@ def write_outputs(
     inter-token latency distribution (requests.jsonl has no per-token times).
     Returns the output directory.
     """
-    from servesim.results.outdir import claim, output_error
+    from servesim.results.outdir import claim, output_error, record_written
 
     contents = {}
     if per_request:
@@ -249,7 +253,7 @@ def write_outputs(
         contents[TELEMETRY] = lambda: [dict_lines(result.telemetry)]
     contents[SUMMARY] = lambda: [[json.dumps(summary, indent=2, allow_nan=False)]]
 
-    with claim(out_dir) as out:
+    with claim(out_dir, replaces=RUN_OUTPUTS) as out:
         for stale in out.glob(STAGING_PREFIX + "*"):  # of a run that was killed (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
         staging = out / f"{STAGING_PREFIX}{os.getpid()}"
@@ -265,6 +269,7 @@ def write_outputs(
                                    "(the previous outputs are kept)") from None
             raise
         try:
+            record_written(out, contents)
             _replace_outputs(out, staging, contents)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -29,6 +29,7 @@ import numpy as np
 
 from servesim.errors import InputError
 from servesim.results.html import COLORS, _esc, _fmt, _img, _ms, _page, _pct, _table
+from servesim.results.outdir import check_replaceable, write_file
 
 REPORT = "report.html"
 MATPLOTLIB_HINT = "pip install 'servesim[report]'"
@@ -644,7 +645,8 @@ def sweep_report(directory: Path, plots: _Plots) -> str:
 
 def write_report(directory) -> Path:
     """Write `directory/report.html` for a run's or a sweep's output folder
-    (atomically: a temporary name, then a rename); return its path."""
+    (outdir.write_file: atomically, and never over a report.html servesim
+    did not write); return its path."""
     d = Path(directory)
     if (d / "sweep.csv").is_file():
         kind = sweep_report
@@ -652,9 +654,5 @@ def write_report(directory) -> Path:
         kind = run_report
     else:
         raise InputError(f"{d}: not a run's output folder (no summary.json) nor a sweep's (no sweep.csv)")
-    text = kind(d, _Plots())
-    out = d / REPORT
-    tmp = d / ("." + REPORT + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    check_replaceable(d, [REPORT])  # before the plots: the user's own report.html is kept
+    return write_file(d / REPORT, kind(d, _Plots()))

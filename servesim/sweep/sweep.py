@@ -52,6 +52,7 @@ from servesim.errors import InputError
 POINTS_DIR = "points"
 SWEEP_CSV = "sweep.csv"
 SWEEP_JSON = "sweep.json"
+SWEEP_OUTPUTS = (SWEEP_CSV, SWEEP_JSON, POINTS_DIR)  # what a sweep writes in its folder
 ERROR_FILE = "error.txt"
 SLUG_MAX = 48
 
@@ -406,6 +407,9 @@ def sweep(config, grid, out_dir="sweep-out", *, jobs=None, executor="local", ray
         grid = load_grid(grid)
     configs = validate_points(config_path, grid)
     out = Path(out_dir)
+    from servesim.results.outdir import check_replaceable, record_written
+
+    check_replaceable(out, SWEEP_OUTPUTS)  # before any point: nothing of the user's in the way
     names = point_dir_names(grid)
     from servesim.sweep.fingerprint import HASH_CACHE, FileHashes, fingerprint
 
@@ -430,6 +434,7 @@ def sweep(config, grid, out_dir="sweep-out", *, jobs=None, executor="local", ray
     result = SweepResult(out_dir=out, grid=grid, points=results)
     if todo:
         out.mkdir(parents=True, exist_ok=True)
+        record_written(out, [POINTS_DIR])
         run = executors.EXECUTORS[executor]
         try:
             for i, outcome in run(run_point, todo, jobs=jobs, address=ray_address):
@@ -472,22 +477,19 @@ def csv_rows(result: SweepResult) -> list:
     return rows
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name("." + path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8", newline="")
-    os.replace(tmp, path)
-
-
 def write_sweep_files(result: SweepResult, config_path: str) -> None:
     """sweep.csv (one row per point) and sweep.json (the grid and each
-    point's status), each written to a temporary name and renamed."""
+    point's status), each written to a temporary name and renamed
+    (outdir.write_file)."""
+    from servesim.results.outdir import write_file
+
     out = Path(result.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=csv_columns(result.grid), lineterminator="\n")
     writer.writeheader()
     writer.writerows(csv_rows(result))
-    _write_atomic(out / SWEEP_CSV, buf.getvalue())
+    write_file(out / SWEEP_CSV, buf.getvalue())
 
     doc = {
         "config": config_path,
@@ -501,4 +503,4 @@ def write_sweep_files(result: SweepResult, config_path: str) -> None:
         "ok": sum(p.status == STATUS_OK for p in result.points),
         "failed": len(result.failed),
     }
-    _write_atomic(out / SWEEP_JSON, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    write_file(out / SWEEP_JSON, json.dumps(doc, indent=2, allow_nan=False) + "\n")
