@@ -533,3 +533,227 @@ def test_relative_paths_in_a_grid_are_relative_to_the_grid_file(tmp_path, monkey
     summary = json.loads(next((tmp_path / "out" / "points").glob("*/summary.json")).read_text())
     assert summary["requests"] == 3
     assert summary["config"]["workload"]["trace"] == str(tmp_path / "grids" / "t.jsonl")
+
+
+# ------------------------------------------------- nothing of the user's replaced (issue 39)
+
+
+def test_an_empty_output_path_is_refused(tmp_path, tiny_config, monkeypatch):
+    """`-o "$OUT"` with OUT unset wrote into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    for command in (("run", tiny_config), ("sweep", tiny_config, "--grid", tiny_config)):
+        result = invoke(*command, "-o", "")
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith("error: output folder: an empty path (an unset shell variable?)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.yaml"]
+
+
+@pytest.mark.parametrize("folder", [".", "mine"])
+def test_the_user_s_own_files_named_like_outputs_are_never_replaced(tmp_path, tiny_config, monkeypatch,
+                                                                    folder):
+    """`-o .`, or any folder that never held a run: a report.html,
+    passes.jsonl or telemetry.jsonl servesim did not write is refused before
+    simulating, and every file is kept."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / folder
+    out.mkdir(exist_ok=True)
+    for name in ("report.html", "passes.jsonl", "telemetry.jsonl"):
+        (out / name).write_text(f"my {name}\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for flags in ((), ("--pass-log", "--telemetry-interval-ms", "5", "--report")):
+        result = invoke("run", tiny_config, "-o", folder, "-q", *flags)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith("error: ") and "servesim did not write" in result.stderr
+        assert "Traceback" not in result.output
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (out / "report.html").unlink()
+    (out / "passes.jsonl").unlink()
+    (out / "telemetry.jsonl").unlink()
+    (out / "notes.txt").write_text("mine\n")
+    assert invoke("run", tiny_config, "-o", folder, "-q", "--pass-log").exit_code == 0
+    # servesim's own files are replaced by the next run, the user's left alone
+    assert invoke("run", tiny_config, "-o", folder, "-q").exit_code == 0
+    assert not (out / "passes.jsonl").exists() and (out / "notes.txt").read_text() == "mine\n"
+
+
+def test_report_never_replaces_the_user_s_report_html(tmp_path, tiny_config):
+    out = tmp_path / "out"
+    assert invoke("run", tiny_config, "-o", out, "-q").exit_code == 0
+    (out / "report.html").write_text("my notes\n")
+    result = invoke("report", out)
+    assert result.exit_code == 2 and "report.html: a file servesim did not write" in result.stderr
+    assert (out / "report.html").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("command", [["report", "{out}"], ["run", "{config}", "-o", "{out}", "-q", "--report"]])
+def test_a_full_disk_under_the_html_report_exits_2_and_leaves_no_temporary(tmp_path, tiny_config,
+                                                                           monkeypatch, command):
+    from servesim.results import outdir
+
+    out = tmp_path / "out"
+    assert invoke("run", tiny_config, "-o", out, "-q").exit_code == 0
+    finished = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    class FillsUp:
+        def __init__(self, path, *args, **kwargs):
+            self.path, self.file = Path(path), open(path, *args, **kwargs)
+
+        def write(self, text):
+            if "report.html" in self.path.name:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+            return self.file.write(text)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    monkeypatch.setattr(outdir, "open", FillsUp, raising=False)
+    result = invoke(*[a.format(out=out, config=tiny_config) for a in command])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {out / 'report.html'}: cannot write: {os.strerror(errno.ENOSPC)}\n"
+    left = {p.name: p.read_bytes() for p in out.iterdir()}
+    if command[0] == "report":
+        assert left == finished
+    else:  # the run's own outputs were written before its report: they are kept
+        assert set(left) == set(finished)
+
+
+@pytest.mark.parametrize("text", ["", "garbage\n", "0\n", "\xff\xfe"])
+def test_a_lock_that_holds_no_pid_is_taken_over(tmp_path, tiny_config, text):
+    """A lock left empty or garbled by a run killed while writing it: stale
+    once it is a few seconds old (younger, its owner may be writing it)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_bytes(text.encode("latin-1"))
+    old = time.time() - 60
+    os.utime(out / LOCK, (old, old))
+    result = invoke("run", tiny_config, "-o", out, "-q")
+    assert result.exit_code == 0, result.output
+    assert not (out / LOCK).exists() and (out / "summary.json").is_file()
+
+
+def test_a_young_lock_with_no_pid_yet_is_waited_for(tmp_path, tiny_config):
+    """A lock just created, its pid not yet written: the run looks again,
+    and finds its owner alive."""
+    import threading
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    writer = threading.Timer(0.3, lambda: (out / LOCK).write_text(f"{holder.pid}\n"))
+    writer.start()
+    try:
+        result = invoke("run", tiny_config, "-o", out, "-q")
+    finally:
+        writer.join()
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 2
+    assert f"output folder is in use by another run (pid {holder.pid})" in result.stderr
+
+
+def test_a_full_disk_while_taking_the_lock_leaves_no_new_folder(tmp_path, tiny_config, monkeypatch):
+    from servesim.results import outdir
+
+    def fills_the_disk(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(outdir.os, "write", fills_the_disk)
+    out = tmp_path / "new"
+    result = invoke("run", tiny_config, "-o", out, "-q")
+    monkeypatch.undo()
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {out}: cannot write into the output folder: {os.strerror(errno.ENOSPC)}\n"
+    assert not out.exists()
+
+
+GRID = "engine.max_num_seqs: [1, 2]\n"
+
+
+@pytest.mark.parametrize("command, name", [
+    ("sweep", "sweep.csv"), ("sweep", "points"), ("sweep", "sweep.json"),
+    ("search", "search.csv"), ("search", "points"), ("capacity", "capacity.json"),
+])
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_something_in_the_way_of_a_result_file_is_refused_before_any_point(tmp_path, tiny_config,
+                                                                           command, name, kind):
+    """It was a traceback after every point ran (sweep.csv a folder) or the
+    user's file replaced (capacity.json, points/ a file)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).mkdir() if kind == "folder" else (out / name).write_text("mine\n")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(GRID)
+    extra = {"sweep": ["--grid", grid], "search": ["--grid", grid, "--slo", "ttft_p99_ms=100", "--rate", "2"],
+             "capacity": ["--slo", "ttft_p99_ms=100"]}[command]
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY.replace("arrival: burst", "arrival: constant\n    rate: 2"))
+    result = invoke(command, config, "-o", out, *extra)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {out / name}: a {kind} servesim did not write is in the way")
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in out.iterdir()) == [name]  # no point ran
+
+
+def test_a_sweep_whose_result_file_cannot_be_written_keeps_its_points(tmp_path, tiny_config, monkeypatch):
+    from servesim.results import outdir
+
+    real = outdir._replace_text
+
+    def fills_the_disk(path, text):
+        if path.name == "sweep.csv":
+            raise outdir.output_error(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), "write")
+        real(path, text)
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(GRID)
+    monkeypatch.setattr(outdir, "_replace_text", fills_the_disk)
+    out = tmp_path / "out"
+    result = invoke("sweep", tiny_config, "--grid", grid, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {out / 'sweep.csv'}: cannot write: {os.strerror(errno.ENOSPC)}\n"
+    assert len(list((out / "points").glob("*/summary.json"))) == 2
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_ctrl_c_on_search_writes_search_csv_and_removes_the_interrupted_points(tmp_path, monkeypatch):
+    """Ctrl-C after the first point: search.csv lists it and the others as
+    not run, no empty point folder is left, exit 130, and the same search
+    resumes (the Ctrl-C itself is what the local executor gets: a
+    KeyboardInterrupt thrown into it while it waits for the next point)."""
+    import csv
+
+    from helpers import ONE_PER_PASS
+    from servesim.sweep import executors
+
+    real = executors.local_executor
+
+    def ctrl_c_after_the_first_point(fn, todo, **kwargs):
+        points = real(fn, todo, **kwargs)
+        yield next(points)
+        points.throw(KeyboardInterrupt)
+
+    config = tmp_path / "c.yaml"
+    config.write_text(ONE_PER_PASS)
+    grid = tmp_path / "g.yaml"
+    grid.write_text("engine.max_num_seqs: [1, 2, 3]\n")
+    out = tmp_path / "out"
+    command = ("search", config, "--grid", grid, "--slo", "ttft_p99_ms=1000", "--rate", "50", "-o", out)
+    monkeypatch.setitem(executors.EXECUTORS, "local", ctrl_c_after_the_first_point)
+    result = invoke(*command)
+    assert result.exit_code == 130, result.output
+    assert result.stderr.count("interrupted") == 1 and "search.csv holds the points that finished" in result.stderr
+    with open(out / "search.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["ok", "failed", "failed"]
+    assert [r["error"] for r in rows[1:]] == ["not run", "not run"]
+    left = sorted((out / "points").iterdir())
+    assert rows[0]["dir"].split("/")[1] in [p.name for p in left]
+    assert all((p / "slo.json").is_file() for p in left)  # a point done as Ctrl-C came is kept
+    monkeypatch.setitem(executors.EXECUTORS, "local", real)
+    again = invoke(*command)
+    assert again.exit_code == 0, again.output
+    assert f"3 points: 3 ok, 0 failed, 0 skipped, {len(left)} already done" in again.stdout

@@ -205,6 +205,7 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
             progress(sum(p.status == OK for p in points), len(points))
         if todo:
             out.mkdir(parents=True, exist_ok=True)
+            (out / POINTS_DIR).mkdir(exist_ok=True)
             record_written(out, [POINTS_DIR])
             fn = tasks[todo[0][0]][0]
             for i, outcome in executors.EXECUTORS[executor](fn, todo, jobs=jobs, address=ray_address):

@@ -141,7 +141,9 @@ def check_replaceable(folder, names) -> None:
 
 
 def record_written(folder, names) -> None:
-    """Add `names` to `folder`'s manifest (before they are put in place)."""
+    """Add `names` to `folder`'s manifest, once they are in place (a name
+    recorded but never written would let a file of the user's by that name
+    be replaced later; one written but not recorded is only refused)."""
     folder = Path(folder)
     owned = written_by_servesim(folder)
     if set(names) <= owned:
@@ -169,12 +171,13 @@ def _replace_text(path: Path, text: str) -> None:
 def write_file(path, text: str) -> Path:
     """Write `text` to `path` in an output folder: refused if something of
     the user's is there (`check_replaceable`), recorded in the manifest,
-    written to a temporary name and renamed; an OSError is an InputError
+    written to a temporary name and renamed, then recorded in the
+    manifest; an OSError is an InputError
     naming the file, and no temporary is left."""
     path = Path(path)
     check_replaceable(path.parent, [path.name])
-    record_written(path.parent, [path.name])
     _replace_text(path, text)
+    record_written(path.parent, [path.name])
     return path
 
 

@@ -269,8 +269,8 @@ def write_outputs(
                                    "(the previous outputs are kept)") from None
             raise
         try:
-            record_written(out, contents)
             _replace_outputs(out, staging, contents)
+            record_written(out, contents)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return out

@@ -434,6 +434,7 @@ def sweep(config, grid, out_dir="sweep-out", *, jobs=None, executor="local", ray
     result = SweepResult(out_dir=out, grid=grid, points=results)
     if todo:
         out.mkdir(parents=True, exist_ok=True)
+        (out / POINTS_DIR).mkdir(exist_ok=True)
         record_written(out, [POINTS_DIR])
         run = executors.EXECUTORS[executor]
         try:
