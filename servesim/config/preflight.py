@@ -45,6 +45,7 @@ SESSION_ID_BYTES = 56
 RANK_BYTES = 128 * 1024
 SAMPLE_BYTES = 1024  # replay/telemetry.py: one dict per worker-rank per sample
 TELEMETRY_WARN_SAMPLES = 1_000_000
+MAX_TRACE_BLOCK = 32  # engine blocks in a synthetic trace block, at most
 MAX_COMPILED = 512  # workers per pool, DP ranks per worker (`check_compiled_limits`)
 SYNTHETIC_PLACES = {"output_length": "workload.synthetic.requests x output_tokens",
                     "input_length": "workload.synthetic.requests x input_tokens"}
@@ -186,12 +187,10 @@ def session_sizes(sc, block_size: int) -> tuple:
     a session of T turns holds about (new + out) T (T + 1) / 2 tokens of
     prompts and outputs, and its prompts' tokens in trace blocks of hash
     ids. Each is a lower bound, short by less than a block a turn."""
-    from servesim.workload.synthetic import synthetic_trace_block_size
-
     count, turns = max(int(sc.count), 0), max(int(sc.turns), 0)
     new, out = _least(sc.new_input_tokens), _least(sc.output_tokens)
     prompts = new * turns * (turns + 1) // 2 + out * turns * (turns - 1) // 2  # one session's
-    tbs = synthetic_trace_block_size(block_size, 0)
+    tbs = MAX_TRACE_BLOCK * block_size  # a trace block is at most that (workload/synthetic.py)
     return (count * turns, count * _blocks(prompts + turns * out, block_size), count * turns * out,
             count * _blocks(prompts, tbs))
 
