@@ -23,6 +23,31 @@ PACKAGE = Path(servesim.__file__).resolve().parent
 from helpers import TINY, answers_ctrl_c, invoke
 
 
+class _FillsUp:
+    """An open file whose writes fail as on a full disk (ENOSPC) when its name
+    contains `full_name`; other files are written as usual."""
+    full_name = ""
+
+    def __init__(self, path, *args, **kwargs):
+        self.path, self.file = Path(path), open(path, *args, **kwargs)
+
+    def write(self, data):
+        if self.full_name in self.path.name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+        return self.file.write(data)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def full_disk_for(name):
+    """A stand-in for `open` under which writing a file named like `name` fills the disk."""
+    return type("FillsUp", (_FillsUp,), {"full_name": name})
+
+
 def cli(*args, env=None, **kwargs):
     """`python -m servesim ARGS` in a subprocess running this checkout."""
     env = dict(os.environ if env is None else env, PYTHONPATH=str(ROOT))
@@ -289,22 +314,7 @@ def test_a_full_disk_under_the_pass_log_writer_thread_exits_2(tmp_path, tiny_con
     assert invoke("run", tiny_config, "-o", out, "-q").exit_code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    class FillsUp:
-        def __init__(self, path):
-            self.path, self.file = path, open(path, "wb")
-
-        def write(self, data):
-            if self.path.name == "passes.jsonl":
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
-            return self.file.write(data)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.file.close()
-
-    monkeypatch.setattr(output, "open", lambda path, mode: FillsUp(path), raising=False)
+    monkeypatch.setattr(output, "open", full_disk_for("passes.jsonl"), raising=False)
     result = invoke("run", tiny_config, "-o", out, "-q", "--pass-log")
     assert result.exit_code == 2
     assert "No space left on device" in result.stderr and "previous outputs are kept" in result.stderr
@@ -594,22 +604,7 @@ def test_a_full_disk_under_the_html_report_exits_2_and_leaves_no_temporary(tmp_p
     assert invoke("run", tiny_config, "-o", out, "-q").exit_code == 0
     finished = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    class FillsUp:
-        def __init__(self, path, *args, **kwargs):
-            self.path, self.file = Path(path), open(path, *args, **kwargs)
-
-        def write(self, text):
-            if "report.html" in self.path.name:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
-            return self.file.write(text)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.file.close()
-
-    monkeypatch.setattr(outdir, "open", FillsUp, raising=False)
+    monkeypatch.setattr(outdir, "open", full_disk_for("report.html"), raising=False)
     result = invoke(*[a.format(out=out, config=tiny_config) for a in command])
     assert result.exit_code == 2, result.output
     assert result.stderr == f"error: {out / 'report.html'}: cannot write: {os.strerror(errno.ENOSPC)}\n"
