@@ -86,7 +86,7 @@ from servesim.engine.pricing import price_features
 # change; edit this line with them. Table layout 3.)
 from servesim.jit import Entry, njit
 from servesim.kvcache import cpu_tier_kernels as ct
-from servesim.kvcache.block_pool import NUM_FREE
+from servesim.kvcache.block_pool import kv_usage
 from servesim.scheduler import fast
 from servesim.scheduler.fast import LIVELOCK_PREEMPTIONS
 from servesim.scheduler.fast_table import KVHandoff, KVLoad
@@ -131,7 +131,7 @@ def track_usage(usage, pscal, num_gpu_blocks, now):
     new value."""
     usage[U_AREA] += usage[U_VALUE] * (now - usage[U_SINCE])
     usage[U_SINCE] = now
-    value = 1.0 - pscal[NUM_FREE] / (num_gpu_blocks - 1)
+    value = kv_usage(pscal, num_gpu_blocks)
     usage[U_VALUE] = value
     if value > usage[U_MAX]:
         usage[U_MAX] = value

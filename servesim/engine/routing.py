@@ -146,7 +146,7 @@ def forget_finished(kvr, R, idents, j):
 
 
 @njit
-def kv_router_logit(kvr, s, j, idents, num_full, hit, num_prompt_tokens, block_size):
+def kv_router_logit(kvr, j, idents, num_full, hit, num_prompt_tokens, block_size):
     """Rank j's logit for a prompt of `num_prompt_tokens` whose first `hit`
     full blocks (of `num_full`) are in its prefix cache (module docstring)."""
     weights, ints, ranks, refs = kvr[0], kvr[1], kvr[2], kvr[4]
@@ -202,7 +202,7 @@ def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt
         hit = 0
         if enable_caching and not ints[KI_LOAD_ONLY]:
             hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch)
-        x = kv_router_logit(kvr, s, j, idents, num_full, hit, num_prompt_tokens, block_size)
+        x = kv_router_logit(kvr, j, idents, num_full, hit, num_prompt_tokens, block_size)
         logits[j] = x
         kvr[6][j] = hit
         if best < 0 or x > hi:
@@ -316,8 +316,7 @@ def weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scra
             score += weights[KW_PREFIX] * hit / num_full
         waiting = s.S[0].num_waiting + s.S[0].num_waiting_for_kv
         score += weights[KW_QUEUE] * (1.0 if hi == lo else (hi - waiting) / (hi - lo))
-        used = num_gpu_blocks - 1 - s.pscal[bp.NUM_FREE]
-        score += weights[KW_KV] * (1.0 - used / (num_gpu_blocks - 1))
+        score += weights[KW_KV] * (1.0 - bp.kv_usage(s.pscal, num_gpu_blocks))
         if best < 0 or score > top:
             best, top, ties = j, score, 1
         elif score == top:

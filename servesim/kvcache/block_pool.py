@@ -86,6 +86,13 @@ def init_pool(blocks, idmap, scalars):
 
 
 @njit
+def kv_usage(scalars, num_gpu_blocks):
+    """vLLM's KV cache usage (`BlockPool.get_usage`, vllm/v1/core/block_pool.py):
+    1 - free blocks / usable blocks, the null block 0 not counted."""
+    return 1.0 - scalars[NUM_FREE] / (num_gpu_blocks - 1)
+
+
+@njit
 def find_cached_prefix(blocks, idmap, idents, max_blocks, out):
     """Longest run of leading identities with a cached block; fills `out` with
     those blocks (first entry of each identity) and returns the run length."""
@@ -209,8 +216,8 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        """vLLM's KV usage: 1 - free / usable."""
-        return 1.0 - self.scalars[NUM_FREE] / (self.num_gpu_blocks - 1)
+        """vLLM's KV usage (`kv_usage`)."""
+        return kv_usage(self.scalars, self.num_gpu_blocks)
 
     def free_queue(self) -> list:
         """The free queue head to tail (for tests and invariants)."""
