@@ -170,9 +170,8 @@ def _replace_text(path: Path, text: str) -> None:
 
 def write_file(path, text: str) -> Path:
     """Write `text` to `path` in an output folder: refused if something of
-    the user's is there (`check_replaceable`), recorded in the manifest,
-    written to a temporary name and renamed, then recorded in the
-    manifest; an OSError is an InputError
+    the user's is there (`check_replaceable`), written to a temporary name
+    and renamed, then recorded in the manifest; an OSError is an InputError
     naming the file, and no temporary is left."""
     path = Path(path)
     check_replaceable(path.parent, [path.name])
