@@ -1,5 +1,5 @@
 """Aggregated vs disaggregated prefill/decode serving on the Mooncake trace
-(servesim/engine/fast_disagg.py), and append the dated table to
+(servesim/engine/kv_handoff.py), and append the dated table to
 benchmarks/RESULTS.md.
 
 The workload: the first 5,000 rows of benchmarks/traces/

@@ -41,7 +41,7 @@ def main():
         jit.single_thread_refcounts()
     mark("import Numba (servesim/jit.py)")
     from servesim.config import config as cfgmod
-    from servesim.replay import driver
+    from servesim.replay import api
     from servesim.replay.api import prepare
     from servesim.results.metrics import summarize
     from servesim.results.output import write_outputs
@@ -49,7 +49,7 @@ def main():
     mark("import servesim's modules")
     cfg, workload, _ = prepare(args.config)
     mark("config + workload")
-    replay = driver.make_replay(cfg, workload)
+    replay = api.make_replay(cfg, workload)
     mark("make_replay (Numba's runtime start, first kernels loaded, identities)")
     result = replay.run()
     mark("Replay.run")

@@ -11,8 +11,8 @@ import sys
 import time
 
 from servesim.replay.api import resolve_config
-from servesim.replay.driver import simulate
-from servesim.workload.workload import load_workload
+from servesim.replay.api import simulate
+from servesim.workload.load import load_workload
 
 
 def main(argv):

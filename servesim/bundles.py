@@ -9,7 +9,7 @@ field is read where it is used.
 
 The fields are read through the bundle's MemInfo without the runtime's
 helper (`_payload`), so that kernels compiled without Numba's reference
-counts (servesim/scheduler/fast.py, "Reference counts") may read them:
+counts (servesim/jit.py, "Reference counts") may read them:
 Numba's own StructRef reads call that helper, which such kernels may not.
 
 A bundle is declared by a `BundleType` subclass and a proxy class, named

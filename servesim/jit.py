@@ -25,6 +25,23 @@ locks were half of its time. A process that runs kernels on one thread only
 (`single_thread_refcounts`, before its first kernel loads); `servesim.run()`
 keeps Numba's atomic counts, as its caller may have threads.
 
+Reference counts. The entry points the pass loop runs at every pass and rank
+— `schedule`, `update_from_output` and `_allocate` (scheduler/), `run_passes`
+(engine/pass_loop.py), `run_workers` and `run_cluster` (the loops over
+workers) — are compiled without them (`_nrt=False`), and so is every kernel
+they call that does not set the flag (Numba hands it down): counting each
+array argument in and out, and every view the callees take, was a fifth of a
+4-worker run's compiled time (benchmarks/RESULTS.md, 2026-12-06). Their
+callers hold every array they hand over, so nothing is freed under them. Two
+rules keep this sound, each marked `NOTE(refcounts)` where it is kept: a
+kernel compiled without counts allocates nothing (Numba refuses one that
+does), so those they reach that allocate say `_nrt=True` (`_schedule_waiting`,
+the CPU tier's `prepare_store`, the debug mode's `_check_after` and
+`_check_holders`); and a kernel they may reach hands back no array unless it
+says `_nrt=True` (a counting caller would count it down once too often;
+tests/test_compiled_loops.py watches the returns of every kernel the entry
+points reach).
+
 That command also runs without Python's cyclic garbage collector, except while
 Numba compiles (`collecting_while_compiling`): what it creates while it
 imports, loads cached kernels and simulates lives until it exits, so the

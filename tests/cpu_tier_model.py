@@ -1,7 +1,7 @@
 """A pure-Python model of one rank's CPU KV tier (docs/engine.md §9): the
-test oracle that tests/test_cpu_tier_kernels.py and
+test oracle that tests/test_cpu_tier_kernels_vs_model.py and
 tests/test_cpu_tier_properties.py hold the kernels of
-servesim/kvcache/cpu_tier_kernels.py to, operation by operation. The rules
+servesim/kvcache/cpu_tier.py to, operation by operation. The rules
 are stated there; this is their second statement in objects, for tests only
 (vLLM: vllm/v1/kv_offload/lru_manager.py, offloading_connector.py).
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from servesim.cli.main import main
 from servesim.config.config import config_from_dict
-from servesim.replay.driver import simulate
+from servesim.replay.api import simulate
 from servesim.results.records import STATUS_NAMES
 from servesim.workload.workload import Workload
 

@@ -26,7 +26,7 @@ MAX_WAITING = 5
 class PoolDriver:
     """The test's driver of the block pool's kernels (servesim/kvcache/
     block_pool.py) for one request object, as the scheduler calls them
-    (servesim/scheduler/fast.py `_allocate`, `cache_blocks`, `_free`, and the
+    (servesim/scheduler/kv_cache_manager.py `_allocate`, `cache_blocks`, `_free`, and the
     lookup of `_schedule_waiting`): `get_computed_blocks`, `allocate_slots`
     (registering the full blocks within the known tokens at once) and
     `free`."""

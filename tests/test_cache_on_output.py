@@ -1,5 +1,5 @@
 """Registration of full blocks when a pass's outputs are processed
-(`cache_blocks` called from `update_from_output`, servesim/scheduler/fast.py; vLLM's
+(`cache_blocks` called from `update_from_output`, servesim/scheduler/scheduler.py; vLLM's
 vllm/v1/core/sched/async_scheduler.py `_update_request_with_output`).
 
 Under async scheduling allocation registers only blocks full within the
@@ -22,11 +22,10 @@ from hypothesis import event, given, settings
 
 import numpy as np
 
-from servesim.engine import fast_run
+from servesim.engine.worker_state import W_COUNT, W_PASSES
 from servesim.kvcache.block_pool import IDENT, NONE
-from servesim.replay.driver import Replay, simulate
-from servesim.scheduler import fast
-from servesim.scheduler import fast_table as ft
+from servesim.replay.driver import Replay
+from servesim.replay.api import simulate
 from servesim.scheduler.request import RequestStatus
 from helpers import after_every_event, build, engines, free_blocks, make_config, make_workload, req, requests, sched, times
 
@@ -147,7 +146,7 @@ def test_output_registration_covers_completed_tokens_and_adds_nothing_when_sync(
         ws = core.compiled.ws
         before = cores.setdefault(core.index, {"count": 0, "launched": 0, "finished": set(),
                                                "cached": [0] * len(core.ranks)})
-        count, launched = int(ws[fast_run.W_COUNT]), int(ws[fast_run.W_PASSES])
+        count, launched = int(ws[W_COUNT]), int(ws[W_PASSES])
         cached = [num_cached(rank.pool) for rank in core.ranks]
         done = set(np.flatnonzero(R["status"] == RequestStatus.FINISHED).tolist())
         if count - before["count"] - (launched - before["launched"]) == -1:

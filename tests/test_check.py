@@ -1,7 +1,7 @@
 """The debug mode's invariant check (servesim/scheduler/check.py,
 `SERVESIM_CHECK=1`): it stays silent on real runs, changes no output, and
 catches state corrupted between passes — inside the compiled runs of passes
-(engine/fast_run.py), for the CPU tier and disaggregated serving, and across
+(engine/pass_loop.py), for the CPU tier and disaggregated serving, and across
 the schedulers of several workers or ranks — naming the pass, the request or
 block and the invariant."""
 
@@ -10,11 +10,13 @@ import traceback
 import numpy as np
 import pytest
 
-from servesim.engine import fast_disagg, fast_run
+from servesim.engine import kv_handoff, worker
+from servesim.engine.worker_state import W_COUNT, W_ENDED
 from servesim.errors import InvariantError
 from servesim.kvcache import block_pool as bp
 from servesim.replay.driver import Replay
-from servesim.scheduler import fast, fast_queue
+from servesim.scheduler import request_queue
+from servesim.scheduler.kv_cache_manager import _free
 from tests.helpers import LINEAR_10MS, after_every_event, make_config, make_workload
 
 
@@ -58,7 +60,7 @@ def corrupt_at_pass(monkeypatch, at, corrupt):
     seen = {}
 
     def at_pass(core):
-        ended = int(core.compiled.ws[fast_run.W_ENDED])
+        ended = int(core.compiled.ws[W_ENDED])
         if ended == at and seen.get(core.index) != at:
             corrupt(core)
         seen[core.index] = ended
@@ -124,7 +126,7 @@ def test_a_request_in_two_queues_is_named(checking, monkeypatch):
         s = core.ranks[0].scheduler
         i = int(s.running[0])
         found["id"] = s.table.request_ids[i]
-        fast_queue.wq_add(s.table.R, s.S, s.wq, s.priority, i)
+        request_queue.wq_add(s.table.R, s.S, s.wq, s.priority, i)
 
     corrupt_at_pass(monkeypatch, 1, corrupt)
     with pytest.raises(InvariantError) as info:  # (one running: admission does not run)
@@ -147,7 +149,7 @@ def drop_first_running(core):
     s = core.ranks[0].scheduler
     t = s.table
     i = int(s.running[0])
-    fast._free(s.arrays, i)
+    _free(s.arrays, i)
     n = s.S[0]["num_running"]
     s.running[:n - 1] = s.running[1:n].copy()
     s.S[0]["num_running"] = n - 1
@@ -187,7 +189,7 @@ def test_a_request_lost_across_schedulers_is_caught(checking, monkeypatch, clust
 @pytest.mark.parametrize("engine", [{}, {"async_scheduling": True}])
 def test_the_compiled_runs_of_passes_check_every_pass(checking, monkeypatch, engine):
     """Passes between arrivals run inside the compiled pass loop
-    (engine/fast_run.py `run_passes`); a block leaked at an arrival while a pass is in
+    (engine/pass_loop.py `run_passes`); a block leaked at an arrival while a pass is in
     flight is caught by the check inside that loop."""
     original = Replay._on_arrival
     found = {}
@@ -196,7 +198,7 @@ def test_the_compiled_runs_of_passes_check_every_pass(checking, monkeypatch, eng
         s = self.workers[0].ranks[0].scheduler
         if i == 3:
             compiled = self.workers[0].compiled
-            assert compiled.ws[fast_run.W_COUNT]  # a pass in flight: its end runs in the loop
+            assert compiled.ws[W_COUNT]  # a pass in flight: its end runs in the loop
             b = held_block(s)
             found["block"] = b
             s.pool.blocks[bp.REF, b] += 1
@@ -211,7 +213,7 @@ def test_the_compiled_runs_of_passes_check_every_pass(checking, monkeypatch, eng
     assert "ref count equals the requests" in str(info.value)
     assert f"block {found['block']}" in str(info.value)
     frames = [(f.filename, f.name) for f in traceback.extract_tb(info.value.__cause__.__traceback__)]
-    assert (fast_run.__file__, "run") in frames  # raised inside `run_passes`
+    assert (worker.__file__, "run") in frames  # raised inside `run_passes` (`WorkerLoop.run`)
 
 
 def cpu_tier_case():
@@ -280,7 +282,7 @@ def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, mon
     finished requests whose blocks it holds for the decode side (`held`,
     S_HELD): the check counts them (a real run passes), and a ref count off
     on a held block is caught at the worker's next decision."""
-    from servesim.replay.driver import make_replay
+    from servesim.replay.api import make_replay
 
     cfg, wl = disaggregated_case()
     make_replay(cfg, wl).run()
@@ -288,7 +290,7 @@ def test_blocks_held_for_the_decode_side_on_the_compiled_scheduler(checking, mon
 
     def corrupting(core):
         s = core.ranks[0].scheduler
-        prefill = isinstance(core.ranks[0].transfers, fast_disagg.ArraySender)
+        prefill = isinstance(core.ranks[0].transfers, kv_handoff.HandoffSender)
         if prefill and s.S[0]["num_delayed_free_requests"] and "block" not in found:
             i = int(s.held[0])
             t = s.table

@@ -18,7 +18,7 @@ import pytest
 from helpers import LINEAR_10MS, free_blocks, make_config, make_workload, req, sched
 import servesim
 from servesim.errors import InputError
-from servesim.replay.driver import simulate
+from servesim.replay.api import simulate
 from servesim.results.metrics import summarize
 
 LINEAR_10_PLUS_1 = {"type": "linear", "base_ms": 10, "per_token_ms": 1}

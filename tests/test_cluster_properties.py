@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from servesim.config.config import config_from_dict
-from servesim.replay.driver import simulate
+from servesim.replay.api import simulate
 from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED
 from servesim.workload.workload import Workload
 from helpers import family_prefix_ids, workload_of

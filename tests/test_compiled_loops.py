@@ -1,7 +1,7 @@
 """The compiled pass loop's ways of running agree.
 
 A worker without KV transfers runs its passes inside one compiled loop
-(servesim/engine/fast_run.py). With the pass log on it writes the log into its
+(servesim/engine/pass_loop.py). With the pass log on it writes the log into its
 buffer and, with several workers, stops at every event so that passes go into
 the log in event order; with it off it runs up to the next outside event
 (arrival, telemetry tick, a closed loop's release). Both must give the same
@@ -10,6 +10,7 @@ configs, and a run is deterministic. The rules themselves are held to
 hand-worked timelines in tests/test_engine_rules.py.
 """
 
+import sys
 from unittest.mock import patch
 
 import attrs
@@ -17,9 +18,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from servesim.engine import fast_run
+from servesim.engine import worker
+from servesim.engine.pass_log_buffer import PassLogBuffer
+from servesim.engine.pass_loop import run_passes
+from servesim.engine.worker_state import W_NFIN, W_NPULL
 from servesim.engine.core import EngineCore
-from servesim.replay.driver import Replay, simulate
+from servesim.replay.driver import Replay
+from servesim.replay.api import simulate
 from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED
 from servesim.results.output import dict_lines
 from helpers import build, engines, requests
@@ -117,7 +122,7 @@ CPU_TIERS = st.sampled_from([None, {"num_cpu_blocks": 24, "bytes_per_token": 625
 def test_arrivals_admitted_in_the_compiled_loop_are_the_event_loops(spec, engine, pass_log,
                                                                    interval, tier, per_call):
     # one worker of one rank, open loop: the compiled loop admits the
-    # arrivals itself (fast_run `_arrive`), returning to the event loop every
+    # arrivals itself (pass_loop `_arrive`), returning to the event loop every
     # `per_call` arrivals; the same run with every arrival an event-loop event
     # (`Replay._on_open_arrival`) gives the same records, counters, telemetry
     # and pass log, rejections (prompts reaching max_model_len) included
@@ -125,7 +130,7 @@ def test_arrivals_admitted_in_the_compiled_loop_are_the_event_loops(spec, engine
         engine = dict(engine, kv_offloading=tier)
     config, workload = build(spec, engine, output={"pass_log": pass_log,
                                                   "telemetry_interval_ms": interval})
-    with patch.object(fast_run, "ARRIVALS_PER_CALL", per_call):
+    with patch.object(worker, "ARRIVALS_PER_CALL", per_call):
         a = simulate(config, workload)
     with patch.object(Replay, "_arrivals_in_loop", lambda self: False):
         b = simulate(config, workload)
@@ -146,13 +151,13 @@ def test_arrivals_routed_in_the_cluster_loop_are_the_event_loops(spec, engine, c
                                                                  pass_log, interval, per_call,
                                                                  pins):
     # several workers or ranks, open loop: the workers' compiled loop routes
-    # and admits the arrivals itself (engine/fast_cluster.py), returning to
+    # and admits the arrivals itself (engine/aggregated_loop.py), returning to
     # the event loop every `per_call` arrivals; the same run with every
     # arrival an event-loop event routed by the replay's router gives the
     # same records (placements included), counters, telemetry and pass log,
     # with requests pinned to a rank and rejections (prompts reaching
     # max_model_len) among them
-    from servesim.engine.fast_cluster import CompiledCluster
+    from servesim.engine.aggregated_loop import AggregatedLoop
 
     workers, dp = cluster
     config, workload = build(spec, engine, output={"pass_log": pass_log,
@@ -162,15 +167,15 @@ def test_arrivals_routed_in_the_cluster_loop_are_the_event_loops(spec, engine, c
     pinned = np.array([(p if p < dp else -1) for p in pins][:len(workload)]
                       + [-1] * max(0, len(workload) - len(pins)), dtype=np.int64)
     workload = attrs.evolve(workload, dp_rank=pinned)
-    taken = CompiledCluster.take_arrivals
+    taken = AggregatedLoop.take_arrivals
     calls = []
 
     def spy(cluster_loop, seq):
         calls.append(seq)
         return taken(cluster_loop, seq)
 
-    with patch.object(fast_run, "ARRIVALS_PER_CALL", per_call), \
-            patch.object(CompiledCluster, "take_arrivals", spy):
+    with patch.object(worker, "ARRIVALS_PER_CALL", per_call), \
+            patch.object(AggregatedLoop, "take_arrivals", spy):
         a = simulate(config, workload)
     assert len(calls) == 1
     with patch.object(Replay, "_cluster_takes_arrivals", lambda self: False):
@@ -186,14 +191,14 @@ def test_which_compiled_loop_takes_the_arrivals():
     # routes them; a closed loop (a finish releases the next) leaves them to
     # the event loop. The 7th prompt reaches max_model_len: rejected either
     # way, and counted as routed to its worker
-    from servesim.engine.fast_cluster import CompiledCluster
+    from servesim.engine.aggregated_loop import AggregatedLoop
     from helpers import make_config, make_workload
 
     rows = [{"id": f"r{i}", "t": 5 * i, "P": 40, "O": 4, "hash_ids": [i, 100 + i, 200 + i]}
             for i in range(6)] + [{"id": "r6", "t": 30, "P": 300, "O": 4}]
     workload = make_workload(rows)
     worker_taken = EngineCore.take_arrivals
-    cluster_taken = CompiledCluster.take_arrivals
+    cluster_taken = AggregatedLoop.take_arrivals
     calls = []
 
     def worker_spy(core, arrival_ms, seq):
@@ -205,7 +210,7 @@ def test_which_compiled_loop_takes_the_arrivals():
         return cluster_taken(cluster, seq)
 
     with patch.object(EngineCore, "take_arrivals", worker_spy), \
-            patch.object(CompiledCluster, "take_arrivals", cluster_spy):
+            patch.object(AggregatedLoop, "take_arrivals", cluster_spy):
         for cluster, concurrency, taker in [(None, None, "worker"),
                                             ({"workers": 2}, None, "cluster"),
                                             ({"data_parallel_size": 2}, None, "cluster"),
@@ -229,7 +234,7 @@ def test_progress_reports_the_compiled_loops_clock_in_order():
     rows = [{"id": f"r{i}", "t": 3 * i, "P": 40, "O": 6, "hash_ids": [i, 100 + i, 200 + i]}
             for i in range(40)]
     calls = []
-    with patch.object(driver, "_PROGRESS_EVERY_S", 0.0), patch.object(fast_run, "ARRIVALS_PER_CALL", 3):
+    with patch.object(driver, "_PROGRESS_EVERY_S", 0.0), patch.object(worker, "ARRIVALS_PER_CALL", 3):
         replay = Replay(make_config(block_size=16, num_gpu_blocks=64), make_workload(rows),
                         lambda now, done: calls.append((now, done)))
         replay.run()
@@ -241,7 +246,7 @@ def test_progress_reports_the_compiled_loops_clock_in_order():
 
 def test_the_loops_bundle_holds_the_workers_own_arrays():
     # the compiled loop reads a worker's arrays through one `WorkerArrays`
-    # (engine/worker_arrays.py), built positionally in `FIELDS` order, and
+    # (engine/worker_state.py), built positionally in `FIELDS` order, and
     # the scheduler's kernels a rank's through its `SchedulerArrays`
     # (scheduler/scheduler_arrays.py): a field from each of their groups,
     # first to last, is that worker's or rank's own array (two attention-DP
@@ -296,7 +301,7 @@ def test_a_ranks_kv_bundle_holds_its_tier_and_is_made_again_when_the_tier_grows(
     from numba import njit
 
     from helpers import make_config, make_workload
-    from servesim.kvcache import cpu_tier_kernels as ct
+    from servesim.kvcache import cpu_tier as ct
 
     @njit
     def fields(kv):
@@ -343,7 +348,7 @@ def test_a_pass_log_buffer_that_fills_up_grows_and_the_loop_logs_on(cluster):
              "hash_ids": [i % 2, 100 + i, 200 + i]} for i in range(12)]
     config = make_config(block_size=16, num_gpu_blocks=64, cluster=cluster)
     workload = make_workload(rows)
-    grow = fast_run.PassLogBuffer.grow
+    grow = PassLogBuffer.grow
     grows = []
 
     def counted(buffer, ranks, width):  # a loop still on the old arrays would ask forever
@@ -353,10 +358,10 @@ def test_a_pass_log_buffer_that_fills_up_grows_and_the_loop_logs_on(cluster):
 
     tiny = classmethod(lambda cls, input_length, output_length: cls(rows=1, entries=1,
                                                                       finished=1))
-    with patch.object(fast_run.PassLogBuffer, "grow", counted):
+    with patch.object(PassLogBuffer, "grow", counted):
         roomy = simulate(config, workload)
         grows.clear()
-        with patch.object(fast_run.PassLogBuffer, "for_workload", tiny):
+        with patch.object(PassLogBuffer, "for_workload", tiny):
             grown = simulate(config, workload)
     assert len(grows) > 1 and len(grown.pass_log.buffer.head) > 1  # it grew, more than once
     assert len(grown.pass_log) == len(roomy.pass_log) > 20
@@ -364,11 +369,42 @@ def test_a_pass_log_buffer_that_fills_up_grows_and_the_loop_logs_on(cluster):
     same_results(roomy, grown)
 
 
+def kernel_modules_reached_from(entries):
+    """The modules of every kernel the given kernels may call: the Numba
+    dispatchers their code names, directly or as a module's attribute
+    (`bp.free`), followed transitively."""
+    import types
+
+    from numba.core.registry import CPUDispatcher
+
+    def code_names(code):
+        names = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                names |= code_names(const)
+        return names
+
+    seen, todo = set(), list(entries)
+    while todo:
+        kernel = todo.pop()
+        if kernel in seen:
+            continue
+        seen.add(kernel)
+        names = code_names(kernel.py_func.__code__)
+        for name in names:
+            value = kernel.py_func.__globals__.get(name)
+            if isinstance(value, types.ModuleType):
+                todo.extend(v for a in names if isinstance(v := getattr(value, a, None), CPUDispatcher))
+            elif isinstance(value, CPUDispatcher):
+                todo.append(value)
+    return sorted({sys.modules[k.py_func.__module__] for k in seen}, key=lambda m: m.__name__)
+
+
 def test_kernels_compiled_without_reference_counts_hand_back_no_arrays(tmp_path):
     # The pass loop and the loops over workers that call it, `schedule`,
     # `update_from_output` and `_allocate` run without Numba's reference
     # counts, and so does every kernel they call that does not set `_nrt`
-    # itself (servesim/scheduler/fast.py, "Reference counts"). Such a kernel
+    # itself (servesim/jit.py, "Reference counts"). Such a kernel
     # may hand back no array: a caller that counts would count the returned
     # array down once more than it was counted up, and free it under its
     # owner. Which kernel returns what is seen on the kernels as plain Python
@@ -377,28 +413,28 @@ def test_kernels_compiled_without_reference_counts_hand_back_no_arrays(tmp_path)
     # speculative decoding and two aggregated workers routed in the compiled
     # loop, in the debug mode (whose holders list is an array handed back, so
     # the watch is seen to work), record every kernel of the scheduler's, KV
-    # cache's and pass loop's modules that returns an array (other functions
-    # of those modules are Python, which counts for itself)
+    # module the entry points reach (`kernel_modules_reached_from`) that returns
+    # an array (other functions of those modules are Python, which counts for itself)
     import json
     import subprocess
     import sys
 
     from numba.core.registry import CPUDispatcher
 
-    from servesim.engine import (fast_cluster, fast_disagg, fast_run, fast_workers, launch,
-                                 pricing, routing)
-    from servesim.kvcache import block_pool, cpu_tier_kernels
-    from servesim.scheduler import fast, fast_queue, speculative
+    from servesim.engine import aggregated_loop, disaggregated_loop
+    from servesim.scheduler import kv_cache_manager, scheduler
     from test_plain_python import CPU_TIER_ASYNC, DISAGGREGATED_DP, ROOT, plain_env, workload
 
-    modules = [fast, fast_queue, speculative, block_pool, cpu_tier_kernels, fast_run,
-               fast_disagg, fast_workers, fast_cluster, routing, pricing, launch]
+    entries = (scheduler.schedule, scheduler.update_from_output, kv_cache_manager._allocate,
+               run_passes, disaggregated_loop.run_workers, aggregated_loop.run_cluster)
+    for kernel in entries:
+        assert kernel.targetoptions["_nrt"] is False, kernel
+    modules = kernel_modules_reached_from(entries)
+    assert {"servesim.scheduler.scheduler", "servesim.kvcache.block_pool",
+            "servesim.kvcache.cpu_tier", "servesim.engine.routing"} <= {m.__name__ for m in modules}
     kernels = {(m.__name__, name): k for m in modules for name, k in vars(m).items()
                if isinstance(k, CPUDispatcher) and k.py_func.__module__ == m.__name__}
     counted = {key for key, k in kernels.items() if k.targetoptions.get("_nrt") is True}
-    for kernel in (fast.schedule, fast.update_from_output, fast._allocate, fast_run.run_passes,
-                   fast_workers.run_workers, fast_cluster.run_cluster):
-        assert kernel.targetoptions["_nrt"] is False, kernel
     speculative_config = CPU_TIER_ASYNC.split("engine:")[0] + """\
 engine:
   block_size: 16
@@ -443,7 +479,7 @@ print(json.dumps(sorted(seen)))
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     returned = {tuple(x) for x in json.loads(proc.stdout.splitlines()[-1])} & kernels.keys()
-    assert ("servesim.scheduler.fast", "_check_holders") in returned
+    assert ("servesim.scheduler.scheduler", "_check_holders") in returned
     assert returned <= counted, returned - counted
 
 
@@ -451,7 +487,7 @@ def test_a_disaggregated_open_loop_stays_in_the_loop_over_workers():
     # An open loop of 1 prefill + 2 decode workers: the arrivals (routed to
     # the prefill pool), the handoffs (routed to the decode pool), a decode
     # decision's pulls and the finishes are all taken by the compiled loop
-    # over the workers (engine/fast_workers.py `run_workers`): no core reports
+    # over the workers (engine/disaggregated_loop.py `run_workers`): no core reports
     # a finish or a pull, and the event loop runs only the loop's own events.
     # r3 asks for its first token only (done on the prefill worker) and r7's
     # prompt fits the prefill pool but not, with its first token, the decode
@@ -477,7 +513,7 @@ def test_a_disaggregated_open_loop_stays_in_the_loop_over_workers():
 
     def spy(core, state):
         c = core.compiled
-        reported.append((core.pool, int(c.ws[fast_run.W_NFIN]), int(c.ws[fast_run.W_NPULL])))
+        reported.append((core.pool, int(c.ws[W_NFIN]), int(c.ws[W_NPULL])))
         return report(core, state)
 
     def arrival_spy(replay, i):

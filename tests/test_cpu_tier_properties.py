@@ -28,14 +28,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from servesim.kvcache import cpu_tier_kernels as ct
+from servesim.kvcache import cpu_tier as ct
 from servesim.kvcache.block_pool import REF
 from cpu_tier_model import CPUTier
 from servesim.config.config import config_from_dict
 from servesim.replay.driver import Replay
 from servesim.results.metrics import summarize
 from servesim.results.records import STATUS_FINISHED
-from servesim.scheduler import fast_table as ft
+from servesim.scheduler import request as ft
 from helpers import after_every_event, family_prefix_ids, workload_of
 
 TRACE_BLOCK_SIZE = 16
@@ -126,7 +126,7 @@ TestCPUTier = CPUTierMachine.TestCase
 
 
 class KernelTier:
-    """The compiled tier (servesim/kvcache/cpu_tier_kernels.py) behind the
+    """The compiled tier (servesim/kvcache/cpu_tier.py) behind the
     `CPUTier` interface, each operation through the kernel the compiled
     scheduler calls."""
 

@@ -1,4 +1,4 @@
-"""Disaggregated prefill/decode serving (servesim/engine/fast_disagg.py,
+"""Disaggregated prefill/decode serving (servesim/engine/kv_handoff.py,
 servesim/replay/disaggregated.py): one test per rule, each with the smallest
 timeline that shows it, worked out by hand.
 
@@ -22,7 +22,7 @@ from servesim.errors import InputError
 from servesim.replay.api import resolve_config as api_resolve
 from servesim.replay.api import run as api_run
 from servesim.config.config import config_from_dict, config_to_dict, load_config
-from servesim.replay.driver import make_replay
+from servesim.replay.api import make_replay
 from servesim.config.examples import example_text
 from servesim.results.metrics import summarize
 from servesim.results.output import request_lines

@@ -1,5 +1,5 @@
 """Property-based tests of disaggregated prefill/decode serving
-(servesim/engine/fast_disagg.py, servesim/replay/disaggregated.py): small random
+(servesim/engine/kv_handoff.py, servesim/replay/disaggregated.py): small random
 workloads through random prefill and decode pools, checked before every
 decision and after every pass's outputs on every rank of both pools, and at
 the end:
@@ -26,20 +26,20 @@ import warnings
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from servesim.kvcache.block_pool import REF
 from servesim.config.config import config_from_dict
-from servesim.replay.driver import make_replay
+from servesim.replay.api import make_replay
 from servesim.results.metrics import summarize
 from servesim.results.output import request_lines
 from servesim.results.records import STATUS_FINISHED, STATUS_UNFINISHED
-from servesim.scheduler import fast, fast_table
-from helpers import family_prefix_ids, workload_of
-from servesim.scheduler.request import RequestStatus
+from helpers import after_every_event, family_prefix_ids, workload_of
+from servesim.scheduler.request import KVLoad, RequestStatus
 
-MAX_PASSES = 50_000
+MAX_EVENTS = 100_000
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -123,7 +123,7 @@ def waiting_for_pulls(scheduler) -> list:
     request waiting for its pull."""
     R = scheduler.table.R
     return [(i, int(R["num_held_blocks"][i]), int(R["num_computed_tokens"][i]),
-            R["kv_load"][i] != fast_table.KVLoad.IN_FLIGHT)
+            R["kv_load"][i] != KVLoad.IN_FLIGHT)
            for i in scheduler.waiting_for_kv]
 
 
@@ -160,37 +160,40 @@ def check_rank(replay, pool, core, rank, now):
                 assert replay.sender_of(i).holds(i)
 
 
-def run_checked(data, workload):
-    """Run with the checks on every rank of both pools before each decision
-    and after each pass's outputs; returns (replay, result)."""
-    replay = make_replay(config_from_dict(data, source="test"), workload)
-    passes = [0]
-
-    def wrap(pool, core, rank):
-        schedule, update = rank.scheduler.schedule, rank.scheduler.update_from_output
-
-        def checked_schedule():
-            # transfers landed by now have been polled (freed, done) by now
-            check_rank(replay, pool, core, rank, replay.loop.now)
-            passes[0] += 1
-            assert passes[0] <= MAX_PASSES, "the simulation does not terminate"
-            return schedule()
-
-        def checked_update(*args):
-            finished = update(*args)
-            check_rank(replay, pool, core, rank, replay.loop.now)
-            return finished
-
-        rank.scheduler.schedule = checked_schedule
-        rank.scheduler.update_from_output = checked_update
-
+def check_pools(replay):
+    """`check_rank` on every rank of both pools."""
     for pool, cores in (("prefill", replay.prefill_workers), ("decode", replay.decode_workers)):
         for core in cores:
             for rank in core.ranks:
-                wrap(pool, core, rank)
+                check_rank(replay, pool, core, rank, replay.loop.now)
+
+
+def run_checked(data, workload, corrupt=None):
+    """Run with the checks on every rank of both pools after each event of any
+    worker (the compiled loops stop after each, `after_every_event`);
+    returns (replay, result). `corrupt(replay, events)`, if given, runs before
+    each check (to show that a broken rule is caught during the run)."""
+    replay = make_replay(config_from_dict(data, source="test"), workload)
+    events = [0]
+
+    def hook(core):
+        events[0] += 1
+        assert events[0] <= MAX_EVENTS, "the simulation does not terminate"
+        if corrupt is not None:
+            corrupt(replay, events[0])
+        check_pools(replay)
+
+    after_every_event(replay, hook)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = replay.run()
+    if corrupt is None:
+        note_events(replay, result, workload)
+    return replay, result
+
+
+def note_events(replay, result, workload):
+    """Hypothesis events: what the drawn scenario exercised."""
     event("preemptions" if result.stats.preemptions else "no preemption")
     n = len(workload)
     jobs = [replay.transfer(i) for i in range(n)]
@@ -199,7 +202,6 @@ def run_checked(data, workload):
     event("a handoff with nothing held" if any(
         replay.handed_off(i) and jobs[i] is None and result.records.transferred_tokens[i] == 0
         for i in range(n)) else "every handoff held its blocks")
-    return replay, result
 
 
 def check_transfers(replay, data):
@@ -234,6 +236,36 @@ def check_transfers(replay, data):
     for core in replay.decode_workers:
         for rank in core.ranks:
             assert not rank.scheduler.waiting_for_kv
+
+
+def test_the_cross_pool_check_runs_during_the_run_and_catches_a_source_freed_early():
+    # 2 requests of 64 prompt tokens on a 0.05 GB/s link: each pull of 4
+    # blocks (4e6 B) is in flight for 80 ms, so the decode rank waits on it
+    # over several events. Dropping the prefill side's hold on a request
+    # whose pull is still in flight (its source blocks freed early) breaks the
+    # rule `check_rank` states, and the run fails at that event, not after it.
+    workload = workload_of([0, 0], [64, 64], [4, 4], [[1, 2, 3, 4], [5, 6, 7, 8]])
+    data = {"workload": {"synthetic": {"requests": 1}},
+            "engine": {"block_size": 16,
+                       "timing": {"type": "linear", "base_ms": 3, "per_token_ms": 0.05}},
+            "cluster": {"mode": "disaggregated", "prefill_workers": 1, "decode_workers": 1,
+                        "prefill": {"num_gpu_blocks": 16}, "decode": {"num_gpu_blocks": 16},
+                        "kv_transfer": {"bytes_per_token": 62500, "bandwidth_gbps": 0.05}}}
+    replay, result = run_checked(data, workload, corrupt=lambda replay, event: None)  # it holds
+    assert (result.records.status == STATUS_FINISHED).all()
+    broken = []
+
+    def free_a_source_early(replay, event):
+        for core in replay.decode_workers:
+            for rank in core.ranks:
+                for i, _, _, landed in waiting_for_pulls(rank.scheduler):
+                    if not landed and not broken:
+                        replay.sides.prefill.R["num_held_blocks"][i] = 0
+                        broken.append(event)
+
+    with pytest.raises(AssertionError):
+        run_checked(data, workload, corrupt=free_a_source_early)
+    assert broken
 
 
 @settings(SETTINGS, max_examples=300)

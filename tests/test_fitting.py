@@ -19,8 +19,8 @@ from servesim.fitting import (DECODE, EAGER, PIECEWISE, charge_own_launch, fit_r
                               load_launch_stall, parse_records, predict, read_records, window_bounds,
                               write_model)
 from servesim.config.config import config_from_dict, read_fitted_model
-from servesim.replay.driver import simulate
-from servesim.workload.workload import load_workload
+from servesim.replay.api import simulate
+from servesim.workload.load import load_workload
 
 
 def rec(worker="w0", counter=0, wall_ms=10.0, npr=0, pt=0, dr=1, kv=100, **extra):

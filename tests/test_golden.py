@@ -26,8 +26,8 @@ import attrs
 import pytest
 
 from servesim.replay.api import resolve_config
-from servesim.replay.driver import simulate
-from servesim.workload.workload import load_workload
+from servesim.replay.api import simulate
+from servesim.workload.load import load_workload
 
 GOLDEN = Path(__file__).parent / "golden"
 FOLDERS = ["vllm-0.33", "vllm-0.33-spec"]

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from servesim.results.metrics import itl_samples, latency_stats, percentiles_of_sorted, summarize
+from servesim.results.metrics import itl_samples, summarize
+from servesim.results.stats import latency_stats, percentiles_of_sorted
 from servesim.results.records import (
     STATUS_FINISHED,
     STATUS_REJECTED,
@@ -240,7 +241,8 @@ def test_percentiles_of_sorted_equal_numpy_percentile(n):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 100, 1001, 20000])
 def test_quantiles_of_sorted_are_bit_identical_to_numpy_quantile(n):
-    from servesim.results.metrics import ITL_QUANTILE_STEPS, quantiles_of_sorted
+    from servesim.results.metrics import ITL_QUANTILE_STEPS
+    from servesim.results.stats import quantiles_of_sorted
     rng = np.random.default_rng(n)
     q = np.linspace(0.0, 1.0, ITL_QUANTILE_STEPS + 1)
     for x in (rng.exponential(10.0, size=n), np.round(rng.exponential(10.0, size=n), 1),
@@ -254,8 +256,8 @@ def test_quantiles_of_sorted_are_bit_identical_to_numpy_quantile(n):
 def test_partitioned_at_the_read_ranks_the_itl_figures_are_the_sorted_ones(n):
     # itl_figures partitions the gaps instead of sorting them: both figures
     # must read exactly what they read on the sorted gaps
-    from servesim.results.metrics import (ITL_QUANTILE_STEPS, _read_ranks, _sorted_stats,
-                                          quantiles_of_sorted)
+    from servesim.results.metrics import ITL_QUANTILE_STEPS, _read_ranks
+    from servesim.results.stats import _sorted_stats, quantiles_of_sorted
     rng = np.random.default_rng(n)
     q = np.linspace(0.0, 1.0, ITL_QUANTILE_STEPS + 1)
     samples = (rng.exponential(10.0, size=n), np.round(rng.exponential(10.0, size=n), 1),

@@ -133,7 +133,7 @@ def test_the_cpu_tier_estimate_is_what_its_arrays_take():
     import types
 
     from servesim.config.preflight import CPU_GPU_BLOCK_BYTES, CPU_IDENTITY_BYTES, CPU_SLOT_BYTES
-    from servesim.kvcache.cpu_tier_kernels import TierArrays
+    from servesim.kvcache.cpu_tier import TierArrays
 
     def measured(capacity, identities, gpu_blocks):
         config = types.SimpleNamespace(num_cpu_blocks=capacity, bytes_per_token=1,

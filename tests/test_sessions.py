@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from helpers import make_config, req, run
 from servesim.cli.main import main
 from servesim.config.config_types import WorkloadConfig
-from servesim.replay.driver import simulate
+from servesim.replay.api import simulate
 from servesim.results.metrics import summarize
 from servesim.results.output import request_lines
-from servesim.workload.workload import load_workload
+from servesim.workload.load import load_workload
 
 
 def trace(tmp_path, rows, fmt="mooncake", concurrency=None, speedup=1.0, name="t.jsonl"):

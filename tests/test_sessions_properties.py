@@ -11,7 +11,7 @@ and async, open and closed loop, checked for:
   and all but its last output; under async scheduling with two or more
   outputs, one token fewer (the last pass was decided before the output of the
   pass in flight was known, and a block is cached only once its tokens are
-  known: `_allocate` in servesim/scheduler/fast.py);
+  known: `_allocate` in servesim/scheduler/kv_cache_manager.py);
 - the compiled runs of passes (no pass log) and the logged runs give
   identical results.
 """
@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from servesim.config.config import config_from_dict
 from servesim.config.config_types import WorkloadConfig
-from servesim.replay.driver import simulate
-from servesim.workload.workload import load_workload
+from servesim.replay.api import simulate
+from servesim.workload.load import load_workload
 
 EXAMPLES = int(os.environ.get("SESSION_EXAMPLES", "40"))
 BLOCK = 16

@@ -15,9 +15,9 @@ import attrs
 import numpy as np
 import pytest
 
-from helpers import free_blocks, make_config, make_workload, req, run_result, times
+from helpers import free_blocks, make_config, make_workload, req, times
 from servesim.errors import InputError
-from servesim.replay.driver import make_replay, simulate
+from servesim.replay.api import make_replay, simulate
 
 
 def spec_config(k, **engine):

@@ -11,7 +11,8 @@ import pytest
 from servesim.errors import InputError
 from servesim.config.config_types import LengthDistribution, SyntheticConfig, WorkloadConfig
 from servesim.workload.synthetic import synthetic_workload
-from servesim.workload.workload import load_workload, trace_format
+from servesim.workload.load import load_workload
+from servesim.workload.workload import trace_format
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 MOONCAKE_GZ = TRACES / "mooncake_conversation_trace.jsonl.gz"

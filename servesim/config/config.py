@@ -573,7 +573,7 @@ def _kv_offloading(ctx: Ctx, data, path="engine.kv_offloading") -> KVOffloadingC
 
 def _cluster(ctx: Ctx, data, engine_data, engine: EngineConfig) -> ClusterConfig:
     """`cluster`: aggregated workers (the default), or disaggregated prefill
-    and decode pools (servesim/engine/fast_disagg.py)."""
+    and decode pools (servesim/engine/kv_handoff.py)."""
     d = _defaults(ClusterConfig)
     if isinstance(data, dict):
         disaggregated = data.get("mode") == "disaggregated"

@@ -76,7 +76,7 @@ class ClusterConfig:
     prompts and decodes. Disaggregated: `prefill_workers` and `decode_workers`
     engines whose configs (`prefill`, `decode`) are `engine:` with the pool's
     overrides, resolved; prompts' KV moves over `kv_transfer` links
-    (servesim/engine/fast_disagg.py). `router` applies to every pool (it picks the
+    (servesim/engine/kv_handoff.py). `router` applies to every pool (it picks the
     prefill worker at arrival and the decode worker at handoff);
     `data_parallel_size` too, unless a pool sets its own
     (`prefill_data_parallel_size`, `decode_data_parallel_size`: the YAML's

@@ -29,7 +29,7 @@ from servesim.errors import InputError
 # Bytes, from the arrays a run allocates (rounded up).
 GPU_BLOCK_BYTES = 48  # kvcache/block_pool.py: 6 int64 fields per block, per rank
 IDENTITY_BYTES = 4  # the block pool's identity -> block map (int32), per rank
-# kvcache/cpu_tier_kernels.py `TierArrays`, per rank with a CPU tier (its job
+# kvcache/cpu_tier.py `TierArrays`, per rank with a CPU tier (its job
 # arrays grow with the jobs in flight, not with a config key):
 CPU_SLOT_BYTES = 48  # per slot held: the tier's NUM_TIER_ROWS (5) int64 rows + a free-slot entry (int64)
 CPU_IDENTITY_BYTES = 4  # `slot_of`: each block identity's slot (int32)
@@ -198,7 +198,7 @@ def session_sizes(sc, block_size: int) -> tuple:
 def check_compiled_limits(cluster) -> None:
     """Refuse more workers in a pool, or DP ranks in a worker, than the
     compiled loops take (MAX_COMPILED): they get them as a tuple padded to a
-    power of two (engine/fast_run.py `padded`), and Numba compiles no tuple
+    power of two (engine/worker.py `padded`), and Numba compiles no tuple
     of 1,000 entries or more."""
     if cluster.disaggregated:
         counts = [("cluster.prefill_workers", cluster.prefill_workers),

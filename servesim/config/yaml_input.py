@@ -5,7 +5,7 @@ import numbers
 from pathlib import Path
 
 from ruamel.yaml import YAML, YAMLError
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedMap
 
 from servesim.errors import InputError
 from servesim.config.validation import OVERRIDE, join, show

@@ -68,7 +68,7 @@ class EngineConfig:
 @attrs.frozen
 class KVTransferConfig:
     """`cluster.kv_transfer`: the link a prefill worker sends KV over to the
-    decode workers (disaggregated mode; servesim/engine/fast_disagg.py).
+    decode workers (disaggregated mode; servesim/engine/kv_handoff.py).
 
     Moving `n` tokens takes `latency_ms + n · bytes_per_token / (bandwidth_gbps
     · 1e9)` s, in ms; the bytes occupy the link, the latency does not."""

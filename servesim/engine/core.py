@@ -6,7 +6,7 @@ Every pass of the worker — decision, launch, GPU start and end, output
 processing and release, for any number of ranks in lockstep, sync or async,
 with `launch` timing, the pass log, the CPU tier's transfers and a
 disaggregated pool's handoffs — runs inside one compiled loop,
-servesim/engine/fast_run.py `run_passes`, which states the pass timing rules
+servesim/engine/pass_loop.py `run_passes`, which states the pass timing rules
 (docs/engine.md §6-9, §11, §13) once and holds the worker's pending events
 with the keys the event loop would give them. The core only hands it the
 outside events and what it returns for:
@@ -18,7 +18,7 @@ outside events and what it returns for:
 - the loop's next event past the horizon (the next outside event that may
   touch the worker) goes on the event loop, and `_resume` carries on from it
   (a disaggregated deployment's workers run as one loop over all of them,
-  engine/fast_workers.py, which hands each core what its loop returns for:
+  engine/disaggregated_loop.py, which hands each core what its loop returns for:
   `report`);
 - the finishes and take-outs it returns are reported to the observer (a
   closed loop's release, a prefill worker's handoff);
@@ -30,7 +30,9 @@ outside events and what it returns for:
 import numpy as np
 
 from servesim.engine.config import EngineConfig
-from servesim.engine import fast_run
+from servesim.engine import worker_state
+from servesim.engine.pass_loop import add_request
+from servesim.engine.worker import WorkerLoop
 from servesim.engine.events import ARRIVAL, DECIDE, EventLoop, wake_order
 from servesim.engine.launch import launch_params
 from servesim.engine.pricing import PassPricer
@@ -59,21 +61,21 @@ class Rank:
                                  config.kv_cache.block_size, config, data_parallel_size)
         self.num_requests = 0
         # arrays (rows of the worker's), so that the compiled pass loop
-        # (engine/fast_run.py) keeps them too
+        # (engine/pass_loop.py) keeps them too
         self.counters = np.zeros(2, dtype=np.int64) if counters is None else counters
         self.usage = np.zeros(4, dtype=np.float64) if usage is None else usage
         # passes, tokens scheduled; KV usage: area, max, value, since
 
-    num_passes = property(lambda self: int(self.counters[fast_run.C_PASSES]))
-    tokens_scheduled = property(lambda self: int(self.counters[fast_run.C_TOKENS]))
-    usage_max = property(lambda self: float(self.usage[fast_run.U_MAX]))
+    num_passes = property(lambda self: int(self.counters[worker_state.C_PASSES]))
+    tokens_scheduled = property(lambda self: int(self.counters[worker_state.C_TOKENS]))
+    usage_max = property(lambda self: float(self.usage[worker_state.U_MAX]))
 
     def cpu_tier_blocks(self) -> int:
         return self.connector.num_blocks if self.connector is not None else 0
 
     def usage_mean(self, end: float) -> float:
         u = self.usage
-        area = u[fast_run.U_AREA] + u[fast_run.U_VALUE] * (end - u[fast_run.U_SINCE])
+        area = u[worker_state.U_AREA] + u[worker_state.U_VALUE] * (end - u[worker_state.U_SINCE])
         return float(area / end) if end > 0 else 0.0
 
 
@@ -104,31 +106,31 @@ class EngineCore:
                            usage[r], counters[r])
                       for r in range(data_parallel_size)]
         self.pass_log = pass_log
-        # the compiled pass loop (engine/fast_run.py); a disaggregated pool's
+        # the compiled pass loop (engine/pass_loop.py); a disaggregated pool's
         # handoffs are attached to it after this (`attach_transfers`)
-        self.compiled = fast_run.CompiledWorker(
+        self.compiled = WorkerLoop(
             self.ranks, index, {None: -1, "prefill": 0, "decode": 1}[pool],
             self.async_scheduling, launch_params(self.launch), usage, counters)
         # the compiled loop's one live event on the event loop: its key and
         # token (an earlier wake replaces it; the one it replaced is ignored)
         self._resume_key = None
         self._resume_token = 0
-        # a disaggregated deployment's workers run as one (engine/fast_workers.py):
+        # a disaggregated deployment's workers run as one (engine/disaggregated_loop.py):
         # the runner of their loop, and this worker's place in it
         self.runner = None
         self.slot = -1
 
-    busy_ms = property(lambda self: float(self.compiled.wt[fast_run.T_BUSY]))
-    num_passes = property(lambda self: int(self.compiled.ws[fast_run.W_PASSES]))
+    busy_ms = property(lambda self: float(self.compiled.wt[worker_state.T_BUSY]))
+    num_passes = property(lambda self: int(self.compiled.ws[worker_state.W_PASSES]))
 
     @property
     def clock_ms(self) -> float:
         """The instant of the compiled loop's last event (0 before any): the
         event loop's clock follows only the events put on it."""
-        return float(self.compiled.wt[fast_run.T_NOW])
+        return float(self.compiled.wt[worker_state.T_NOW])
 
     def attach_transfers(self, rank, transfers):
-        """Disaggregated mode: `transfers` (engine/fast_disagg.py) is `rank`'s side
+        """Disaggregated mode: `transfers` (engine/kv_handoff.py) is `rank`'s side
         of the KV handoffs, polled at each decision inside the compiled pass
         loop (it must come before the run starts)."""
         rank.transfers = transfers
@@ -143,31 +145,31 @@ class EngineCore:
         if c.idle:
             loop = self.loop
             if c.transfer_pending(loop.seq):
-                loop.seq = int(c.ws[fast_run.W_SEQ])
-                self._push_resume(float(c.wt[fast_run.T_XWAKE]), DECIDE, loop.seq)
+                loop.seq = int(c.ws[worker_state.W_SEQ])
+                self._push_resume(float(c.wt[worker_state.T_XWAKE]), DECIDE, loop.seq)
 
     # -- arrivals ------------------------------------------------------------
 
     def add_request(self, rank: int, request, num_prompt_tokens: int) -> bool:
         """A request (its row in the scheduler's table) arrives at `rank` now
-        (fast_run `add_request`); False if it can never fit (rejected)."""
+        (pass_loop `add_request`); False if it can never fit (rejected)."""
         self.ranks[rank].num_requests += 1  # routed here, rejected or not
         scheduler = self.ranks[rank].scheduler
         c = self.compiled
         loop = self.loop
-        c.ws[fast_run.W_SEQ] = loop.seq
-        if not fast_run.add_request(scheduler.arrays, c.ws, c.wt, request, num_prompt_tokens,
+        c.ws[worker_state.W_SEQ] = loop.seq
+        if not add_request(scheduler.arrays, c.ws, c.wt, request, num_prompt_tokens,
                                     loop.now):
             return False
-        if c.ws[fast_run.W_SEQ] != loop.seq:  # it woke the engine: a decision at this instant
-            loop.seq = int(c.ws[fast_run.W_SEQ])
+        if c.ws[worker_state.W_SEQ] != loop.seq:  # it woke the engine: a decision at this instant
+            loop.seq = int(c.ws[worker_state.W_SEQ])
             self._push_resume(loop.now, wake_order(loop.order), loop.seq)
         return True
 
     def take_arrivals(self, arrival_ms, seq) -> None:
         """Every request arrives here, in table order, at `arrival_ms`,
         admitted by the compiled loop itself
-        (fast_run `_arrive`: what `add_request` does, without a return to the
+        (pass_loop `_arrive`: what `add_request` does, without a return to the
         event loop at each arrival); the first arrival's event has sequence `seq`.
         For a worker of one rank that takes the whole open-loop workload."""
         self.compiled.take_arrivals(arrival_ms, seq)
@@ -193,18 +195,18 @@ class EngineCore:
     def _resume(self, token):
         """The compiled loop's next event, popped off the event loop: run the
         worker's events from it up to the observer's horizon
-        (engine/fast_run.py), reporting what it returns for."""
+        (engine/pass_loop.py), reporting what it returns for."""
         if token != self._resume_token:
             return  # replaced by an earlier event
         self._resume_key = None
         c = self.compiled
-        c.ws[fast_run.W_FORCE] = 1
+        c.ws[worker_state.W_FORCE] = 1
         while self.report(c.run(self.observer.horizon_key(), self.loop.seq, self.pass_log)):
             pass
         self.observer.on_progress(self)
 
     def report(self, state) -> bool:
-        """What the compiled loop returned for (`state`, engine/fast_run.py):
+        """What the compiled loop returned for (`state`, engine/pass_loop.py):
         the finishes and take-outs go to the observer, a decode decision's
         pulls to their senders, the next event past the horizon on the event
         loop; True if the loop must be called again (to settle a decision, or
@@ -212,30 +214,30 @@ class EngineCore:
         c = self.compiled
         loop = self.loop
         observer = self.observer
-        loop.seq = int(c.ws[fast_run.W_SEQ])
-        if state == fast_run.FINISHED or state == fast_run.TAKEN_OUT:
+        loop.seq = int(c.ws[worker_state.W_SEQ])
+        if state == worker_state.FINISHED or state == worker_state.TAKEN_OUT:
             # what the requests leaving release starts at the event run last
-            loop.now = float(c.wt[fast_run.T_NOW])
-        n = c.ws[fast_run.W_NFIN]
+            loop.now = float(c.wt[worker_state.T_NOW])
+        n = c.ws[worker_state.W_NFIN]
         if n:
             for i in c.finished[:n].tolist():
                 observer.on_done(i, finished=True)
-        if state == fast_run.HORIZON:
-            self._push_resume(float(c.wt[fast_run.T_NEXT]), int(c.ws[fast_run.W_NEXT_ORDER]),
-                              int(c.ws[fast_run.W_NEXT_SEQ]))
+        if state == worker_state.HORIZON:
+            self._push_resume(float(c.wt[worker_state.T_NEXT]), int(c.ws[worker_state.W_NEXT_ORDER]),
+                              int(c.ws[worker_state.W_NEXT_SEQ]))
             return False
-        if state == fast_run.IDLE:
+        if state == worker_state.IDLE:
             return False
-        if state == fast_run.TAKEN_OUT:
-            n = c.ws[fast_run.W_NPULL]
+        if state == worker_state.TAKEN_OUT:
+            n = c.ws[worker_state.W_NPULL]
             if n:  # a decode decision's transfers: their prefill ranks wait for them
                 transfers = self.ranks[0].transfers.transfers
                 for i in c.pulls[:n].tolist():
                     transfers.senders[transfers.link_of[i]].scheduled(i)
-            for i in c.taken[:c.ws[fast_run.W_NOUT]].tolist():
+            for i in c.taken[:c.ws[worker_state.W_NOUT]].tolist():
                 observer.on_done(i, finished=False)
-        elif state == fast_run.LOG_FULL:
+        elif state == worker_state.LOG_FULL:
             self.pass_log.grow(len(self.ranks), c.width)
-        elif state == fast_run.ROOM:
+        elif state == worker_state.ROOM:
             c.regrow()
         return True

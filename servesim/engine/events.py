@@ -43,7 +43,7 @@ class EventLoop:
 
     def push(self, time, order, seq, handler, arg=None):
         """An event whose sequence number was drawn already (`seq`, from
-        `self.seq`): the compiled pass loop (engine/fast_run.py) draws its
+        `self.seq`): the compiled pass loop (engine/pass_loop.py) draws its
         events' numbers as it goes and puts the next one on the loop when it
         stops."""
         heapq.heappush(self._heap, (time, order, seq, handler, arg))

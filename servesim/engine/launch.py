@@ -15,7 +15,7 @@ and a launch never ends after its pass. Without `launch` a launch costs nothing
 
 The rule is one kernel, `launch_end_ms`, over the parameter array of
 `launch_params` (made by the engine core, engine/core.py), used by the
-compiled pass loop (engine/fast_run.py).
+compiled pass loop (engine/pass_loop.py).
 """
 
 import numpy as np

@@ -22,7 +22,7 @@ scheduler's limits (docs/engine.md):
   features are disjoint: docs/fitting.md);
 - `d <= C <= d * L`: a decode request knows at least one token (under async
   scheduling the newest token can still be a placeholder) and at most
-  `L = min(max_model_len, (num_gpu_blocks - 1) * block_size)` (a request
+  `L = min(max_model_len, num_usable_blocks * block_size)` (a request
   never outgrows its model length, nor the pool without its null block).
 
 Every pricing model is monotone in `T`, in `D` and in `C` for fixed `(p, d)`
@@ -101,7 +101,7 @@ class RunShape:
     @classmethod
     def of(cls, scheduler: SchedulerConfig, kv_cache: KVCacheConfig,
            num_speculative_tokens: int = 0) -> "RunShape":
-        pool_tokens = (kv_cache.num_gpu_blocks - 1) * kv_cache.block_size
+        pool_tokens = kv_cache.num_usable_blocks * kv_cache.block_size
         model_len = scheduler.max_model_len
         if model_len is not None and model_len <= pool_tokens:
             context, by = model_len, "max_model_len"

@@ -19,7 +19,7 @@ from servesim.engine import fitted_formula
 from servesim.engine.config import TimingConfig
 from servesim.deployment.table_pricing import table_pass_ms
 from servesim.jit import njit
-from servesim.scheduler import fast
+from servesim.scheduler import output
 
 fitted_ms = njit(fitted_formula.fitted_ms)
 
@@ -74,11 +74,11 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
 @njit
 def price_features(model, params, feats, kv_capacity_tokens):
     """`price_pass` over a compiled scheduler's feature array."""
-    return price_pass(model, params, feats[fast.PREFILL_TOKENS], feats[fast.NUM_PREFILL],
-                      feats[fast.DECODE_REQS], feats[fast.DECODE_CTX],
-                      feats[fast.TOTAL_TOKENS], feats[fast.N_SCHED], kv_capacity_tokens,
-                      feats[fast.SPEC_TOKENS], feats[fast.PREFILL_CTX],
-                      feats[fast.PREFILL_SPEC])
+    return price_pass(model, params, feats[output.PREFILL_TOKENS], feats[output.NUM_PREFILL],
+                      feats[output.DECODE_REQS], feats[output.DECODE_CTX],
+                      feats[output.TOTAL_TOKENS], feats[output.N_SCHED], kv_capacity_tokens,
+                      feats[output.SPEC_TOKENS], feats[output.PREFILL_CTX],
+                      feats[output.PREFILL_SPEC])
 
 
 class PassPricer:
@@ -104,13 +104,3 @@ class PassPricer:
         else:
             params = []
         self.params = np.array(params + [0.0] * (6 - len(params)), dtype=np.float64)
-
-    def price(self, out) -> float:
-        """GPU time of the pass a `SchedulerOutput` describes (0 if empty)."""
-        if not out.num_scheduled:
-            return 0.0
-        return price_pass(self.model, self.params, out.prefill_tokens,
-                          out.num_prefill_requests, out.decode_requests,
-                          out.decode_context, out.total_tokens, out.num_scheduled,
-                          self.kv_capacity_tokens, out.spec_tokens, out.prefill_context,
-                          out.prefill_spec_tokens)

@@ -32,14 +32,6 @@ class TokenLog:
         self.detokenize_ms = detokenize_ms
         self.last_client = np.full(len(counts), -np.inf)
 
-    def release(self, request, release_ms: float):
-        """Record the request's newest token (its `num_output_tokens`-th)."""
-        i = request.index
-        client = max(release_ms, self.last_client[i]) + self.detokenize_ms
-        self.last_client[i] = client
-        self.client_ms[self.offsets[i] + request.num_output_tokens - 1] = client
-        return client
-
     def with_detokenize(self, detokenize_ms: float) -> "TokenLog":
         """The same log (arrays shared) detokenizing at `detokenize_ms`: the
         pools of a disaggregated run release into one log, each with its own

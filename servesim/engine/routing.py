@@ -2,7 +2,7 @@
 request goes to, each rule stated once, compiled, for both callers — the
 replay's router at each arrival it handles (servesim/replay/router.py) and
 the compiled loop of an aggregated cluster that takes its open-loop arrivals
-itself (engine/fast_cluster.py `run_cluster`).
+itself (engine/aggregated_loop.py `run_cluster`).
 
 Ranks are numbered `j = worker * data_parallel_size + rank` ((worker, rank)
 order); the ranks' scheduler arrays `sched_t` (a tuple of `SchedulerArrays`,
@@ -52,11 +52,12 @@ from enum import IntEnum
 import numpy as np
 
 from servesim.engine.config import RouterConfig
-from servesim.engine.fast_run import padded
+from servesim.engine.worker import padded
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
-from servesim.scheduler import fast
+from servesim.scheduler.kv_cache_manager import can_ever_fit
 from servesim.scheduler.request import RequestStatus
+from servesim.scheduler.scheduler import pending_prefill_tokens
 
 
 class RoutePolicy(IntEnum):
@@ -215,7 +216,7 @@ def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt
                 best = j  # reservoir sampling: each tied rank alike
     if temperature > 0.0:
         best = softmax_sample(logits, n, lo, hi, temperature, uniform(ints))
-    if admit and fast.can_ever_fit(sched_t[best].cfg, num_prompt_tokens):
+    if admit and can_ever_fit(sched_t[best].cfg, num_prompt_tokens):
         hit = kvr[6][best]
         kv_router_book(kvr, best, i, idents, num_full, num_prompt_tokens - hit * block_size)
     return best
@@ -258,7 +259,7 @@ def least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned):
             continue
         S = sched_t[j].S
         requests = S[0].num_running + S[0].num_waiting + S[0].num_waiting_for_kv
-        used = num_gpu_blocks - 1 - sched_t[j].pscal[bp.NUM_FREE]
+        used = bp.usable_blocks(num_gpu_blocks) - sched_t[j].pscal[bp.NUM_FREE]
         if best < 0 or requests < best_requests or (requests == best_requests
                                                     and used < best_used):
             best, best_requests, best_used = j, requests, used
@@ -271,7 +272,7 @@ def least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
     """`least_prefill`'s choice: the first rank of least cost, a rank's cost being
     the prompt tokens not in its prefix cache (the longest cached run of the
     first `max_blocks` identities, `scratch` holding them) plus the prefill
-    tokens queued there (fast.py `pending_prefill_tokens`, kept as requests
+    tokens queued there (scheduler.py `pending_prefill_tokens`, kept as requests
     move, so this is O(prompt blocks) per rank)."""
     best = -1
     best_cost = 0
@@ -280,7 +281,7 @@ def least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
             continue
         s = sched_t[j]
         hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, max_blocks, scratch)
-        cost = num_prompt_tokens - hit * block_size + fast.pending_prefill_tokens(s.S)
+        cost = num_prompt_tokens - hit * block_size + pending_prefill_tokens(s.S)
         if best < 0 or cost < best_cost:
             best, best_cost = j, cost
     return best

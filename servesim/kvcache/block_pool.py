@@ -33,6 +33,12 @@ NUM_FREE = 0
 NONE = -1
 
 
+@njit(inline="always")
+def usable_blocks(num_gpu_blocks):
+    """`KVCacheConfig.num_usable_blocks` in kernels: all but the null block 0."""
+    return num_gpu_blocks - 1
+
+
 @njit
 def _queue_remove(blocks, b):
     p = blocks[PREV, b]
@@ -82,14 +88,14 @@ def init_pool(blocks, idmap, scalars):
     for b in range(1, num_blocks):
         _queue_insert_after(blocks, blocks[PREV, tail], b)
     blocks[REF, 0] = 1  # the null block is never free
-    scalars[NUM_FREE] = num_blocks - 1
+    scalars[NUM_FREE] = usable_blocks(num_blocks)
 
 
 @njit
 def kv_usage(scalars, num_gpu_blocks):
     """vLLM's KV cache usage (`BlockPool.get_usage`, vllm/v1/core/block_pool.py):
-    1 - free blocks / usable blocks, the null block 0 not counted."""
-    return 1.0 - scalars[NUM_FREE] / (num_gpu_blocks - 1)
+    1 - free blocks / usable blocks."""
+    return 1.0 - scalars[NUM_FREE] / usable_blocks(num_gpu_blocks)
 
 
 @njit

@@ -7,13 +7,20 @@ import attrs
 class KVCacheConfig:
     """`engine.block_size`, `engine.num_gpu_blocks`, `engine.enable_prefix_caching`.
 
-    `num_gpu_blocks` counts vLLM's null block 0, so `num_gpu_blocks - 1` blocks
-    are usable (vllm/v1/core/block_pool.py).
+    `num_gpu_blocks` counts vLLM's null block 0 (`num_usable_blocks`).
     """
 
     block_size: int = 16
     num_gpu_blocks: int = 8192
     enable_prefix_caching: bool = True
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """The blocks requests can hold: all but vLLM's null block 0, which is
+        never handed out (vllm/v1/core/block_pool.py `BlockPool.__init__`).
+        The one statement of the rule; kernels read it from the scheduler's
+        `cfg[0].num_usable_blocks` and block_pool.py's `usable_blocks`."""
+        return self.num_gpu_blocks - 1
 
 
 @attrs.frozen

@@ -7,12 +7,16 @@ load the workload, simulate, summarise; `Report.write(dir)` writes the files.
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
 from servesim.errors import InputError
 from servesim.config.config_types import Config
 from servesim.results.records import SimulationResult
+
+if TYPE_CHECKING:
+    from servesim.workload.workload import Workload
 
 
 @attrs.define(eq=False)
@@ -97,7 +101,7 @@ def prepare(config, overrides=(), limit=None, pass_log=None, telemetry_interval_
     simulating (`preflight.check_run`). `servesim validate` and `run` both
     go through here, so validate accepts exactly what run accepts."""
     from servesim.config.preflight import check_config, check_run
-    from servesim.workload.workload import load_workload
+    from servesim.workload.load import load_workload
 
     cfg = resolve_config(config, overrides)
     cfg = _with_run_options(cfg, limit, pass_log, telemetry_interval_ms)
@@ -140,7 +144,6 @@ def run(
     plain run's TPOT and the speedup.
     Raises :class:`InputError` on bad input.
     """
-    from servesim.replay.driver import simulate
     from servesim.results.metrics import summarize
     from servesim.config import config as cfgmod
 
@@ -178,3 +181,27 @@ def run(
 
         summary["deployment"] = deployment_summary(cfg.engine, cfg.cluster.data_parallel_size)
     return Report(summary=summary, result=result, config=cfg)
+
+
+def simulate(config: Config, workload: "Workload", progress=None) -> SimulationResult:
+    """Replay `workload` under `config`. `progress(sim_time_ms, requests_done)`
+    is called now and then when given."""
+    return make_replay(config, workload, progress).run()
+
+
+def make_replay(config: Config, workload: "Workload", progress=None):
+    """The replay of `config`: aggregated workers (servesim/replay/driver.py
+    `Replay`), or disaggregated prefill and decode pools
+    (servesim/replay/disaggregated.py)."""
+    if config.cluster.disaggregated:
+        if workload.sessions is not None:
+            from servesim.errors import InputError
+
+            raise InputError("workload: sessions and agent graphs need cluster.mode: aggregated "
+                             "(a turn's arrival follows its predecessor's finish on one pool)")
+        from servesim.replay.disaggregated import DisaggregatedReplay
+
+        return DisaggregatedReplay(config, workload, progress)
+    from servesim.replay.driver import Replay
+
+    return Replay(config, workload, progress)

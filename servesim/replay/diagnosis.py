@@ -1,7 +1,7 @@
 """Why requests did not finish: the causes the run's warnings name.
 
 A request is rejected at arrival when its prompt can never fit one rank
-(more blocks than `num_gpu_blocks - 1`, or not shorter than `max_model_len`;
+(more blocks than `num_usable_blocks`, or not shorter than `max_model_len`;
 docs/engine.md §3), and taken out as unfinished when, although admitted, it
 could never complete: its prompt exceeds `max_num_batched_tokens` with
 chunked prefill off (no pass can ever schedule it), its prompt plus output
@@ -24,8 +24,8 @@ def unfinished_cause(engine, prompt: int, max_tokens: int) -> str:
     if not sched.enable_chunked_prefill and prompt > sched.max_num_batched_tokens:
         return (f"prompt longer than max_num_batched_tokens ({sched.max_num_batched_tokens}) "
                 f"with chunked prefill off")
-    if -(-(prompt + max_tokens) // kv.block_size) > kv.num_gpu_blocks - 1:
-        return f"prompt plus output outgrows the KV cache ({kv.num_gpu_blocks - 1} usable blocks)"
+    if -(-(prompt + max_tokens) // kv.block_size) > kv.num_usable_blocks:
+        return f"prompt plus output outgrows the KV cache ({kv.num_usable_blocks} usable blocks)"
     return "requests preempted each other without progress"
 
 
@@ -34,7 +34,7 @@ def rejected_cause(engine, prompt: int) -> str:
     kv, max_model_len = engine.kv_cache, engine.scheduler.max_model_len
     if max_model_len is not None and prompt >= max_model_len:
         return f"prompt not shorter than max_model_len ({max_model_len})"
-    return f"prompt needs more KV blocks than a rank holds ({kv.num_gpu_blocks - 1} usable blocks)"
+    return f"prompt needs more KV blocks than a rank holds ({kv.num_usable_blocks} usable blocks)"
 
 
 def unfinished_message(engine, ids, indices, prompt, max_tokens) -> str:

@@ -2,7 +2,7 @@
 disaggregated`): routing at arrival and at handoff, the two request states
 of each request (a prefill-side and a decode-side one: rows of two request
 tables), and their results merged into one record. The KV handoff itself —
-held blocks, links, pulls — is servesim/engine/fast_disagg.py.
+held blocks, links, pulls — is servesim/engine/kv_handoff.py.
 
 - At arrival the router (`cluster.router`) picks a prefill worker and rank.
   The request runs there with `max_tokens = 1` (nixl_connector.py's
@@ -31,16 +31,17 @@ from collections import namedtuple
 
 import numpy as np
 
-from servesim.engine import fast_disagg
+from servesim.engine import kv_handoff
 from servesim.engine.core import EngineCore
-from servesim.engine.fast_workers import CompiledWorkers, pool_arrays
+from servesim.engine.disaggregated_loop import DisaggregatedLoop
+from servesim.engine.worker_loop import pool_arrays
 from servesim.replay.driver import Replay
 from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED, PoolStats, RunStats
 from servesim.jit import Entry
 from servesim.replay.router import Router
 from servesim.scheduler import check
-from servesim.scheduler import fast_table
-from servesim.scheduler.fast import FastScheduler
+from servesim.scheduler.request import RequestTable
+from servesim.scheduler.rank import RankScheduler
 
 # One handoff's transfer as tests read it (`transfer(i)`).
 TransferView = namedtuple("TransferView", "tokens nbytes submit_ms start_ms finish_ms land_ms "
@@ -66,36 +67,37 @@ class _PrefillObserver:
 
 class _ArraySides:
     """A prefill-side and a decode-side
-    :class:`~servesim.scheduler.fast_table.RequestTable` (request i is row i
-    of both), scheduled by the compiled :class:`FastScheduler`, and the
-    handoffs' transfers as arrays (engine/fast_disagg.py)."""
+    :class:`~servesim.scheduler.request.RequestTable` (request i is row i
+    of both), scheduled by the compiled :class:`RankScheduler`, and the
+    handoffs' transfers as arrays (engine/kv_handoff.py)."""
 
     def __init__(self, replay):
         self.replay = replay
         w = replay.workload
         n = len(w)
         max_tokens = replay.max_tokens
-        self.prefill = fast_table.RequestTable(w.request_ids, w.input_length,
+        self.prefill = RequestTable(w.request_ids, w.input_length,
                                                np.minimum(max_tokens, 1), w.priority,
                                                replay.idents, replay.ident_offsets)
         self.prefill.R["do_remote_decode"] = max_tokens > 1
-        self.decode = fast_table.RequestTable(w.request_ids, w.input_length, max_tokens,
+        self.decode = RequestTable(w.request_ids, w.input_length, max_tokens,
                                               w.priority, replay.idents, replay.ident_offsets)
         self.handed = np.zeros(n, dtype=bool)
         self.transfers = None  # at connect, once the links are known
-        self._hand_off = Entry(fast_disagg.hand_off)
+        self._hand_off = Entry(kv_handoff.hand_off)
 
     def make_scheduler(self, engine, pool):
         tokens = self.replay.tokens.with_detokenize(engine.detokenize_ms)
         table = self.prefill if pool == "prefill" else self.decode
-        return lambda config, blocks: FastScheduler(config, blocks, table, tokens)
+        return lambda config, blocks: RankScheduler(config, blocks, table, tokens)
 
     def connect(self, prefill_cores, decode_cores, config):
         links = sum(len(core.ranks) for core in prefill_cores)
-        self.transfers = fast_disagg.Transfers(len(self.handed), links, config)
-        fast_disagg.connect(prefill_cores, decode_cores, self.transfers)
+        self.transfers = kv_handoff.Transfers(len(self.handed), links, config)
+        kv_handoff.connect(prefill_cores, decode_cores, self.transfers)
 
-    def create_prefill(self, i, prompt, max_tokens):
+    def create_prefill(self, i):
+        """Request i arrives at the prefill pool: its arrival instant in the table."""
         self.prefill.R["arrival_time"][i] = self.replay.arrival_ms[i]
         return i
 
@@ -103,7 +105,7 @@ class _ArraySides:
         return bool(self.prefill.R["do_remote_decode"][i])
 
     def handoff(self, i, source_core, source_rank, decode_core, decode_rank):
-        """The handoff (engine/fast_disagg.py `hand_off`): request i joins
+        """The handoff (engine/kv_handoff.py `hand_off`): request i joins
         the decode rank's waiting queue now with its prompt and first
         token."""
         self._hand_off(self.prefill.R, self.decode.R, i, self.replay.loop.now)
@@ -124,11 +126,11 @@ class _ArraySides:
         out["finish_pass"] = np.where(handed & (decode_finish >= 0), decode_finish,
                                       out["finish_pass"])
         X = self.transfers
-        tokens = X.I[:, fast_disagg.X_TOKENS]
+        tokens = X.I[:, kv_handoff.X_TOKENS]
         has = handed & (tokens >= 0)
         transferred = np.where(has, tokens, -1)
-        wait = np.where(tokens > 0, X.F[:, fast_disagg.X_LAND] - X.F[:, fast_disagg.X_SUBMIT], 0.0)
-        known = has & ((X.I[:, fast_disagg.X_DONE] != 0) | (tokens == 0))
+        wait = np.where(tokens > 0, X.F[:, kv_handoff.X_LAND] - X.F[:, kv_handoff.X_SUBMIT], 0.0)
+        known = has & ((X.I[:, kv_handoff.X_DONE] != 0) | (tokens == 0))
         kv_transfer_ms = np.where(known, wait, math.nan)
         # admitted with nothing held to pull
         nothing = handed & (tokens < 0) & (D["kv_handoff"] == 0)
@@ -137,7 +139,7 @@ class _ArraySides:
         return out, kv_transfer_ms, transferred
 
     def transfer_bytes(self) -> int:
-        return int(self.transfers.I[:, fast_disagg.X_NBYTES].sum())
+        return int(self.transfers.I[:, kv_handoff.X_NBYTES].sum())
 
     def handed_off(self, i) -> bool:
         return bool(self.handed[i])
@@ -155,10 +157,10 @@ class _ArraySides:
         if not X.has(i):
             return None
         F = X.F[i]
-        return TransferView(int(X.I[i, fast_disagg.X_TOKENS]), int(X.I[i, fast_disagg.X_NBYTES]),
-                            float(F[fast_disagg.X_SUBMIT]), float(F[fast_disagg.X_START]),
-                            float(F[fast_disagg.X_FINISH]), float(F[fast_disagg.X_LAND]),
-                            bool(X.I[i, fast_disagg.X_DONE]), float(F[fast_disagg.X_FREED]))
+        return TransferView(int(X.I[i, kv_handoff.X_TOKENS]), int(X.I[i, kv_handoff.X_NBYTES]),
+                            float(F[kv_handoff.X_SUBMIT]), float(F[kv_handoff.X_START]),
+                            float(F[kv_handoff.X_FINISH]), float(F[kv_handoff.X_LAND]),
+                            bool(X.I[i, kv_handoff.X_DONE]), float(F[kv_handoff.X_FREED]))
 
 
 class DisaggregatedReplay(Replay):
@@ -189,10 +191,10 @@ class DisaggregatedReplay(Replay):
         sides.connect(self.prefill_workers, self.decode_workers, cluster.kv_transfer)
         self.workers = self.prefill_workers + self.decode_workers
         self._use_compiled_log(buffer)
-        self.runner = None  # the workers' compiled loop (engine/fast_workers.py)
+        self.runner = None  # the workers' compiled loop (engine/disaggregated_loop.py)
         self._runner_done = 0  # the requests it finished or rejected, accounted for
-        if CompiledWorkers.fit(self.workers, len(self.prefill_workers)):
-            self.runner = CompiledWorkers(self.workers, len(self.prefill_workers), self.loop,
+        if DisaggregatedLoop.fit(self.workers, len(self.prefill_workers)):
+            self.runner = DisaggregatedLoop(self.workers, len(self.prefill_workers), self.loop,
                                           self, buffer)
         (prefill_key, _), (decode_key, _) = cluster.data_parallel_widths()
         self.router = Router(cluster.router, self.prefill_workers, prefill_dp, prefill_key)
@@ -254,7 +256,7 @@ class DisaggregatedReplay(Replay):
 
     def _loop_takes_arrivals(self) -> bool:
         """Whether the workers' compiled loop takes the arrivals
-        (`CompiledWorkers.take_arrivals`): an open loop without sessions, no
+        (`DisaggregatedLoop.take_arrivals`): an open loop without sessions, no
         request pinned to a rank out of either pool's range (the router names
         it when it arrives), and not the debug mode (it checks the routers'
         kept counts at each arrival)."""
@@ -284,7 +286,7 @@ class DisaggregatedReplay(Replay):
         """The pools touch each other (a prefill finish hands a request to a
         decode worker, a decode decision's pull makes a prefill rank wait):
         the workers run as one compiled loop in their events' key order
-        (engine/fast_workers.py), which stops at the next event of any
+        (engine/disaggregated_loop.py), which stops at the next event of any
         other kind."""
         return min(super().horizon_key(), self.loop.next_key())
 
@@ -305,7 +307,7 @@ class DisaggregatedReplay(Replay):
                                          int(w.dp_rank[i]), admit=decode_fits)
         self.prefill_worker_of[i] = worker
         self.prefill_rank_of[i] = rank
-        request = self.sides.create_prefill(i, prompt, max_tokens)
+        request = self.sides.create_prefill(i)
         core = self.prefill_workers[worker]
         if not decode_fits:
             core.ranks[rank].num_requests += 1  # routed there, as add_request counts rejections

@@ -11,7 +11,7 @@ import numpy as np
 
 from servesim.engine.core import EngineCore
 from servesim.engine.events import ARRIVAL, RELEASED, EventLoop
-from servesim.engine.fast_run import PassLogBuffer
+from servesim.engine.pass_log_buffer import PassLogBuffer
 from servesim.engine.release import TokenLog
 from servesim.scheduler.speculative import spec_table_slack
 from servesim.errors import InvariantError
@@ -27,21 +27,21 @@ from servesim.replay.telemetry import Telemetry
 from servesim.workload.workload import Workload
 from servesim.scheduler import check
 from servesim.scheduler.check import AFTER_OUTPUT, check_table
-from servesim.scheduler.fast import FastScheduler
-from servesim.scheduler import fast_table
+from servesim.scheduler.rank import RankScheduler
+from servesim.scheduler.request import RequestTable
 
 _PROGRESS_EVERY_S = 0.1  # wall seconds between progress callbacks
 _AFTER_EVERY_ORDER = 99  # a key after every event at its instant (engine/events.py orders)
 
 
-class ArrayRequests:
+class RequestStore:
     """The requests: columns of a :class:`RequestTable`, scheduled by the
-    compiled :class:`FastScheduler`."""
+    compiled :class:`RankScheduler`."""
 
     def __init__(self, replay):
         self.replay = replay
         w = replay.workload
-        self.table = fast_table.RequestTable(w.request_ids, w.input_length, replay.max_tokens,
+        self.table = RequestTable(w.request_ids, w.input_length, replay.max_tokens,
                                   w.priority, replay.idents, replay.ident_offsets,
                                   w.accepted_offsets, w.accepted_values)
 
@@ -50,7 +50,7 @@ class ArrayRequests:
         return i
 
     def make_scheduler(self, config, pool):
-        scheduler = FastScheduler(config, pool, self.table, self.replay.tokens,
+        scheduler = RankScheduler(config, pool, self.table, self.replay.tokens,
                                   self.replay.config.engine.speculative)
         w = self.replay.workload
         # a finish may release an arrival: closed loop, or a session's next turn
@@ -128,7 +128,7 @@ class Replay:
     def _build_workers(self, num_identities):
         """The request store, the workers and the router."""
         config = self.config
-        self.store = ArrayRequests(self)
+        self.store = RequestStore(self)
         cluster = config.cluster
         buffer = self._pass_log_buffer()
         self.workers = [EngineCore(w, config.engine, cluster.data_parallel_size, self.loop,
@@ -156,9 +156,9 @@ class Replay:
         self._log_in_order = False
         if buffer is None:
             return
-        from servesim.replay.pass_log import CompiledPassLog
+        from servesim.replay.pass_log import PassLog
 
-        self.pass_log = CompiledPassLog(buffer, self.workload.request_ids,
+        self.pass_log = PassLog(buffer, self.workload.request_ids,
                                         self.config.engine.speculative is not None)
         self._log_in_order = len(self.workers) > 1
 
@@ -178,11 +178,11 @@ class Replay:
             self._own_arrivals = True
             self._next_release = n
         elif concurrency is None and self._cluster_takes_arrivals():
-            # the workers' compiled loop routes and admits them (fast_cluster.py)
-            from servesim.engine.fast_cluster import CompiledCluster
+            # the workers' compiled loop routes and admits them (aggregated_loop.py)
+            from servesim.engine.aggregated_loop import AggregatedLoop
 
             w = self.workload
-            self.cluster = CompiledCluster(
+            self.cluster = AggregatedLoop(
                 self.workers, self.loop, self, self.workers[0].pass_log, self.router.arrays,
                 self.router.code, self.arrival_ms, np.ascontiguousarray(w.dp_rank, np.int64),
                 self.worker_of, self.rank_of, self.status, STATUS_FINISHED, STATUS_REJECTED)
@@ -221,16 +221,16 @@ class Replay:
 
     def _cluster_takes_arrivals(self) -> bool:
         """Whether the open-loop arrivals can go to the workers' compiled loop,
-        which routes them itself (engine/fast_cluster.py): several workers
+        which routes them itself (engine/aggregated_loop.py): several workers
         or ranks whose loops take arguments of one type, no request pinned to
         a rank out of range (the router names it when it arrives), and not
         the debug mode (it checks across schedulers after every event)."""
-        from servesim.engine.fast_cluster import CompiledCluster
+        from servesim.engine.aggregated_loop import AggregatedLoop
 
         cluster = self.config.cluster
         return ((cluster.workers > 1 or cluster.data_parallel_size > 1) and not check.enabled()
                 and not (self.workload.dp_rank >= cluster.data_parallel_size).any()
-                and CompiledCluster.fit(self.workers))
+                and AggregatedLoop.fit(self.workers))
 
     def _sync_arrivals(self):
         """Account for the arrivals the workers' compiled loop admitted since
@@ -405,7 +405,7 @@ class Replay:
 
     def _make_records(self, results, worker, dp_rank, **extra) -> RequestRecords:
         """The records from per-request result arrays (`results`, as
-        `ArrayRequests.results` gives them) and placements."""
+        `RequestStore.results` gives them) and placements."""
         w = self.workload
         n = len(w)
         produced = results.pop("output_tokens")
@@ -467,24 +467,3 @@ def _add_cpu_tier_stats(stats: RunStats, connector):
     stats.cpu_tier_bytes_loaded += connector.bytes_loaded
     stats.cpu_tier_bytes_stored += connector.bytes_stored
     stats.cpu_tier_blocks_max = max(stats.cpu_tier_blocks_max, connector.tier.max_blocks)
-
-
-def simulate(config: Config, workload: Workload, progress=None) -> SimulationResult:
-    """Replay `workload` under `config`. `progress(sim_time_ms, requests_done)`
-    is called now and then when given."""
-    return make_replay(config, workload, progress).run()
-
-
-def make_replay(config: Config, workload: Workload, progress=None):
-    """The :class:`Replay` of `config`: aggregated workers, or disaggregated
-    prefill and decode pools (servesim/replay/disaggregated.py)."""
-    if config.cluster.disaggregated:
-        if workload.sessions is not None:
-            from servesim.errors import InputError
-
-            raise InputError("workload: sessions and agent graphs need cluster.mode: aggregated "
-                             "(a turn's arrival follows its predecessor's finish on one pool)")
-        from servesim.replay.disaggregated import DisaggregatedReplay
-
-        return DisaggregatedReplay(config, workload, progress)
-    return Replay(config, workload, progress)

@@ -1,7 +1,7 @@
 """The pass log of compiled runs (`passes.jsonl`, README.md, "Outputs"), read from the
-`PassLogBuffer` the compiled pass loop fills (servesim/engine/fast_run.py).
+`PassLogBuffer` the compiled pass loop fills (servesim/engine/pass_loop.py).
 
-`CompiledPassLog` is a sequence of one dict per line (pass, pool in
+`PassLog` is a sequence of one dict per line (pass, pool in
 disaggregated mode, worker, dp_rank, start/end/decided/launch-end instants,
 scheduled, preempted, finished, free blocks after schedule), made only when
 asked for, and writes its JSON lines straight from the buffer's columns: the
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from servesim.engine import fast_run as fr
+from servesim.engine import pass_log_buffer as lb
 from servesim.jit import njit
 from servesim.results.output import _ids
-from servesim.scheduler.fast import KIND_NAMES, PassKind
+from servesim.scheduler.output import KIND_NAMES, PassKind
 
 assert (PassKind.NEW, PassKind.RESUMED, PassKind.RUNNING) == (0, 1, 2)
 assert KIND_NAMES == ("new", "resumed", "running")
@@ -24,8 +24,8 @@ assert KIND_NAMES == ("new", "resumed", "running")
 _POOLS = {0: "prefill", 1: "decode"}
 
 
-class CompiledPassLog(Sequence):
-    def __init__(self, buffer: fr.PassLogBuffer, request_ids, speculative: bool):
+class PassLog(Sequence):
+    def __init__(self, buffer: lb.PassLogBuffer, request_ids, speculative: bool):
         self.buffer = buffer
         self.ids = request_ids
         self.speculative = speculative
@@ -36,10 +36,10 @@ class CompiledPassLog(Sequence):
     def _slices(self, row):
         b = self.buffer
         h = b.head
-        start = h[row - 1] if row > 0 else (0,) * fr.NUM_LHEAD
-        return (slice(int(start[fr.L_SCHED_END]), int(h[row, fr.L_SCHED_END])),
-                slice(int(start[fr.L_PRE_END]), int(h[row, fr.L_PRE_END])),
-                slice(int(start[fr.L_FIN_END]), int(h[row, fr.L_FIN_END])))
+        start = h[row - 1] if row > 0 else (0,) * lb.NUM_LHEAD
+        return (slice(int(start[lb.L_SCHED_END]), int(h[row, lb.L_SCHED_END])),
+                slice(int(start[lb.L_PRE_END]), int(h[row, lb.L_PRE_END])),
+                slice(int(start[lb.L_FIN_END]), int(h[row, lb.L_FIN_END])))
 
     def __getitem__(self, row):
         if isinstance(row, slice):
@@ -59,13 +59,13 @@ class CompiledPassLog(Sequence):
             if self.speculative:
                 entry["spec"] = spec
             scheduled.append(entry)
-        record = {"pass": int(h[fr.L_PASS])}
-        if h[fr.L_POOL] >= 0:
-            record["pool"] = _POOLS[int(h[fr.L_POOL])]
+        record = {"pass": int(h[lb.L_PASS])}
+        if h[lb.L_POOL] >= 0:
+            record["pool"] = _POOLS[int(h[lb.L_POOL])]
         start, end, decided, launch_end = b.time[row].tolist()
         record.update({
-            "worker": int(h[fr.L_WORKER]),
-            "dp_rank": int(h[fr.L_RANK]),
+            "worker": int(h[lb.L_WORKER]),
+            "dp_rank": int(h[lb.L_RANK]),
             "start_ms": start,
             "end_ms": end,
             "decided_ms": decided,
@@ -73,7 +73,7 @@ class CompiledPassLog(Sequence):
             "scheduled": scheduled,
             "preempted": sorted(ids[i] for i in b.pre[pre].tolist()),
             "finished": sorted(ids[i] for i in b.fin[fin].tolist()),
-            "free_blocks_after_schedule": int(h[fr.L_FREE]),
+            "free_blocks_after_schedule": int(h[lb.L_FREE]),
         })
         return record
 
@@ -107,8 +107,8 @@ class CompiledPassLog(Sequence):
         buffers = [np.zeros(0, dtype=np.uint8)] * 2  # reused: their pages are faulted in once
         for first in range(0, n, chunk):
             last = min(n, first + chunk)
-            ends = b.head[first - 1] if first else np.zeros(fr.NUM_LHEAD, dtype=np.int64)
-            s0, p0, f0 = int(ends[fr.L_SCHED_END]), int(ends[fr.L_PRE_END]), int(ends[fr.L_FIN_END])
+            ends = b.head[first - 1] if first else np.zeros(lb.NUM_LHEAD, dtype=np.int64)
+            s0, p0, f0 = int(ends[lb.L_SCHED_END]), int(ends[lb.L_PRE_END]), int(ends[lb.L_FIN_END])
             h = b.head[last - 1]
             # by bit pattern, so -0.0 keeps its own text
             values, which = np.unique(b.time[first:last].ravel().view(np.int64),
@@ -118,8 +118,8 @@ class CompiledPassLog(Sequence):
             np.cumsum([len(t) for t in time_texts], out=time_offsets[1:])
             time_bytes = np.frombuffer("".join(time_texts).encode("ascii"), dtype=np.uint8)
             longest_time = int(np.diff(time_offsets).max())
-            size = ((int(h[fr.L_SCHED_END]) - s0) * (longest + 96)
-                    + (int(h[fr.L_PRE_END]) - p0 + int(h[fr.L_FIN_END]) - f0) * (longest + 2)
+            size = ((int(h[lb.L_SCHED_END]) - s0) * (longest + 96)
+                    + (int(h[lb.L_PRE_END]) - p0 + int(h[lb.L_FIN_END]) - f0) * (longest + 2)
                     + (last - first) * (384 + 4 * longest_time))  # keys, pool, int64s, times
             out = buffers[(first // chunk) % 2]
             if out.shape[0] < size:
@@ -204,14 +204,14 @@ def _lines(head, time_bytes, time_offsets, which, sched, pre, fin, first, last, 
     s, p, f = s0, p0, f0
     for row in range(first, last):
         at = _put(out, at, b'{"pass": ')
-        at = _put_int(out, at, head[row, fr.L_PASS])
+        at = _put_int(out, at, head[row, lb.L_PASS])
         at = _put(out, at, b", ")
-        if head[row, fr.L_POOL] >= 0:
-            at = _put(out, at, pools[head[row, fr.L_POOL]])
+        if head[row, lb.L_POOL] >= 0:
+            at = _put(out, at, pools[head[row, lb.L_POOL]])
         at = _put(out, at, b'"worker": ')
-        at = _put_int(out, at, head[row, fr.L_WORKER])
+        at = _put_int(out, at, head[row, lb.L_WORKER])
         at = _put(out, at, b', "dp_rank": ')
-        at = _put_int(out, at, head[row, fr.L_RANK])
+        at = _put_int(out, at, head[row, lb.L_RANK])
         at = _put(out, at, b', "start_ms": ')
         at = _put_text(out, at, time_bytes, time_offsets, which[t])
         t += 1
@@ -225,30 +225,30 @@ def _lines(head, time_bytes, time_offsets, which, sched, pre, fin, first, last, 
         at = _put_text(out, at, time_bytes, time_offsets, which[t])
         t += 1
         at = _put(out, at, b', "scheduled": [')
-        for e in range(s, head[row, fr.L_SCHED_END]):
+        for e in range(s, head[row, lb.L_SCHED_END]):
             if e > s:
                 at = _put(out, at, b", ")
-            at = _put_text(out, at, entry_bytes, entry_offsets, sched[e, fr.E_REQ])
-            at = _put_int(out, at, sched[e, fr.E_TOK])
-            if (sched[e, fr.E_CACHED] == 0 and sched[e, fr.E_KIND] == PassKind.RUNNING
+            at = _put_text(out, at, entry_bytes, entry_offsets, sched[e, lb.E_REQ])
+            at = _put_int(out, at, sched[e, lb.E_TOK])
+            if (sched[e, lb.E_CACHED] == 0 and sched[e, lb.E_KIND] == PassKind.RUNNING
                     and not speculative):
                 at = _put(out, at, decoding)
                 continue
             at = _put(out, at, b', "cached": ')
-            at = _put_int(out, at, sched[e, fr.E_CACHED])
-            at = _put(out, at, kinds[sched[e, fr.E_KIND]])
+            at = _put_int(out, at, sched[e, lb.E_CACHED])
+            at = _put(out, at, kinds[sched[e, lb.E_KIND]])
             if speculative:
                 at = _put(out, at, b', "spec": ')
-                at = _put_int(out, at, sched[e, fr.E_SPEC])
+                at = _put_int(out, at, sched[e, lb.E_SPEC])
             at = _put(out, at, b"}")
-        s = head[row, fr.L_SCHED_END]
+        s = head[row, lb.L_SCHED_END]
         at = _put(out, at, b'], "preempted": [')
-        at = _put_sorted_ids(out, at, pre[p:head[row, fr.L_PRE_END]], rank, id_bytes, id_offsets)
-        p = head[row, fr.L_PRE_END]
+        at = _put_sorted_ids(out, at, pre[p:head[row, lb.L_PRE_END]], rank, id_bytes, id_offsets)
+        p = head[row, lb.L_PRE_END]
         at = _put(out, at, b'], "finished": [')
-        at = _put_sorted_ids(out, at, fin[f:head[row, fr.L_FIN_END]], rank, id_bytes, id_offsets)
-        f = head[row, fr.L_FIN_END]
+        at = _put_sorted_ids(out, at, fin[f:head[row, lb.L_FIN_END]], rank, id_bytes, id_offsets)
+        f = head[row, lb.L_FIN_END]
         at = _put(out, at, b'], "free_blocks_after_schedule": ')
-        at = _put_int(out, at, head[row, fr.L_FREE])
+        at = _put_int(out, at, head[row, lb.L_FREE])
         at = _put(out, at, b"}\n")
     return at

@@ -2,7 +2,7 @@
 replay handles itself (closed loops, sessions, disaggregated pools, the
 debug mode): the rules are servesim/engine/routing.py's, compiled, which an
 aggregated cluster's compiled loop also applies to the open-loop arrivals it
-takes (engine/fast_cluster.py); docs/engine.md §11.
+takes (engine/aggregated_loop.py); docs/engine.md §11.
 
 - `round_robin`, `least_loaded`, `least_prefill`, `kv_router`, `weighted`:
   engine/routing.py.

@@ -176,7 +176,7 @@ def _write_text(path: Path, chunks) -> None:
     """Write chunks of lines: each a list of texts (each line then ends in a
     newline) or bytes already holding whole lines, newlines included, which
     may be overwritten once the chunk after next is asked for
-    (`CompiledPassLog.chunks`). Those are written by a second thread while
+    (`PassLog.chunks`). Those are written by a second thread while
     the next is made: a file's fresh pages can cost as much as its formatting."""
     with open(path, "wb") as f, _Writer(f) as writer:
         for lines in chunks:

@@ -137,7 +137,7 @@ class RunStats:
 class SimulationResult:
     """The driver's output. `pass_log` is a sequence of dicts in the format of
     `passes.jsonl` (README.md, "Outputs") when the pass log was asked for, else None
-    (a list, or for compiled runs a `replay.pass_log.CompiledPassLog` over the
+    (a list, or for compiled runs a `replay.pass_log.PassLog` over the
     compiled loop's buffer, which also writes its lines); `telemetry` a list
     likewise for `telemetry.jsonl`. `itl_quantiles` is itl_quantiles.json's
     dict once `metrics.summarize` has computed it (None before)."""

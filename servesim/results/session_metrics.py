@@ -4,7 +4,7 @@ turns, and the prefix-cache hit rate by turn index."""
 
 import numpy as np
 
-from servesim.results.metrics import _round, latency_stats
+from servesim.results.stats import _round, latency_stats
 from servesim.results.records import STATUS_FINISHED
 
 

@@ -16,7 +16,7 @@ and blocks a disaggregated prefill worker holds for the decode side; a
 CPU-tier store in flight holds no block: it reads G1 blocks without a
 reference) and, after `schedule()`, the pass's scheduled entries. The compiled
 scheduler calls it from its own kernels when `cfg[0].invariant_check` is set
-(`servesim.scheduler.fast`). Several
+(`servesim.scheduler.scheduler`). Several
 compiled schedulers share one table (workers, DP ranks): each checks its own
 requests, and `check_table` checks across them.
 
@@ -67,7 +67,7 @@ import numpy as np
 from servesim.errors import InvariantError
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
-from servesim.scheduler.fast_queue import _before
+from servesim.scheduler.request_queue import _before
 from servesim.scheduler.request import RequestStatus
 
 # where in the pass the check ran
@@ -154,7 +154,7 @@ def _check_pool(blocks, idmap, pscal, holders, where, pass_index):
     num_blocks = blocks.shape[1] - 2
     head = num_blocks
     tail = num_blocks + 1
-    usable = num_blocks - 1
+    usable = bp.usable_blocks(num_blocks)
     in_queue = np.zeros(num_blocks, dtype=np.bool_)
     free = 0
     prev = head
@@ -252,7 +252,7 @@ def _check_request(R, idents, tables, blocks, holders, seen, i, bs, spec_k, max_
 @njit
 def check_pending_prefill(R, running, n_run, wq, wq_head, wq_len, pending, where, pass_index):
     """The kept count of a rank's pending prefill tokens (`pending`,
-    servesim/scheduler/fast.py `pending_prefill_tokens`) against its scan of
+    servesim/scheduler/scheduler.py `pending_prefill_tokens`) against its scan of
     the running list and the waiting queue (from `wq_head`, `wq_len` long)."""
     total = 0
     for k in range(n_run):

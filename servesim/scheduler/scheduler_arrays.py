@@ -1,10 +1,10 @@
 """A rank's scheduler arrays as named bundles (servesim/bundles.py):
 `SchedulerArrays`, the first argument of every kernel of the scheduler
-(servesim/scheduler/fast.py), read as `s.R`, `s.cfg`, ... where used, and
+(servesim/scheduler/scheduler.py), read as `s.R`, `s.cfg`, ... where used, and
 `KVArrays`, its optional last argument `kv`.
 
 Fields:
-- the request table every rank shares (scheduler/fast_table.py): `R`, the
+- the request table every rank shares (scheduler/request.py): `R`, the
   requests' block identities `idents` and block tables `tables`;
 - the rank's block pool (kvcache/block_pool.py): `blocks`, `idmap`, `pscal`;
 - the rank's scheduler: its configuration `cfg` (one `CONFIG_DTYPE`
@@ -23,19 +23,60 @@ so that its code is compiled away there. It is a `KVArrays`:
   `S[0].num_waiting_for_kv` of them, in the order their loads were queued;
 - `KO`, `KC`: what a call decided, `KO[row, :KC[row]]` for each of fast.py's
   KO rows (loads, stores, new blocks, ...);
-- the CPU tier's arrays (kvcache/cpu_tier_kernels.py `TierArrays`): `tier`,
+- the CPU tier's arrays (kvcache/cpu_tier.py `TierArrays`): `tier`,
   `slot_of`, `free_slots`, the transfer jobs `jobs`, `job_times`,
   `job_blocks`, its scalars `KS`, the transfer lanes `lanes`, the stores
   reading G1 blocks `storing`, and `KF`; a disaggregated decode rank has an
   empty tier, which its code never touches.
 The tier's job arrays grow (`TierArrays.ensure_room`): the bundle is made
-again then (`FastScheduler._kv`).
+again then (`RankScheduler._kv`).
 """
 
+import numpy as np
 from numba.experimental import structref
 
 from servesim.bundles import BundleType, declare
 from servesim.jit import njit
+
+# the kernels' configuration: one record, `cfg[0]`
+CONFIG_DTYPE = np.dtype([
+    ("max_num_seqs", np.int64),
+    ("max_num_batched_tokens", np.int64),
+    ("max_model_len", np.int64),
+    ("enable_chunked_prefill", np.int64),
+    ("long_prefill_token_threshold", np.int64),
+    ("priority_scheduling", np.int64),
+    ("reserve_full_isl", np.int64),
+    ("watermark_blocks", np.int64),
+    ("async_scheduling", np.int64),
+    ("block_size", np.int64),
+    ("enable_caching", np.int64),
+    ("num_usable_blocks", np.int64),
+    ("num_speculative_tokens", np.int64),
+    ("num_lookahead_tokens", np.int64),
+    ("num_hash_lookahead_tokens", np.int64),
+    ("spec_seed", np.int64),
+    ("kv_source", np.int64),
+    ("invariant_check", np.int64),
+])
+KV_SOURCE_NONE, KV_SOURCE_CPU, KV_SOURCE_REMOTE = range(3)
+# one rank's scalar state: one record, `S[0]` (the waiting queue's head and length first)
+STATE_DTYPE = np.dtype([
+    ("waiting_head", np.int64),
+    ("num_waiting", np.int64),
+    ("num_running", np.int64),
+    ("num_preemptions", np.int64),
+    ("prefix_queries", np.int64),
+    ("prefix_hits", np.int64),
+    ("preempted_queries", np.int64),
+    ("preempted_hits", np.int64),
+    ("preemptions_since_token", np.int64),
+    ("num_waiting_for_kv", np.int64),
+    ("num_delayed_free_requests", np.int64),
+    ("num_checked_passes", np.int64),
+    ("pending_prefill_tokens", np.int64),  # `pending_prefill_tokens`, kept as it changes
+])
+
 
 FIELDS = ("R", "idents", "tables", "blocks", "idmap", "pscal", "cfg", "S", "running", "wq",
           "spec", "held", "client_ms", "token_offsets", "last_client", "detokenize_ms")

@@ -283,7 +283,7 @@ class SessionArrivals:
     `arrival_ms` (the driver's array) gets every arrival time when it is
     fixed; `on_arrival(i)` is the driver's arrival handler.
 
-    `horizon()` bounds the compiled runs of passes (engine/fast_run.py): no
+    `horizon()` bounds the compiled runs of passes (engine/pass_loop.py): no
     arrival can come before the earliest arrival already scheduled, nor
     before the next event of any worker (where a finish could happen) plus
     the smallest delay a finish waits before it releases a request (0 in a

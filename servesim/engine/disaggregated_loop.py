@@ -6,7 +6,7 @@ finish hands a request to a decode worker, a decode decision's pull makes a
 prefill rank wait and shares its link with the other decode workers), so
 they run strictly in the order of their events' `(time, order, seq)` keys
 (engine/events.py), with one sequence counter. Each worker's passes are its
-own compiled loop (engine/fast_run.py `run_passes`); `run_workers` keeps every
+own compiled loop (engine/pass_loop.py `run_passes`); `run_workers` keeps every
 worker's next event key (`keys_*`: the key its engine core would put on the
 event loop, `inf` time for none) and runs, from the first key, that worker's
 events below the next of the others' keys and below the `horizon` (the next
@@ -24,7 +24,7 @@ carries on:
 
 - a decode decision's pulls, told to their prefill ranks' senders, an idle
   prefill worker woken when its next transfer lands (`_tell_senders`);
-- in an open loop (`CompiledWorkers.take_arrivals`: a finish releases
+- in an open loop (`DisaggregatedLoop.take_arrivals`: a finish releases
   nothing, no sessions, not the debug mode), the arrivals too, as the event
   loop would run them (before arrival a, key `(arrival_ms[a], ARRIVAL, seq)`,
   every worker whose next event comes first runs up to it): each is routed
@@ -43,182 +43,44 @@ off the event loop), as a core's run may (`ws[W_FORCE]`).
 
 Numba compiles `run_workers` once per type of its arguments, and a tuple's
 length is part of its type: a pool's group of workers, and the state arrays,
-are handed over padded to a power of two (`fast_run.padded`; the padding is
+are handed over padded to a power of two (engine/worker.py `padded`; the padding is
 never read, the loop reads how many workers there are from `ps[P_NUM_A]` and
 `keys_t`). A deployment of 1 or 2 workers per pool compiles
 one loop, not four (each ~12 s on a cold cache), 3 or 4 the next.
+
+What the aggregated loop shares with it (the next worker, the arrival step,
+routing) is engine/worker_loop.py.
+
+NOTE(refcounts): `run_workers` is an entry point compiled without reference
+counts (servesim/jit.py).
 """
 
 import numpy as np
 
-from servesim.engine import fast_run
-from servesim.engine import routing
-from servesim.engine.events import ARRIVAL, DECIDE
-from servesim.engine.fast_disagg import hand_off, wait_on
-from servesim.engine.fast_run import (ARRIVALS_PER_CALL, DEC_NONE, FINISHED, HORIZON, IDLE,
-                                      T_NEXT, T_NOW, T_XWAKE, TAKEN_OUT, W_COUNT, W_DECIDE,
-                                      W_FORCE, W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN, W_NOUT,
-                                      W_NPULL, W_NXW, W_SEQ, _before, _next_land, _wake_at,
-                                      add_request, next_arrival, padded, run_passes)
+from servesim.engine.kv_transfers import _next_land
+from servesim.engine.pass_log_buffer import log_arguments
+from servesim.engine.pass_loop import _wake_at, run_passes
+from servesim.engine.worker import ARRIVALS_PER_CALL, padded
+from servesim.engine.worker_state import (DEC_NONE, FINISHED, HORIZON, IDLE, TAKEN_OUT, T_NEXT,
+                                          T_NOW, T_XWAKE, W_COUNT, W_DECIDE, W_NEXT_ORDER,
+                                          W_NEXT_SEQ, W_NFIN, W_NOUT, W_NPULL, W_NXW, W_SEQ)
+from servesim.engine.events import DECIDE
+from servesim.engine.kv_handoff import hand_off, wait_on
 from servesim.jit import Entry, njit, plain_python
 
-# The int64 state of a compiled loop over workers (this one's `ps`, and the
-# aggregated cluster's, engine/fast_cluster.py, its first NUM_LOOP fields):
-# the event loop's sequence counter, the worker returned for and the one to
-# carry on with, the first event popped off the event loop, the worker run
-# last; the arrivals the loop takes: the next one, the end, the next one's
-# sequence, the one the call stops before; the requests it finished or
-# rejected so far. Then this loop's: how many prefill workers (P_NUM_A), and
-# whether it takes the arrivals, hands requests off and marks finishes
-# itself (P_FINISH: an open loop, where a finish releases nothing).
-(P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_ANEXT, P_AEND, P_ASEQ, P_ALIMIT, P_DONE, P_NUM_A,
- P_FINISH) = range(12)
-NUM_LOOP = P_NUM_A
-NUM_PS = 12
-ARRIVE = -1  # (`_arrival_due`: the next arrival runs now)
-# the replay's arrays the loop reads and fills when it takes the arrivals
-# (`CompiledWorkers.take_arrivals`), a tuple in this order
-(R_ARRIVAL_MS, R_PINNED, R_NEVER_FITS, R_PREFILL_WORKER, R_PREFILL_RANK, R_WORKER, R_RANK,
- R_HANDED, R_STATUS, R_FINISHED, R_REJECTED) = range(11)
-
-
-@njit
-def _first(keys_t, keys_o, keys_s, skip):
-    """The worker (not `skip`) with the first pending key (-1: none)."""
-    best = -1
-    for k in range(len(keys_t)):
-        if k == skip or keys_t[k] == np.inf:
-            continue
-        if best < 0 or _before(keys_t[k], keys_o[k], keys_s[k],
-                               keys_t[best], keys_o[best], keys_s[best]):
-            best = k
-    return best
-
-
-@njit
-def offer_key(keys_t, keys_o, keys_s, slot, t, order, seq):
-    """Worker `slot`'s next event is at `(t, order, seq)` unless the one it
-    has pending comes first (`EngineCore._push_resume`); whether it is (its
-    own key offered again is)."""
-    if keys_t[slot] != np.inf and _before(keys_t[slot], keys_o[slot], keys_s[slot], t, order,
-                                          seq):
-        return False
-    keys_t[slot], keys_o[slot], keys_s[slot] = t, order, seq
-    return True
-
-
-@njit
-def next_worker(keys_t, keys_o, keys_s, ws_t, st, arrival_ms, h_time, h_order, h_seq):
-    """The worker whose event a loop over workers runs next (`st`: its
-    state), popped (its run starts from that event: `W_FORCE`): the one the
-    core said carries on, else the one with the first key, unless the next
-    arrival (key `(arrival_ms[a], ARRIVAL, st[P_ASEQ])`) or the horizon
-    comes first (the first event of a call may be at any key:
-    `st[P_FORCE]`). -1: none of them (`arrival_due`)."""
-    k = st[P_CONT]
-    if k >= 0:  # the core reported what k's loop returned for: k carries on
-        st[P_CONT] = -1
-        return k
-    k = _first(keys_t, keys_o, keys_s, -1)
-    a = st[P_ANEXT]
-    if k < 0 or ((a < st[P_AEND] and not _before(keys_t[k], keys_o[k], keys_s[k],
-                                                  arrival_ms[a], ARRIVAL, st[P_ASEQ]))
-                 or not (st[P_FORCE] or _before(keys_t[k], keys_o[k], keys_s[k],
-                                                h_time, h_order, h_seq))):
-        return -1  # the arrival, or the outside event, comes first
-    st[P_FORCE] = 0
-    keys_t[k] = np.inf  # popped: the worker runs from its event
-    ws_t[k][W_FORCE] = 1
-    return k
-
-
-@njit
-def arrival_due(keys_t, keys_o, keys_s, st, arrival_ms, h_time, h_order, h_seq):
-    """No worker's event runs next (`next_worker`): ARRIVE when the next
-    arrival does, else the state the loop returns: HORIZON (the horizon
-    comes first, or the call took its ARRIVALS_PER_CALL arrivals: the event
-    loop gets a turn) or IDLE (nothing is pending)."""
-    st[P_FROM] = -1
-    a = st[P_ANEXT]
-    arriving = a < st[P_AEND]
-    if arriving and (st[P_FORCE] or _before(arrival_ms[a], ARRIVAL, st[P_ASEQ], h_time, h_order,
-                                            h_seq)):
-        if a >= st[P_ALIMIT]:
-            return HORIZON
-        st[P_FORCE] = 0
-        return ARRIVE
-    if not arriving and _first(keys_t, keys_o, keys_s, -1) < 0:
-        return IDLE
-    return HORIZON
-
-
-@njit
-def worker_horizon(keys_t, keys_o, keys_s, k, st, arrival_ms, h_time, h_order, h_seq, others):
-    """Worker k's horizon: the outside one, the next arrival's instant (key
-    `(arrival_ms[a], ARRIVAL, 0)`: the events at it that end a pass run
-    before it, the decisions after it) and, with `others`, the first of the
-    other workers' events."""
-    t, order, seq = h_time, h_order, h_seq
-    a = st[P_ANEXT]
-    if a < st[P_AEND] and _before(arrival_ms[a], ARRIVAL, 0, t, order, seq):
-        t, order, seq = arrival_ms[a], ARRIVAL, 0
-    if others:
-        j = _first(keys_t, keys_o, keys_s, k)
-        if j >= 0 and _before(keys_t[j], keys_o[j], keys_s[j], t, order, seq):
-            t, order, seq = keys_t[j], keys_o[j], keys_s[j]
-    return t, order, seq
-
-
-def next_key(keys_t, keys_o, keys_s, st, arrival_ms):
-    """The first of the workers' next events and the next arrival a loop
-    over workers takes (`st`: its state), or None: nothing pending."""
-    keys = [(float(keys_t[k]), int(keys_o[k]), int(keys_s[k]))
-            for k in range(len(keys_t)) if keys_t[k] != np.inf]
-    a = int(st[P_ANEXT])
-    if a < st[P_AEND]:
-        keys.append((float(arrival_ms[a]), ARRIVAL, int(st[P_ASEQ])))
-    return min(keys) if keys else None
-
-
-def pool_arrays(ranks: routing.RankArrays, policy, table, extra_tokens=0):
-    """A pool's arrays for a loop's routing (`_route`) and queueing
-    (`_queue`): its ranks' (`ranks`), the policy, a count of requests routed
-    to each rank, the request table's block identities, the cached-prefix
-    scratch for a prompt of the table's with `extra_tokens` more, and
-    the router's knobs and state (`RankArrays.router`)."""
-    prompts = table.R["num_prompt_tokens"]
-    longest = (int(prompts.max()) if len(prompts) else 1) + extra_tokens
-    scratch = np.zeros(max(1, longest // ranks.block_size), dtype=np.int64)
-    return (int(policy), ranks.rr, ranks.sched_t, np.zeros(len(ranks.ranks), dtype=np.int64),
-            ranks.num_gpu_blocks, ranks.num_workers, ranks.dp, ranks.block_size,
-            ranks.enable_caching, table.idents, scratch, ranks.router)
-
-
-ROUTED, POOL_DP = 3, 6  # (fields of `pool_arrays`)
-
-
-def run_reporting(loop, cores, state, SEQ, FROM, CONT, call):
-    """Call a compiled loop over workers (`call()`, its int64 state array
-    `state`) until it returns for none of them, and return what it last
-    returned. The event loop's sequence counter goes in (`state[SEQ]`) and
-    comes back out; when the loop returns for worker `state[FROM]`, that
-    worker's core reports it (`EngineCore.report`), and when the core says
-    so the next call carries on with that worker (`state[CONT]`)."""
-    while True:
-        state[SEQ] = loop.seq
-        result = call()
-        loop.seq = int(state[SEQ])
-        k = int(state[FROM])
-        if k < 0:
-            return result
-        if cores[k].report(result):
-            state[CONT] = k
+from servesim.engine.worker_loop import (ARRIVE, NUM_PS, POOL_DP, P_AEND, P_ALIMIT, P_ANEXT, P_ASEQ,
+                                         P_CONT, P_DONE, P_FINISH, P_FORCE, P_FROM, P_LAST, P_NUM_A,
+                                         P_SEQ, ROUTED, R_ARRIVAL_MS, R_FINISHED, R_HANDED,
+                                         R_NEVER_FITS, R_PINNED, R_PREFILL_RANK, R_PREFILL_WORKER,
+                                         R_RANK, R_REJECTED, R_STATUS, R_WORKER, _queue, _route,
+                                         arrival_due, arrive, next_key, next_worker, offer_key,
+                                         run_reporting, worker_horizon)
 
 
 @njit
 def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
     """A decode decision's pulls (`w`: the decode worker's arrays), each
-    told to its prefill rank's sender (`ArraySender.scheduled`: the rank
+    told to its prefill rank's sender (`HandoffSender.scheduled`: the rank
     waits on it), an idle prefill worker woken when its next transfer lands
     (`EngineCore.transfer_pending`), in the pulls' order, as the decode
     worker's core does. False, with nothing done, when a prefill worker's
@@ -245,65 +107,10 @@ def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
 
 
 @njit
-def _route(pool, R, i, num_prompt_tokens, pinned, admit=True):
-    """The rank `j` of `pool` (`pool_arrays`) that request i
-    (row i of `R`), with `num_prompt_tokens`, goes to (engine/routing.py
-    `route`; `admit` False: rejected wherever it goes), counted as routed
-    there."""
-    (policy, rr, sched_t, routed, num_gpu_blocks, num_workers, dp, block_size, enable_caching,
-     idents, scratch, kvr) = pool
-    off = R[i].block_offset
-    j = routing.route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned,
-                      idents[off:off + R[i].block_capacity], scratch, num_prompt_tokens,
-                      block_size, enable_caching, kvr, i, admit)
-    routed[j] += 1  # routed here, rejected or not
-    return j
-
-
-@njit
-def _queue(pool, ws_t, wt_t, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prompt_tokens, now):
-    """Request i arrives at rank `j` of `pool` (worker `slot` of the loop)
-    now (fast_run `add_request`, as the worker's core queues it); False if it
-    can never fit there. A worker it wakes decides at this instant."""
-    ws = ws_t[slot]
-    ws[W_SEQ] = ps[P_SEQ]
-    if not add_request(pool[2][j], ws, wt_t[slot], i, num_prompt_tokens, now):
-        return False
-    if ws[W_SEQ] != ps[P_SEQ]:  # it woke the engine: a decision at this instant
-        ps[P_SEQ] = ws[W_SEQ]
-        offer_key(keys_t, keys_o, keys_s, slot, now, DECIDE, ps[P_SEQ])
-    return True
-
-
-@njit
-def arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, never_fits,
-           worker_of, rank_of, status, rejected_code):
-    """The next arrival a loop over workers takes (`st`: its state), as the
-    replay's `_on_arrival` would take it: routed to a rank of `pool` (the
-    workers `group[k]`; where it went into `worker_of`, `rank_of`), and
-    queued there unless it can never fit there, or `never_fits[i]` (a
-    disaggregated prefill pool's request whose prompt and first token can
-    never fit the decode pool): rejected (`status[i] = rejected_code`)."""
-    R = group[0][0].R
-    i = next_arrival(R, st, arrival_ms, P_ANEXT, P_AEND, P_ASEQ, P_SEQ)
-    now = arrival_ms[i]
-    dp = pool[POOL_DP]
-    j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i], not never_fits[i])
-    k = j // dp
-    worker_of[i] = k
-    rank_of[i] = j % dp
-    wt_t[k][T_NOW] = now  # its last event (the run ends at the last of any)
-    if never_fits[i] or not _queue(pool, ws_t, wt_t, keys_t, keys_o, keys_s, st, k, j, R, i,
-                                   R[i].num_prompt_tokens, now):
-        status[i] = rejected_code
-        st[P_DONE] += 1
-
-
-@njit
 def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp):
     """Prefill worker k's finishes (`DisaggregatedReplay.on_prefill_done`),
     in order: a request that asked for more than its first token is routed
-    to a decode rank and handed off there (fast_disagg `hand_off`, queued);
+    to a decode rank and handed off there (kv_handoff `hand_off`, queued);
     the others are done."""
     a = group_a[k][0]
     P = a.R
@@ -329,7 +136,7 @@ def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_
     ws_t[k][W_NFIN] = 0
 
 
-@njit(_nrt=False)
+@njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
 def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, pool_b, rp,
                 h_time, h_order, h_seq, log_on, log):
     """Run the workers' events up to the horizon (module docstring). Worker k
@@ -394,7 +201,7 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a
             return state
 
 
-class CompiledWorkers:
+class DisaggregatedLoop:
     """The engine cores of a disaggregated deployment (`cores`: the prefill
     pool's, then the decode pool's, `num_prefill` of them first) run by
     `run_workers`, with one event of theirs on the event loop: the first of
@@ -489,7 +296,7 @@ class CompiledWorkers:
 
     def _arguments(self):
         """`run_workers`' groups and state arrays, made again when a worker's
-        arguments were (`CompiledWorker.regrow`)."""
+        arguments were (`WorkerLoop.regrow`)."""
         args = [core.compiled.arguments() for core in self.cores]
         if self._groups is None or any(a is not b for a, b in zip(args, self._args)):
             self._args = args
@@ -514,7 +321,7 @@ class CompiledWorkers:
             h = self.observer.horizon_key()
             return self._entry(*self._arguments(), self.keys_t, self.keys_o, self.keys_s, ps,
                                *self._pools, float(h[0]), int(h[1]), int(h[2]),
-                               *fast_run.log_arguments(self.pass_log))
+                               *log_arguments(self.pass_log))
 
         state = run_reporting(self.loop, self.cores, ps, P_SEQ, P_FROM, P_CONT, call)
         self._running = False

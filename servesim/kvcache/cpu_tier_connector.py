@@ -1,15 +1,15 @@
 """The CPU tier's connector for the compiled scheduler (docs/engine.md §9): one
-rank's tier as the arrays and kernels of `servesim.kvcache.cpu_tier_kernels`,
+rank's tier as the arrays and kernels of `servesim.kvcache.cpu_tier`,
 with the summary counters and views of its jobs for tests. Jobs are ids into
 those arrays; the scheduler side (lookup, loads, stores) runs inside the
-compiled scheduler's kernels (`servesim.scheduler.fast`), the time side
+compiled scheduler's kernels (`servesim.scheduler.scheduler`), the time side
 (`get_finished`, `submit`, `store_done_ms`, `next_completion_ms`) inside the
-compiled pass loop (`servesim.engine.fast_run`), on the same arrays.
+compiled pass loop (`servesim.engine.pass_loop`), on the same arrays.
 """
 
 import numpy as np
 
-from servesim.kvcache import cpu_tier_kernels as ct
+from servesim.kvcache import cpu_tier as ct
 
 
 class JobView:
@@ -40,9 +40,9 @@ class JobView:
     gpu_blocks = property(lambda self: self._blocks(1))
 
 
-class FastCPUConnector:
+class CPUTierConnector:
     """One rank's CPU tier with its lanes, as arrays (`tier`, a
-    :class:`~servesim.kvcache.cpu_tier_kernels.TierArrays`).
+    :class:`~servesim.kvcache.cpu_tier.TierArrays`).
     `submitted_jobs()` lists every job submitted so far (for tests)."""
 
     def __init__(self, config, pool, table):

@@ -6,7 +6,7 @@ that order (a binary heap).
 
 Queue state lives in the scheduler's state record `S[0]`: `waiting_head`,
 `num_waiting`, and the queued requests' tokens in `pending_prefill_tokens`
-(the waiting part of the rank's pending prefill, servesim/scheduler/fast.py).
+(the waiting part of the rank's pending prefill, servesim/scheduler/scheduler.py).
 """
 
 from servesim.jit import njit

@@ -48,14 +48,14 @@ Rules:
   side's first decision at or after it (vLLM's connectors report finished
   transfers with a pass's outputs): the decode worker admits the request then,
   the prefill worker frees the blocks then. An idle worker with a transfer
-  pending decides again when it lands (servesim/engine/fast_run.py, where
+  pending decides again when it lands (servesim/engine/pass_loop.py, where
   these polls and submissions run inside the pass loop).
 - A request preempted on the prefill worker under async scheduling while its
   last pass was in flight has no blocks left when it is handed off: nothing is
   transferred and the decode worker computes the prompt itself.
 - Blocks held for a transfer come back: a prefill worker's request that
   preempts itself while alone in `running` waits for them instead of being
-  taken out as unfinishable (`fast._schedule_running`).
+  taken out as unfinishable (scheduler.py `_schedule_running`).
 
 The arrays:
 
@@ -65,18 +65,18 @@ The arrays:
   FIFO: transfers are submitted at the decision instant, never earlier than
   one already queued, so a new one starts when the last one submitted leaves
   the wire (`submit_transfer`).
-- `ArraySender`: a prefill rank's side: the requests whose transfer was
+- `HandoffSender`: a prefill rank's side: the requests whose transfer was
   submitted and whose blocks it still holds; a decision frees those whose
   transfer landed (`poll_sender`).
-- `ArrayReceiver`: a decode rank's side: the pulls it waits for; a decision
+- `HandoffReceiver`: a decode rank's side: the pulls it waits for; a decision
   marks those landed as done (`poll_receiver`) and puts the pulls it decided
   (or, for a request admitted with nothing to pull while the prefill rank
   still holds its blocks, a notice of no bytes) on the source rank's link
-  (`fast_run._submit_pulls`, with `submit_transfer`).
+  (`kv_transfers._submit_pulls`, with `submit_transfer`).
 
 The scheduler side — a prefill rank holding a finished request's blocks
-(`do_remote_decode`, `num_delayed_free_requests`, `fast.free_delayed`), a decode rank admitting a
-handed-off request (`kv_handoff`) — is in servesim/scheduler/fast.py.
+(`do_remote_decode`, `num_delayed_free_requests`, `free_delayed`), a decode rank admitting a
+handed-off request (`kv_handoff`) — is in servesim/scheduler/scheduler.py.
 
 Times are in ms.
 """
@@ -84,8 +84,9 @@ Times are in ms.
 import numpy as np
 
 from servesim.jit import njit
-from servesim.scheduler import fast
-from servesim.scheduler.fast_table import KVHandoff, KVLoad
+from servesim.scheduler.kv_connector import free_delayed
+from servesim.scheduler.request import KVHandoff, KVLoad, RequestStatus
+from servesim.scheduler.scheduler_arrays import KV_SOURCE_REMOTE
 
 # Transfers.I fields (integers) and .F fields (instants)
 X_TOKENS, X_NBYTES, X_LINK, X_DONE = range(4)
@@ -113,7 +114,7 @@ def hand_off(P, D, i, now):
     prompt = P[i].num_prompt_tokens
     D[i].num_tokens = prompt + 1  # the prompt and the first token
     D[i].max_num_computed_tokens = prompt  # computed once, on the prefill worker
-    held = (P[i].status == fast.RequestStatus.FINISHED and P[i].do_remote_decode
+    held = (P[i].status == RequestStatus.FINISHED and P[i].do_remote_decode
             and P[i].num_held_blocks > 0)
     D[i].kv_handoff = KVHandoff.HELD if held else KVHandoff.NOTHING
     D[i].arrival_time = now
@@ -145,13 +146,13 @@ def submit_transfer(XI, XF, link_free, i, link, tokens, bytes_per_token, bytes_p
 @njit
 def poll_sender(s, pending, state, log, XF, now):
     """A prefill rank's poll: free the held blocks of every request whose
-    transfer landed by `now`, in submission order (`fast.free_delayed`), and
+    transfer landed by `now`, in submission order (`free_delayed`), and
     log it; the others stay pending. `s`: the rank's `SchedulerArrays`."""
     kept = 0
     for k in range(state[P_COUNT]):
         i = pending[k]
         if XF[i, X_LAND] <= now:
-            fast.free_delayed(s, i)
+            free_delayed(s, i)
             XF[i, X_FREED] = now
             log[state[P_LOGGED]] = i
             state[P_LOGGED] += 1
@@ -198,7 +199,7 @@ class Transfers:
         self.bytes_per_token = config.bytes_per_token
         self.bytes_per_ms = config.bandwidth_gbps * 1e6  # GB/s = 1e6 B/ms
         self.latency_ms = config.latency_ms
-        self.senders = []  # by link: the prefill ranks' ArraySender
+        self.senders = []  # by link: the prefill ranks' HandoffSender
         self.link_of = np.full(n, -1, dtype=np.int64)  # handed-off request -> its link
 
     def has(self, i) -> bool:
@@ -207,12 +208,7 @@ class Transfers:
     def tokens(self, i) -> int:
         return int(self.I[i, X_TOKENS])
 
-    def wait_ms(self, i) -> float:
-        """How long the decode worker waited for the KV (0 when nothing moved)."""
-        return float(self.F[i, X_LAND] - self.F[i, X_SUBMIT]) if self.I[i, X_TOKENS] else 0.0
-
-
-class ArraySender:
+class HandoffSender:
     """A prefill rank's side of the handoffs:
     the requests whose transfer was submitted and whose blocks it holds
     (arrays the compiled pass loop polls); `freed` is `(request index,
@@ -243,7 +239,7 @@ class ArraySender:
         return [(int(i), float(F[i, X_FREED])) for i in self._log[:self._state[P_LOGGED]]]
 
 
-class ArrayReceiver:
+class HandoffReceiver:
     """A decode rank's side of the handoffs:
     the pulls it waits for (arrays the compiled pass loop polls and appends
     to). What to pull at admission is decided in the compiled waiting loop
@@ -263,11 +259,11 @@ def connect(prefill_cores, decode_cores, transfers: Transfers):
     prefill pool) and every decode rank a receiver."""
     for core in prefill_cores:
         for rank in core.ranks:
-            sender = ArraySender(rank.scheduler, transfers, len(transfers.senders),
+            sender = HandoffSender(rank.scheduler, transfers, len(transfers.senders),
                                  core.transfer_pending)
             transfers.senders.append(sender)
             core.attach_transfers(rank, sender)
     for core in decode_cores:
         for rank in core.ranks:
-            rank.scheduler.attach_kv_source(fast.KV_SOURCE_REMOTE)
-            core.attach_transfers(rank, ArrayReceiver(rank.scheduler, transfers))
+            rank.scheduler.attach_kv_source(KV_SOURCE_REMOTE)
+            core.attach_transfers(rank, HandoffReceiver(rank.scheduler, transfers))

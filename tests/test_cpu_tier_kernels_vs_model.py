@@ -1,5 +1,5 @@
 """The CPU tier's compiled lanes and connector kernels
-(servesim/kvcache/cpu_tier_kernels.py) against the reference objects
+(servesim/kvcache/cpu_tier.py) against the reference objects
 (tests/cpu_tier_model.py, the test oracle): the same submissions and polls give the same
 start and finish instants, the same `store_done_ms` and
 `next_completion_ms`, and a landed load marks its request; plus the
@@ -12,9 +12,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servesim.kvcache import cpu_tier_kernels as ct
+from servesim.kvcache import cpu_tier as ct
 from servesim.kvcache.config import KVOffloadingConfig
-from servesim.scheduler.fast_table import REQUEST_DTYPE
+from servesim.scheduler.request import REQUEST_DTYPE
 from cpu_tier_model import LOAD, STORE, CPUOffloadConnector, TransferJob
 
 BLOCK_SIZE = 16

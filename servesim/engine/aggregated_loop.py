@@ -1,16 +1,16 @@
 """The workers of an aggregated deployment as one compiled loop that also
 takes the open-loop arrivals and routes them (docs/engine.md §11): no return
 to Python at each arrival. (Workers with a CPU tier route each arrival from
-the replay: `CompiledCluster.fit`.)
+the replay: `AggregatedLoop.fit`.)
 
 Aggregated workers do not touch each other; what joins them is the router,
 which reads every rank's state at each arrival. So, as the event loop would
 run them one by one: before arrival a (its event key `(arrival_ms[a],
 ARRIVAL, seq)`), every worker whose next event comes first runs — the first
-key first — up to the arrival (engine/fast_run.py `run_passes`, horizon
+key first — up to the arrival (engine/pass_loop.py `run_passes`, horizon
 `(arrival_ms[a], ARRIVAL, 0)`: events at that instant that end a pass run
 before it, decisions after it); then the arrival is routed
-(engine/routing.py `route`) and queued on its rank (fast_run `add_request`,
+(engine/routing.py `route`) and queued on its rank (pass_loop `add_request`,
 which wakes an idle engine). As `Replay._on_open_arrival` does, the next
 arrival's event is scheduled (its sequence drawn) before the request is
 routed. With a pass log, the passes of several workers go into it in event
@@ -19,7 +19,7 @@ order, so a worker then also stops at the next of the others' events.
 A request that finishes is marked finished in `status` and counted
 (`cs[P_DONE]`), and one rejected at arrival (it can never fit) marked
 rejected, without leaving the loop: an open loop releases nothing at a
-finish. The loop returns to Python (`CompiledCluster`) when a worker's loop
+finish. The loop returns to Python (`AggregatedLoop`) when a worker's loop
 returns for something the core reports (requests taken out, a full pass
 log, room for a CPU tier's jobs: `cs[P_FROM]` names the worker, and the next
 call carries on with it, `cs[P_CONT]`), every ARRIVALS_PER_CALL arrivals
@@ -29,25 +29,27 @@ workers: a telemetry tick) — HORIZON — and when nothing is left: IDLE.
 
 import numpy as np
 
-from servesim.engine.fast_run import (ARRIVALS_PER_CALL, HORIZON, IDLE, T_NEXT, W_NEXT_ORDER,
-                                      W_NEXT_SEQ, W_NFIN, W_SEQ, log_arguments, padded,
-                                      run_passes)
-from servesim.engine.fast_workers import (ARRIVE, NUM_LOOP, P_AEND, P_ALIMIT, P_ANEXT, P_ASEQ,
-                                          P_CONT, P_DONE, P_FORCE, P_FROM, P_LAST, P_SEQ, ROUTED,
-                                          arrival_due, arrive, next_key, next_worker, offer_key,
-                                          pool_arrays, run_reporting, worker_horizon)
+from servesim.engine.pass_log_buffer import log_arguments
+from servesim.engine.pass_loop import run_passes
+from servesim.engine.worker import ARRIVALS_PER_CALL, padded
+from servesim.engine.worker_state import (HORIZON, IDLE, T_NEXT, W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN,
+                                          W_SEQ)
+from servesim.engine.worker_loop import (ARRIVE, NUM_LOOP, P_AEND, P_ALIMIT, P_ANEXT, P_ASEQ,
+                                         P_CONT, P_DONE, P_FORCE, P_FROM, P_LAST, P_SEQ, ROUTED,
+                                         arrival_due, arrive, next_key, next_worker, offer_key,
+                                         pool_arrays, run_reporting, worker_horizon)
 from servesim.engine import routing
 from servesim.jit import Entry, njit, plain_python
 
 # cs: the int64 state of the cluster's loop, that of any loop over workers
-# (engine/fast_workers.py P_SEQ ... P_DONE)
+# (engine/worker_loop.py P_SEQ ... P_DONE)
 
 # the workers' tuples are this long at least: one compile of the loop for every
 # deployment of up to 8 workers (a tuple's length is part of its type)
 WORKERS_PADDED = 8
 
 
-@njit(_nrt=False)
+@njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
 def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
                 never_fits, worker_of, rank_of, status, finished_code, rejected_code,
                 h_time, h_order, h_seq, log_on, log):
@@ -57,7 +59,7 @@ def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms,
     next event's key `(keys_t[k], keys_o[k], keys_s[k])` (`inf` time: none
     pending); `pool` is its ranks' routing arrays (fast_workers
     `pool_arrays`: ranks numbered `worker * dp + rank`). Request i arrives
-    at `arrival_ms[i]` (fast_workers `arrive`), pinned to rank `pinned[i]`
+    at `arrival_ms[i]` (worker_loop `arrive`), pinned to rank `pinned[i]`
     (-1: none); where it went goes into `worker_of`, `rank_of` and the
     pool's count of requests per rank, and `status` gets `finished_code` or
     `rejected_code` when it is done."""
@@ -92,7 +94,7 @@ def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms,
             return state
 
 
-class CompiledCluster:
+class AggregatedLoop:
     """The engine cores of an aggregated deployment (`cores`) and the
     open-loop arrivals, run by `run_cluster`, with one event of theirs on the
     event loop: the first of the workers' next events and the next arrival.
@@ -176,7 +178,7 @@ class CompiledCluster:
 
     def _arguments(self):
         """The workers' `run_passes` arguments, made again when a worker's
-        were (`CompiledWorker.regrow`)."""
+        were (`WorkerLoop.regrow`)."""
         args = [core.compiled.arguments() for core in self.cores]
         if self._group is None or any(a is not b for a, b in zip(args, self._args)):
             self._args = args

@@ -1,6 +1,6 @@
 """The CPU KV tier of vLLM's CPU offloading (docs/engine.md §9): one rank's
 CPU block store, its two copy lanes and the connector's bookkeeping, as
-arrays and Numba kernels for the scheduler (servesim/scheduler/fast.py).
+arrays and Numba kernels for the scheduler (servesim/scheduler/scheduler.py).
 
 vLLM: vllm/v1/kv_offload/lru_manager.py (`LRUOffloadingManager`: `lookup`,
 `touch`, `prepare_load`, `complete_load`, `prepare_store`,
@@ -62,7 +62,7 @@ State of one rank's tier (a :class:`TierArrays`):
   raise `store_done_ms` past "now" — the bound every caller takes a max with.
 
 A load's landing is reported to the compiled scheduler by setting its
-request's `R[i].kv_load` to `KVLoad.LANDED` (`servesim.scheduler.fast_table`): the
+request's `R[i].kv_load` to `KVLoad.LANDED` (`servesim.scheduler.request`): the
 admission path that waits for it does not know where the KV comes from.
 """
 
@@ -78,7 +78,7 @@ J_KIND, J_REQ, J_OFF, J_N, J_BYTES, J_SEQ = range(6)
 NUM_JOB_FIELDS = 6
 JT_SUBMIT, JT_START, JT_FINISH = range(3)
 STORE, LOAD = 0, 1  # job kinds, and lane indices (d2h carries stores, h2d loads)
-STORE_NAME, LOAD_NAME = "store", "load"  # job kinds by name (fast_connector.JobView.kind)
+STORE_NAME, LOAD_NAME = "store", "load"  # job kinds by name (cpu_tier_connector.JobView.kind)
 # KS: integer scalars
 (K_COUNT, K_MAX, K_FREE, K_JOBS, K_JB, K_SEQ, K_NUM_LOADS, K_NUM_STORES, K_BYTES_LOADED,
  K_BYTES_STORED, K_HIT_TOKENS, K_BLOCK_BYTES, K_FILL, K_BLOCK_SIZE) = range(14)
@@ -288,7 +288,7 @@ def update_state_after_alloc(tier, slot_of, jobs, job_times, job_blocks, KS, req
     return j
 
 
-@njit(_nrt=True)  # it allocates (`new`), called by kernels compiled without counts
+@njit(_nrt=True)  # NOTE(refcounts): it allocates (`new`), reached uncounted
 def prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS, idents, table,
                   first_block, stop_block):
     """`OffloadingConnectorScheduler._get_reqs_to_store` for one request: a
@@ -482,7 +482,7 @@ class TierArrays:
         return grown
 
     def arrays(self):
-        """The tuple the compiled scheduler takes (`servesim.scheduler.fast`)."""
+        """The tuple the compiled scheduler takes (`servesim.scheduler.scheduler`)."""
         return (self.tier, self.slot_of, self.free_slots, self.jobs, self.job_times,
                 self.job_blocks, self.KS)
 

@@ -1,0 +1,471 @@
+"""The pass lifecycle of a worker as one compiled loop (docs/engine.md §6-9,
+§11, §13): the one statement of the pass timing rules.
+
+Every worker's passes — decision, launch, GPU start and end, output
+processing and release — run here, for any number of attention-DP ranks in
+lockstep (every rank schedules at the worker's decision; the pass ends when
+its slowest rank's does), synchronous or asynchronous (a batch queue of two),
+with `launch` timing, the pass log, a CPU tier's transfers (§9) and a
+disaggregated pool's handoffs (§13): the transfers' time side is
+kv_transfers.py, the worker's state layout worker_state.py, its Python face
+worker.py `WorkerLoop`. The engine core (engine/core.py) only
+hands it the outside events — arrivals and handoffs, a transfer submitted for
+it elsewhere — and what the loop returns for: finishes, requests taken out, a
+decode decision's transfers, the horizon. A worker of one rank serving an
+open-loop workload alone takes its arrivals here too (`take_arrivals`).
+
+The loop is the worker's events, kept as the event loop would hold them, each
+with its `(time, order, seq)` key (engine/events.py), `seq` drawn from the event
+loop's counter as it goes:
+
+- the end of each pass in flight (order PASS_END), scheduled at its launch;
+- the next of the arrivals it takes (order ARRIVAL), scheduled when the one
+  before it arrived (`_arrive`: queued, or rejected if it can never fit, and
+  an idle engine woken, `add_request`); it returns HORIZON at the arrival
+  `ws[W_ALIMIT]`, so the event loop gets a turn every ARRIVALS_PER_CALL;
+- under async scheduling, the decision due at `max(launch_end(k), end(k-1))`
+  (order PASS_END), scheduled at pass k's launch just before its end;
+- the wake of an idle engine with requests (order DECIDE: after arrivals at
+  that instant);
+- the transfer wakes (order DECIDE, `xw_t`/`xw_s`): an idle engine whose
+  requests wait on a transfer decides again when the next one completes; a
+  wake already pending no later (`wt[T_XWAKE]`) stands, and a wake that
+  finds the engine busy or a decision due does nothing.
+
+It runs them in key order while their key is below the `horizon` key (the next
+outside event); the first event of a call may be one the event loop just
+popped (`ws[W_FORCE]`). Rules at each event:
+
+- a pass end: every rank's `update_from_output`, tokens released at
+  `max(end(k), launch_end(k+1))` (or `end(k)` with no pass k+1 decided, §8),
+  a CPU tier's finished-request stores submitted (at once when sync, at the
+  end of the pass in flight when async), KV usage tracked; then, after the
+  finishes went out when they must (`stop_on_finish`: the FINISHED state),
+  with nothing left in flight and requests left, the engine wakes;
+- a decision: the transfers done by now take effect (the CPU tier's
+  `get_finished`, a prefill rank's sender, a decode rank's receiver), then
+  every rank's `schedule()` (a rank that looks livelocked takes all its
+  requests out instead, `take_out_all`); the loads and `simple_cpu`
+  preemption stores it decided go on their lanes, a decode rank's pulls and
+  notices on their prefill ranks' links (the core then tells their senders);
+  requests taken out return to the core; then a decision that scheduled
+  nothing waits (a pass in flight wakes the engine at its end; an idle engine
+  waits for an arrival, or for its next transfer), or decides again at once
+  if it only preempted; otherwise the pass is launched: it starts when the
+  pass in flight ends and no earlier than the stores still reading the G1
+  blocks it writes, lasts as long as its slowest rank, its launch ends by its
+  kind (engine/launch.py), and its `offloading` stores go out at its end.
+
+With a pass log, every pass's line goes into a `PassLogBuffer`
+(pass_log_buffer.py) as its outputs are processed (the loop returns LOG_FULL when the buffer may not hold the next
+pass: the core grows it and calls again).
+
+States handed back:
+- IDLE: no event pending (nothing in flight, no decision or wake due);
+- HORIZON: the next event's key is not below the horizon (`wt[T_NEXT]`,
+  `ws[W_NEXT_ORDER]`, `ws[W_NEXT_SEQ]`): the core schedules it on the event loop;
+- FINISHED: requests finished in a pass under `stop_on_finish` (closed loop,
+  sessions, disaggregated pools): the core reports them, then calls again
+  (ENDED phase: the wake after them);
+- TAKEN_OUT: a decision took requests out (unfinishable or livelocked), or a
+  decode decision submitted transfers (`pulls[:ws[W_NPULL]]`): the core
+  reports them, then calls again to settle the decision (SETTLE phase);
+- LOG_FULL: the pass log buffer may not hold the next pass;
+- ROOM: a CPU tier's job arrays or the transfer wakes may not hold the next
+  event's (`TierArrays.ensure_room`, job ids only grow): the core grows them
+  and calls again.
+Every state reports the requests finished so far in the call (`finished`).
+
+NOTE(refcounts): `run_passes` is an entry point compiled without reference
+counts (servesim/jit.py); its callers hold every array it gets.
+"""
+
+
+from servesim.engine.events import ARRIVAL, DECIDE, PASS_END
+from servesim.engine.launch import launch_end_ms
+from servesim.engine.pricing import price_features
+# (compiled in: Numba's cache of this file does not see pricing.py's kernels
+# change; edit this line with them. Table layout 3.)
+from servesim.jit import njit
+from servesim.scheduler import output, scheduler
+from servesim.scheduler.kv_cache_manager import can_ever_fit
+from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
+from servesim.scheduler.scheduler_arrays import KV_SOURCE_CPU
+from servesim.engine import kv_handoff
+
+from servesim.engine.kv_transfers import (_kv_room, _next_completion_ms, _next_land, _poll,
+                                          _store_done_ms, _submit, _submit_decided,
+                                          _submit_finished_stores, _submit_pulls, rank_kv)
+from servesim.engine.pass_log_buffer import _log_pass, _log_room
+from servesim.engine.worker_state import (C_PASSES, C_TOKENS, DEC_NONE, DEC_NOW, DEC_PASS,
+                                               DEC_WAKE, EV_ARRIVE, EV_DECIDE, EV_END, EV_NONE,
+                                               EV_XWAKE, FINISHED, HORIZON, IDLE, LOG_FULL,
+                                               PH_ENDED, PH_NORMAL, PH_SETTLE, POOL_DECODE,
+                                               POOL_PREFILL, P_DECIDED, P_END, P_LAUNCH_END,
+                                               P_START, ROOM, TAKEN_OUT, T_BUSY, T_DECIDE, T_NEXT,
+                                               T_NOW, T_XWAKE, W_AEND, W_ALIMIT, W_ANEXT, W_ASEQ,
+                                               W_ASYNC, W_COUNT, W_DECIDE, W_DSEQ, W_ENDED, W_FORCE,
+                                               W_HEAD, W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN, W_NOUT,
+                                               W_NPULL, W_NXW, W_PASSES, W_PHASE, W_POOL, W_SEQ,
+                                               W_STOP, track_usage)
+
+
+@njit
+def _before(t, order, seq, h_time, h_order, h_seq):
+    """Key `(t, order, seq)` strictly before the horizon key."""
+    if t != h_time:
+        return t < h_time
+    if order != h_order:
+        return order < h_order
+    return seq < h_seq
+
+
+@njit
+def _next_seq(ws):
+    ws[W_SEQ] += 1
+    return ws[W_SEQ]
+
+
+@njit
+def add_request(s, ws, wt, i, num_prompt_tokens, now):
+    """Request i, of `num_prompt_tokens`, arrives at `now` at the rank `s`
+    (its `SchedulerArrays`): queued unless it can never fit (`can_ever_fit`:
+    rejected, False returned); an idle engine (nothing in flight, no decision
+    due) then decides at `now`, after the other arrivals at that instant (order
+    DECIDE, its sequence drawn) (docs/engine.md §3, §7 "Ties";
+    `EngineCore.add_request` in vllm/v1/engine/core.py queues it for the next
+    `schedule()`)."""
+    if not can_ever_fit(s.cfg, num_prompt_tokens):
+        return False
+    scheduler.add_request(s, i)
+    if ws[W_COUNT] == 0 and ws[W_DECIDE] == DEC_NONE:
+        ws[W_DECIDE] = DEC_WAKE
+        wt[T_DECIDE] = now
+        ws[W_DSEQ] = _next_seq(ws)
+    return True
+
+
+@njit
+def next_arrival(R, state, arrival_ms, NEXT, END, ASEQ, SEQ):
+    """The next of the arrivals a compiled loop admits itself (request
+    `state[NEXT]`; they end before `state[END]`), as the event loop runs an
+    arrival (`Replay._on_open_arrival`): the following arrival's event is
+    scheduled first (its sequence drawn from `state[SEQ]` into
+    `state[ASEQ]`), then the request arrives at `arrival_ms[i]`. Returns i."""
+    i = state[NEXT]
+    state[NEXT] = i + 1
+    R[i].arrival_time = arrival_ms[i]
+    if i + 1 < state[END]:
+        state[SEQ] += 1
+        state[ASEQ] = state[SEQ]
+    return i
+
+
+@njit
+def _arrive(s, ws, wt, arrival_ms):
+    """The next of the arrivals the loop admits itself (a worker of one rank
+    taking an open-loop workload, `WorkerLoop.take_arrivals`): it
+    arrives (`next_arrival`) and is queued (`add_request`)."""
+    R = s.R
+    i = next_arrival(R, ws, arrival_ms, W_ANEXT, W_AEND, W_ASEQ, W_SEQ)
+    add_request(s, ws, wt, i, R[i].num_prompt_tokens, arrival_ms[i])
+
+
+@njit
+def _first_wake(xw_t, xw_s, n):
+    """The transfer wake with the smallest key `(time, DECIDE, seq)`."""
+    best = 0
+    for k in range(1, n):
+        if xw_t[k] < xw_t[best] or (xw_t[k] == xw_t[best] and xw_s[k] < xw_s[best]):
+            best = k
+    return best
+
+
+@njit
+def _has_requests(sched_t, ranks):
+    """Anything to run or wait for on some rank (`RankScheduler.has_requests`)."""
+    for r in range(ranks):
+        S = sched_t[r].S
+        if (S[0].num_running + S[0].num_waiting + S[0].num_waiting_for_kv
+                + S[0].num_delayed_free_requests > 0):
+            return True
+    return False
+
+
+@njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
+def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
+    """Run the worker's events up to the horizon (module docstring); returns
+    the state handed back. `w`: the worker's arrays (a `WorkerArrays`,
+    engine/worker_state.py; read as `w.name` where used, so that entering
+    the loop costs one reference, not one per array), of which:
+    `outs[slot, rank]`, `feats[slot, rank]`, `pidx[slot, rank]` (the pass's
+    index on that rank, -1 for an empty batch), `ptime[slot]`, `pseq[slot]`
+    describe the batch queue's passes in flight (`ws[W_COUNT]` of them from
+    slot `ws[W_HEAD]`). `arrival_ms[i]`: when request i arrives, for the
+    arrivals the loop admits (`W_ANEXT`). `kv_t` (an argument): each rank's
+    `kv` bundle (a `KVArrays`, `RankScheduler._kv`; None: no CPU tier and no
+    remote KV),
+    `xw_t[:ws[W_NXW]]`, `xw_s`: the transfer wakes pending (instant,
+    sequence). In disaggregated mode (`ws[W_POOL]`) `side_*_t` are each
+    rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
+    `link_free`, `link_of`, `xparams` the handoffs' transfers and links
+    (engine/kv_handoff.py); a decode decision's transfers go into
+    `pulls[:ws[W_NPULL]]` for the core to tell their senders. With `log_on`
+    each rank's part of each pass ends in the pass log buffer `log` (a
+    `PassLogArrays`; `PassLogBuffer.arrays`).
+
+    Compiled without reference counts, as the scheduler's kernels it calls
+    (servesim/jit.py, "Reference counts"): the caller holds every
+    array `w`, `kv_t` and `log` bundle for the call."""
+    ws = w.ws  # (read everywhere below: held for the call)
+    wt = w.wt
+    ranks = w.feats.shape[1]
+    width = w.outs.shape[3]
+    cpu = w.sched_t[0].cfg[0].kv_source == KV_SOURCE_CPU  # (read under `kv_t is not None`)
+    pool = ws[W_POOL]
+    n_fin = 0
+    ws[W_NOUT] = 0
+    ws[W_NPULL] = 0
+    while True:
+        head = ws[W_HEAD]
+        count = ws[W_COUNT]
+        tail = (head + count) % 2
+        decide = ws[W_DECIDE]
+        if ws[W_PHASE] == PH_ENDED:
+            # after the finishes of a pass end went out (`stop_on_finish`):
+            # with nothing left in flight, an idle engine with requests wakes
+            ws[W_PHASE] = PH_NORMAL
+            if count == 0 and decide == DEC_NONE and _has_requests(w.sched_t, ranks):
+                ws[W_DECIDE] = DEC_WAKE
+                wt[T_DECIDE] = wt[T_NOW]
+                ws[W_DSEQ] = _next_seq(ws)
+            continue
+        if ws[W_PHASE] == PH_SETTLE:
+            ws[W_PHASE] = PH_NORMAL
+            t = wt[T_NOW]
+        else:
+            # the next of the worker's events, in key order
+            kind = EV_NONE
+            t, order, seq = 0.0, 0, 0
+            if count == 2 or (count == 1 and decide != DEC_PASS):
+                t, order, seq, kind = w.ptime[head, P_END], PASS_END, w.pseq[head], EV_END
+            elif decide != DEC_NONE:
+                order = PASS_END if decide == DEC_PASS else DECIDE
+                t, seq, kind = wt[T_DECIDE], ws[W_DSEQ], EV_DECIDE
+            x = -1
+            if ws[W_NXW] and decide != DEC_NOW:
+                x = _first_wake(w.xw_t, w.xw_s, ws[W_NXW])
+                if kind == EV_NONE or _before(w.xw_t[x], DECIDE, w.xw_s[x], t, order, seq):
+                    t, order, seq, kind = w.xw_t[x], DECIDE, w.xw_s[x], EV_XWAKE
+            a = ws[W_ANEXT]
+            if a < ws[W_AEND] and decide != DEC_NOW:
+                at = w.arrival_ms[a]
+                if kind == EV_NONE or _before(at, ARRIVAL, ws[W_ASEQ], t, order, seq):
+                    t, order, seq, kind = at, ARRIVAL, ws[W_ASEQ], EV_ARRIVE
+            if kind == EV_NONE:
+                ws[W_NFIN] = n_fin
+                return IDLE
+            if kind == EV_END and log_on and not _log_room(log, ranks, width):
+                ws[W_NFIN] = n_fin
+                return LOG_FULL
+            if kv_t is not None:
+                if cpu and (ws[W_NXW] + 1 >= len(w.xw_t)
+                            or not _kv_room(kv_t, w.sched_t, ranks, width, w.num_gpu_blocks)):
+                    ws[W_NFIN] = n_fin
+                    return ROOM
+            if (not (ws[W_FORCE] or decide == DEC_NOW
+                     or _before(t, order, seq, h_time, h_order, h_seq))
+                    or (kind == EV_ARRIVE and a >= ws[W_ALIMIT])):
+                wt[T_NEXT] = t
+                ws[W_NEXT_ORDER] = order
+                ws[W_NEXT_SEQ] = seq
+                ws[W_NFIN] = n_fin
+                return HORIZON
+            ws[W_FORCE] = 0
+            wt[T_NOW] = t
+            if kind == EV_ARRIVE:
+                _arrive(w.sched_t[0], ws, wt, w.arrival_ms)
+                continue
+            if kind == EV_END:
+                # the outputs of the pass at the head of the queue
+                following = 1 - head
+                release = max(t, w.ptime[following, P_LAUNCH_END]) if count == 2 else t
+                finished_here = 0
+                for r in range(ranks):
+                    index = w.pidx[head, r]
+                    if index < 0:
+                        continue
+                    n = scheduler.update_from_output(
+                        w.sched_t[r], w.outs[head, r], w.feats[head, r, output.N_SCHED], release,
+                        index, w.finished[n_fin:], rank_kv(kv_t, r))
+                    if kv_t is not None:
+                        if cpu:
+                            _submit_finished_stores(kv_t[r], w.ptime[following, P_END]
+                                                    if count == 2 else t)
+                    if log_on:
+                        _log_pass(log, ws, w.ptime, head, r, index, w.outs[head, r],
+                                  w.feats[head, r], w.finished[n_fin:], n)
+                    n_fin += n
+                    finished_here += n
+                    track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
+                ws[W_HEAD] = following
+                ws[W_COUNT] = count - 1
+                ws[W_ENDED] = w.pidx[head, 0]
+                if finished_here and ws[W_STOP]:
+                    # the finishes go out first (a handoff wakes a decode
+                    # worker, a closed loop releases an arrival), then the wake
+                    ws[W_PHASE] = PH_ENDED
+                    ws[W_NFIN] = n_fin
+                    return FINISHED
+                if count == 1 and _has_requests(w.sched_t, ranks):
+                    # an idle engine wakes (after arrivals at t)
+                    ws[W_DECIDE] = DEC_WAKE
+                    wt[T_DECIDE] = t
+                    ws[W_DSEQ] = _next_seq(ws)
+                continue
+            if kind == EV_XWAKE:
+                # a transfer's end wakes an idle engine (`_wake_at_next_transfer`)
+                last = ws[W_NXW] - 1
+                w.xw_t[x] = w.xw_t[last]
+                w.xw_s[x] = w.xw_s[last]
+                ws[W_NXW] = last
+                if wt[T_XWAKE] == t:
+                    wt[T_XWAKE] = -1.0
+                if count or decide != DEC_NONE:
+                    continue
+            # a decision at t: every rank's schedule() (transfers finished by
+            # now take effect first; the loads and preemption stores decided
+            # go out at once)
+            ws[W_DECIDE] = DEC_NONE
+            if kv_t is not None:
+                if cpu:
+                    for r in range(ranks):
+                        _poll(kv_t[r], w.R, t)
+            if pool == POOL_PREFILL:
+                for r in range(ranks):
+                    if w.side_state_t[r][kv_handoff.P_COUNT]:
+                        kv_handoff.poll_sender(w.sched_t[r], w.side_pending_t[r],
+                                                w.side_state_t[r], w.side_log_t[r], w.XF, t)
+            elif pool == POOL_DECODE:
+                for r in range(ranks):
+                    if w.side_state_t[r][kv_handoff.P_COUNT]:
+                        kv_handoff.poll_receiver(w.R, w.side_pending_t[r], w.side_state_t[r],
+                                                  w.XI, w.XF, t)
+            n_taken = 0
+            for r in range(ranks):
+                S = w.sched_t[r].S
+                w.feats[tail, r, :] = 0
+                if S[0].preemptions_since_token > LIVELOCK_PREEMPTIONS:
+                    if kv_t is not None:
+                        KC = kv_t[r].KC
+                        for row in range(output.NUM_KO_ROWS):
+                            if row != output.KO_FSTORES:
+                                KC[row] = 0
+                    n_taken += scheduler.take_out_all(w.sched_t[r], rank_kv(kv_t, r), w.outs[tail, r],
+                                                 w.feats[tail, r], w.taken[n_taken:])
+                    continue
+                scheduler.schedule(w.sched_t[r], w.outs[tail, r], w.feats[tail, r], rank_kv(kv_t, r))
+                for e in range(w.feats[tail, r, output.N_UNFIN]):
+                    w.taken[n_taken] = w.outs[tail, r, output.O_UNFIN, e]
+                    n_taken += 1
+            n_pulls = 0
+            if kv_t is not None:
+                if cpu:
+                    for r in range(ranks):
+                        _submit_decided(kv_t[r], t)
+                elif pool == POOL_DECODE:
+                    for r in range(ranks):
+                        if kv_t[r].KC[output.KO_LOADS] == 0:
+                            continue  # no pull decided
+                        n_pulls = _submit_pulls(w.R, kv_t[r], w.side_pending_t[r],
+                                                w.side_state_t[r], w.XI, w.XF, w.link_free,
+                                                w.link_of, w.xparams, t, w.pulls, n_pulls)
+            for r in range(ranks):
+                track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
+            if n_taken or n_pulls:
+                ws[W_PHASE] = PH_SETTLE
+                ws[W_NOUT] = n_taken
+                ws[W_NPULL] = n_pulls
+                ws[W_NFIN] = n_fin
+                return TAKEN_OUT
+        # settle the decision in slot `tail`, made at t
+        scheduled = preempted = False
+        for r in range(ranks):
+            if w.feats[tail, r, output.N_SCHED]:
+                scheduled = True
+            if w.feats[tail, r, output.N_PRE]:
+                preempted = True
+        if not scheduled:
+            if count == 0:
+                if preempted:  # only preempted, idle: decide again at once
+                    ws[W_DECIDE] = DEC_NOW
+                    wt[T_DECIDE] = t
+                elif pool >= 0:
+                    _wake_at(_next_land(w.side_pending_t, w.side_state_t, w.XF, ranks), w.sched_t,
+                             ranks, ws, wt, w.xw_t, w.xw_s)
+                elif kv_t is not None:
+                    if cpu:
+                        _wake_at(_next_completion_ms(kv_t, ranks), w.sched_t, ranks, ws, wt, w.xw_t,
+                                 w.xw_s)
+            continue  # else wait: for the pass in flight's end, or an arrival
+        # launch it: it starts when the pass in flight ends, and no earlier
+        # than the stores still reading the G1 blocks it writes
+        start = max(t, w.ptime[head, P_END]) if count == 1 else t
+        if kv_t is not None:
+            if cpu:
+                for r in range(ranks):
+                    start = max(start, _store_done_ms(kv_t[r]))
+        duration = 0.0
+        prefill_tokens = total_tokens = 0
+        for r in range(ranks):
+            f = w.feats[tail, r]
+            n_sched = f[output.N_SCHED]
+            if n_sched == 0:
+                w.pidx[tail, r] = -1
+                continue
+            w.pidx[tail, r] = w.counters[r, C_PASSES]
+            w.counters[r, C_PASSES] += 1
+            w.counters[r, C_TOKENS] += f[output.TOTAL_TOKENS]
+            prefill_tokens += f[output.PREFILL_TOKENS]
+            total_tokens += f[output.TOTAL_TOKENS]
+            duration = max(duration, price_features(w.model, w.params, f, w.kv_capacity))
+            scheduler.mark_started(w.R, w.outs[tail, r], n_sched, start)
+        end = start + duration
+        launch_end = launch_end_ms(w.launch, total_tokens, prefill_tokens, t, start, end)
+        w.ptime[tail, P_DECIDED] = t
+        w.ptime[tail, P_START] = start
+        w.ptime[tail, P_END] = end
+        w.ptime[tail, P_LAUNCH_END] = launch_end
+        wt[T_BUSY] += duration
+        ws[W_PASSES] += 1
+        if kv_t is not None:
+            if cpu:
+                for r in range(ranks):  # `offloading`: the pass's stores go out at its end
+                    kv = kv_t[r]
+                    for k in range(kv.KC[output.KO_STORES]):
+                        _submit(kv, kv.KO[output.KO_STORES, k], end)
+        if ws[W_ASYNC]:
+            ws[W_DECIDE] = DEC_PASS
+            wt[T_DECIDE] = max(launch_end, w.ptime[head, P_END]) if count == 1 else launch_end
+            ws[W_DSEQ] = _next_seq(ws)
+        w.pseq[tail] = _next_seq(ws)
+        ws[W_COUNT] = count + 1
+
+
+@njit
+def _wake_at(t, sched_t, ranks, ws, wt, xw_t, xw_s):
+    """An idle engine whose requests wait on a transfer (a load, a store a
+    lookup waits for, a handoff's transfer) decides again when the next one
+    completes, at `t` (-1: none): a wake (order DECIDE) at that instant,
+    unless one is pending no later (`EngineCore._wake_at_next_transfer`).
+    Returns whether it added one."""
+    if not _has_requests(sched_t, ranks):
+        return False
+    if t < 0 or (wt[T_XWAKE] >= 0 and wt[T_XWAKE] <= t):
+        return False
+    wt[T_XWAKE] = t
+    n = ws[W_NXW]
+    xw_t[n] = t
+    xw_s[n] = _next_seq(ws)
+    ws[W_NXW] = n + 1
+    return True

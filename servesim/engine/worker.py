@@ -1,0 +1,182 @@
+"""A worker's Python face for its compiled pass loop (pass_loop.py `run_passes`):
+`WorkerLoop` owns the worker's arrays (worker_state.py: the batch queue's two
+slots of every rank's output, the pending decision, the event-loop sequence
+counter, the ranks' arrays as tuples, one entry per attention-DP rank,
+`padded`), builds the bundle the loop takes, calls it, and grows what it
+says is full.
+"""
+
+import numpy as np
+
+# (compiled in: Numba's cache of this file does not see pricing.py's kernels
+# change; edit this line with them. Table layout 3.)
+from servesim.jit import Entry
+from servesim.scheduler import output
+from servesim.engine.worker_state import new_worker_arrays
+
+from servesim.engine.kv_transfers import _next_land
+from servesim.engine.pass_log_buffer import log_arguments
+from servesim.engine.pass_loop import _wake_at, run_passes
+from servesim.engine.worker_state import (DEC_NONE, NUM_WS, NUM_WT, T_XWAKE, W_AEND, W_ALIMIT,
+                                               W_ANEXT, W_ASEQ, W_ASYNC, W_COUNT, W_DECIDE, W_NXW,
+                                               W_POOL, W_SEQ, W_STOP, W_WORKER)
+
+
+def padded(entries, least=2) -> tuple:
+    """`entries` as a tuple of length `least` doubled until it holds them
+    (a power of two by default), the padding repeating the first entry.
+
+    Numba compiles a kernel once per type of its arguments, and a tuple's
+    length is part of its type: the ranks' arrays (`WorkerLoop`) and a
+    pool's workers (engine/disaggregated_loop.py) go to their loops padded, so 1 and
+    2 attention-DP ranks, or workers per pool, share one compile (the 1-rank
+    run of the whole Mooncake trace is as fast padded: 3.23 s against 3.35 s,
+    medians of 3). The loops read the real count elsewhere (`feats.shape[1]`,
+    `ps[P_NUM_A]`) and never read the padding."""
+    n = least
+    while n < len(entries):
+        n *= 2
+    return tuple(entries) + (entries[0],) * (n - len(entries))
+
+
+# a worker admitting its own arrivals returns to the event loop after this many
+# (progress, Ctrl-C and the debug mode's checks get a turn)
+ARRIVALS_PER_CALL = 4096
+
+
+class WorkerLoop:
+    """A worker's state for `run_passes`: the batch queue (two slots of every
+    rank's output), the pending decision, the event-loop sequence counter, and
+    the ranks' arrays as tuples (one entry per attention-DP rank, `padded`)."""
+
+    def __init__(self, ranks, worker_index, pool_code, async_scheduling, launch_params,
+                 usage, counters):
+        schedulers = [rank.scheduler for rank in ranks]
+        s0 = schedulers[0]
+        self.ranks = ranks
+        self.schedulers = schedulers
+        width = s0._out_width
+        d = len(ranks)
+        self.outs = np.zeros((2, d, output.NUM_OUT_ROWS, width), dtype=np.int64)
+        self.feats = np.zeros((2, d, output.NUM_FEATS), dtype=np.int64)
+        self.pidx = np.full((2, d), -1, dtype=np.int64)
+        self.ptime = np.zeros((2, 4), dtype=np.float64)
+        self.pseq = np.zeros(2, dtype=np.int64)
+        self.ws = np.zeros(NUM_WS, dtype=np.int64)
+        self.ws[W_ASYNC] = async_scheduling
+        self.ws[W_STOP] = s0.stop_on_finish
+        self.ws[W_WORKER] = worker_index
+        self.ws[W_POOL] = pool_code
+        self.wt = np.zeros(NUM_WT, dtype=np.float64)
+        self.wt[T_XWAKE] = -1.0
+        self.xw_t = np.zeros(8, dtype=np.float64)  # transfer wakes pending
+        self.xw_s = np.zeros(8, dtype=np.int64)
+        n = len(s0.table.request_ids) + 1
+        self.finished = np.zeros(n, dtype=np.int64)
+        self.taken = np.zeros(n, dtype=np.int64)
+        self.pulls = np.zeros(n, dtype=np.int64)
+        # disaggregated mode: each rank's sender or receiver arrays and the
+        # transfers (`attach_side`); stand-ins of the same types otherwise
+        none = np.zeros(1, dtype=np.int64)
+        self._side = [(none, np.zeros(2, dtype=np.int64), none)] * d
+        self._xfer = (np.zeros((1, 4), dtype=np.int64), np.zeros((1, 5), dtype=np.float64),
+                      np.zeros(1, dtype=np.float64), none, np.zeros(3, dtype=np.float64))
+        self._side_args = self._side_tuple()
+        self._args = None  # (made at the first call)
+        # run_passes compiled for the arguments' types (jit.Entry): a worker
+        # calls it at every outside event with the same arguments (the worker's
+        # arrays as one bundle, the `kv` bundles, the horizon and the pass log),
+        # whose types stay those of the first call until `_args` is rebuilt
+        self._entry = Entry(run_passes)
+        self.launch = launch_params
+        self.usage = usage
+        self.counters = counters
+        self.width = width
+        table = s0.table
+        pricer = ranks[0].pricer
+        self._shared = (table.R, np.zeros(0, dtype=np.float64))  # arrival_ms (`take_arrivals`)
+        self._ranks = (padded([s.arrays for s in schedulers]),
+                       usage, counters, pricer.model, pricer.params, pricer.kv_capacity_tokens,
+                       s0.pool.num_gpu_blocks, launch_params)
+
+    idle = property(lambda self: self.ws[W_COUNT] == 0 and self.ws[W_DECIDE] == DEC_NONE)
+
+    def _side_tuple(self):
+        return (padded([x[0] for x in self._side]), padded([x[1] for x in self._side]),
+                padded([x[2] for x in self._side])) + self._xfer
+
+    def attach_side(self, rank_index, pending, state, log, transfers):
+        """Disaggregated mode: rank `rank_index`'s sender or receiver arrays
+        (engine/kv_handoff.py) and the handoffs' `Transfers`."""
+        self._side[rank_index] = (pending, state, log if log is not None else pending)
+        self.ws[W_STOP] = 1  # finishes go out at once: a handoff, or a decode's release
+        self._xfer = (transfers.I, transfers.F, transfers.link_free, transfers.link_of,
+                      np.array([transfers.bytes_per_token, transfers.bytes_per_ms,
+                                transfers.latency_ms], dtype=np.float64))
+        self._side_args = self._side_tuple()
+        self._args = None
+
+    def transfer_pending(self, seq):
+        """A transfer this idle worker's ranks wait for was submitted
+        elsewhere: the wake at their next landing (`_wake_at`), with sequence
+        `seq + 1`. Returns whether a wake was added."""
+        self._grow_wakes()
+        self.ws[W_SEQ] = seq
+        side = self._side_args
+        d = len(self.ranks)
+        t = _next_land(side[0], side[1], side[4], d)
+        return bool(_wake_at(t, self._ranks[0], d, self.ws, self.wt, self.xw_t, self.xw_s))
+
+    def take_arrivals(self, arrival_ms, seq):
+        """The loop admits requests 0 to `len(arrival_ms)` - 1 itself
+        (`_arrive`), in that order, request i at `arrival_ms[i]`; the first
+        one's event has sequence `seq`."""
+        self.ws[W_ANEXT] = 0
+        self.ws[W_AEND] = len(arrival_ms)
+        self.ws[W_ASEQ] = seq
+        self._shared = self._shared[:-1] + (arrival_ms,)
+        self._args = None
+
+    arrivals = property(lambda self: int(self.ws[W_ANEXT]))  # admitted (or rejected) so far
+
+    def run(self, horizon, seq, log):
+        """`run_passes` up to the `horizon` key, the event loop's sequence
+        counter at `seq` (`ws[W_FORCE]` set: the first event was popped off the
+        event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
+        self.ws[W_SEQ] = seq
+        self.ws[W_ALIMIT] = min(self.ws[W_AEND], self.ws[W_ANEXT] + ARRIVALS_PER_CALL)
+        return self._entry(*self.arguments(), float(horizon[0]), int(horizon[1]),
+                           int(horizon[2]), *log_arguments(log))
+
+    def arguments(self):
+        """`run_passes`' arguments but the horizon and the pass log (made
+        again after `regrow`)."""
+        if self._args is None:
+            self._args = self._make_args()
+            self._entry.reset()
+        return self._args
+
+    def regrow(self):
+        """After ROOM: the arrays that may not hold the next event are grown
+        when the arguments are made again (`_make_args`)."""
+        self._args = None
+
+    def _make_args(self):
+        """The loop's arguments but the horizon and the pass log: the worker's
+        arrays (engine/worker_state.py) and each rank's `kv` bundle
+        (`RankScheduler._kv`, which grows the CPU tier's job arrays so that
+        one call's jobs fit; only this worker calls it during a run) and the
+        transfer wakes' arrays, grown when they may run short."""
+        kv = (padded([s._kv() for s in self.schedulers])
+              if self.schedulers[0].kv_state is not None else None)
+        self._grow_wakes()
+        w = new_worker_arrays(*self._shared, *self._ranks, *self._side_args, self.outs,
+                              self.feats, self.pidx, self.ptime, self.pseq, self.ws, self.wt,
+                              self.xw_t, self.xw_s, self.finished, self.taken, self.pulls)
+        return w, kv
+
+    def _grow_wakes(self):
+        if self.ws[W_NXW] + 1 >= len(self.xw_t):
+            self.xw_t = np.concatenate([self.xw_t, np.zeros_like(self.xw_t)])
+            self.xw_s = np.concatenate([self.xw_s, np.zeros_like(self.xw_s)])
+            self._args = None

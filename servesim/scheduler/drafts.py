@@ -1,0 +1,140 @@
+"""Speculative decoding's kernels (docs/engine.md §12): how many drafts a
+request gets, the padding drafts of an admission, and how many a
+verification pass accepts.
+
+- `scheduled_drafts`: the drafts the running loop asks room for;
+- `_padding_drafts`: a prefill's padding drafts (vLLM schedules them and rejects them);
+- `accepted_drafts`: a trace's `accepted` list, cycled, or a draw per position
+  from a counter-based generator keyed by (seed, request, verification, position);
+- `_verify_drafts`: the accepted prefix kept, the rest rolled back.
+
+The config is speculative.py's `SpeculativeConfig`.
+"""
+
+
+import numpy as np
+
+from servesim.jit import njit, plain_python
+
+from servesim.scheduler.output import N_SCHED, O_KIND, O_REQ, PassKind
+
+
+@njit(inline="always")
+def _mix(x):
+    """splitmix64's finaliser: a well-mixed 64-bit value of x (its products
+    wrap modulo 2**64)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+if plain_python():  # NumPy's scalars wrap too, but warn each time: not here
+    _mix_wrapping = _mix
+
+    def _mix(x):
+        with np.errstate(over="ignore"):
+            return _mix_wrapping(x)
+
+
+@njit(inline="always")
+def uniform(seed, request, draw, position):
+    """A uniform number in [0, 1) for one draft position of one verification
+    pass of one request: a pure function of its four keys."""
+    x = _mix(np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15))
+    x = _mix(x ^ np.uint64(request))
+    x = _mix(x ^ np.uint64(draw))
+    x = _mix(x ^ np.uint64(position))
+    return float(x >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(inline="always")
+def accepted_drafts(seed, rates, acc_offsets, acc_values, request, key, draw, num_drafts):
+    """How many of `num_drafts` real drafts the request's `draw`-th
+    verification pass accepts: its `accepted` list (cycled) when the trace
+    gives one, else a draw keyed by the request's `key` from the per-position
+    rates; at most `num_drafts`."""
+    lo = acc_offsets[request]
+    n = acc_offsets[request + 1] - lo
+    if n > 0:
+        return min(acc_values[lo + draw % n], num_drafts)
+    a = 0
+    while a < num_drafts and uniform(seed, key, draw, a) < rates[a]:
+        a += 1
+    return a
+
+
+@njit(inline="always")
+def scheduled_drafts(R, i, num_new):
+    """`Scheduler.schedule`, running loop (vllm/v1/core/sched/scheduler.py):
+    the drafts a request granted `num_new` tokens schedules are the tail of
+    its ask beyond its known tokens and placeholders, `num_new + computed -
+    num_tokens - placeholders` (so b granted tokens keep b - 1 drafts); its
+    draft list (`spec_token_ids`) is cleared once it is scheduled."""
+    drafts = max(0, num_new + R[i].num_computed_tokens - R[i].num_tokens
+                 - R[i].num_output_placeholders)
+    R[i].num_spec_tokens = 0
+    return drafts
+
+
+@njit
+def _padding_drafts(s, out, feats, hit):
+    """`Scheduler.schedule`, waiting loop (vllm/v1/core/sched/scheduler.py):
+    an admission with one token to compute is padded with k never-accepted
+    drafts when no request the running loop scheduled in this pass entered
+    it as a prefill chunk (`prefill_scheduled`, from `is_prefill_chunk`: its
+    computed tokens below its prefill target, docs/engine.md §10), a request
+    of the running loop was scheduled (`scheduled_running_reqs`) or the
+    admission has cached tokens, and `hit + 1 + k + 1 <= max_model_len`.
+    Admissions earlier in the waiting loop count for neither. Returns the
+    padding drafts (0: none)."""
+    R, cfg = s.R, s.cfg
+    k = cfg[0].num_speculative_tokens
+    if hit + k + 2 > cfg[0].max_model_len:
+        return 0
+    running_scheduled = False
+    for e in range(feats[N_SCHED]):
+        if out[O_KIND, e] != PassKind.RUNNING:
+            continue
+        running_scheduled = True
+        j = out[O_REQ, e]
+        if R[j].num_computed_tokens < R[j].prefill_target_tokens:
+            return 0  # a prefill chunk
+    if not running_scheduled and hit == 0:
+        return 0
+    return k
+
+
+@njit(inline="always")
+def _verify_drafts(s, i, drafts, real, stale):
+    """`Scheduler.update_from_output` / `_update_request_with_output`
+    (vllm/v1/core/sched/scheduler.py) under speculative decoding: of
+    `drafts` drafts, the accepted ones (none for padding; `real` drafts draw
+    from the request's `accepted` list or the rates) stay computed, the
+    rejected ones roll `num_computed_tokens` back (async: the placeholders
+    too) and keep their blocks. A stale output (the request was preempted
+    with it in flight) leaves `num_computed_tokens` and the placeholders
+    alone but still counts in the acceptance statistics, as vLLM records
+    them. Returns the tokens it yields."""
+    R, cfg = s.R, s.cfg
+    acc_offsets, acc_values, rates, pos_counts, keys = s.spec
+    accepted = 0
+    if real:
+        draw = R[i].num_drafts
+        accepted = accepted_drafts(cfg[0].spec_seed, rates, acc_offsets, acc_values, i, keys[i],
+                                   draw, drafts)
+        R[i].num_drafts = draw + 1
+        R[i].num_draft_tokens += drafts
+        R[i].num_accepted_tokens += accepted
+        for pos in range(drafts):
+            pos_counts[0, pos] += 1
+            if pos < accepted:
+                pos_counts[1, pos] += 1
+    if not stale:
+        rejected = drafts - accepted
+        R[i].num_computed_tokens -= rejected
+        if cfg[0].async_scheduling:
+            R[i].num_output_placeholders -= rejected
+        # accepted drafts are computed tokens: a recompute after preemption counts them
+        R[i].max_num_computed_tokens = max(R[i].max_num_computed_tokens,
+                                           R[i].num_computed_tokens - R[i].num_output_placeholders)
+    return 1 + accepted
