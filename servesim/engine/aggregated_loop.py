@@ -78,7 +78,7 @@ def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms,
                                        h_order, h_seq, log_on)
         ws = ws_t[k]
         ws[W_SEQ] = cs[P_SEQ]
-        state = run_passes(*(group[k] + (t, order, seq, log_on, log)))
+        state = run_passes(*(group[k] + (t, order, seq, log_on, log, None)))  # (never checking)
         cs[P_SEQ] = ws[W_SEQ]
         cs[P_LAST] = k
         finished = group[k][0].finished

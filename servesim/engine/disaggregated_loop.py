@@ -138,10 +138,10 @@ def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
 def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, pool_b, rp,
-                h_time, h_order, h_seq, log_on, log):
+                h_time, h_order, h_seq, log_on, log, checking):
     """Run the workers' events up to the horizon (module docstring). Worker k
     is `group_a[k]` (a prefill worker's `run_passes` arguments but the
-    horizon and the pass log) for k below `ps[P_NUM_A]`, else
+    horizon, the pass log and `checking`, the debug mode: None or True) for k below `ps[P_NUM_A]`, else
     `group_b[k - ps[P_NUM_A]]`; `ws_t[k]`, `wt_t[k]` are its state arrays
     (each tuple `padded`: its entries past the workers are never read).
     A decode decision's pulls are taken here as its core would take them
@@ -168,7 +168,7 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a
                                        h_order, h_seq, True)
         ws = ws_t[k]
         ws[W_SEQ] = ps[P_SEQ]
-        tail = (t, order, seq, log_on, log)
+        tail = (t, order, seq, log_on, log, checking)
         if k < n_a:
             state = run_passes(*(group_a[k] + tail))
         else:
@@ -316,12 +316,14 @@ class DisaggregatedLoop:
         ps = self.ps
         ps[P_FORCE] = 1
 
+        checking = True if self.cores[0].ranks[0].scheduler.cfg[0]["invariant_check"] else None
+
         def call():
             ps[P_ALIMIT] = min(ps[P_AEND], ps[P_ANEXT] + ARRIVALS_PER_CALL)
             h = self.observer.horizon_key()
             return self._entry(*self._arguments(), self.keys_t, self.keys_o, self.keys_s, ps,
                                *self._pools, float(h[0]), int(h[1]), int(h[2]),
-                               *log_arguments(self.pass_log))
+                               *log_arguments(self.pass_log), checking)
 
         state = run_reporting(self.loop, self.cores, ps, P_SEQ, P_FROM, P_CONT, call)
         self._running = False

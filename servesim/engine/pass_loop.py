@@ -193,7 +193,7 @@ def _has_requests(sched_t, ranks):
 
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
-def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
+def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
     """Run the worker's events up to the horizon (module docstring); returns
     the state handed back. `w`: the worker's arrays (a `WorkerArrays`,
     engine/worker_state.py; read as `w.name` where used, so that entering
@@ -204,7 +204,8 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
     slot `ws[W_HEAD]`). `arrival_ms[i]`: when request i arrives, for the
     arrivals the loop admits (`W_ANEXT`). `kv_t` (an argument): each rank's
     `kv` bundle (a `KVArrays`, `RankScheduler._kv`; None: no CPU tier and no
-    remote KV),
+    remote KV), `checking`: True in the debug mode, else None (the invariant
+    check, the scheduler's `_check_after`, is then compiled away),
     `xw_t[:ws[W_NXW]]`, `xw_s`: the transfer wakes pending (instant,
     sequence). In disaggregated mode (`ws[W_POOL]`) `side_*_t` are each
     rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
@@ -297,7 +298,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
                         continue
                     n = scheduler.update_from_output(
                         w.sched_t[r], w.outs[head, r], w.feats[head, r, output.N_SCHED], release,
-                        index, w.finished[n_fin:], rank_kv(kv_t, r))
+                        index, w.finished[n_fin:], rank_kv(kv_t, r), checking)
                     if kv_t is not None:
                         if cpu:
                             _submit_finished_stores(kv_t[r], w.ptime[following, P_END]
@@ -361,10 +362,12 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log):
                         for row in range(output.NUM_KO_ROWS):
                             if row != output.KO_FSTORES:
                                 KC[row] = 0
-                    n_taken += scheduler.take_out_all(w.sched_t[r], rank_kv(kv_t, r), w.outs[tail, r],
-                                                 w.feats[tail, r], w.taken[n_taken:])
+                    n_taken += scheduler.take_out_all(w.sched_t[r], rank_kv(kv_t, r),
+                                                      w.outs[tail, r], w.feats[tail, r],
+                                                      w.taken[n_taken:], checking)
                     continue
-                scheduler.schedule(w.sched_t[r], w.outs[tail, r], w.feats[tail, r], rank_kv(kv_t, r))
+                scheduler.schedule(w.sched_t[r], w.outs[tail, r], w.feats[tail, r], rank_kv(kv_t, r),
+                                   checking)
                 for e in range(w.feats[tail, r, output.N_UNFIN]):
                     w.taken[n_taken] = w.outs[tail, r, output.O_UNFIN, e]
                     n_taken += 1

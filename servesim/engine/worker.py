@@ -145,8 +145,9 @@ class WorkerLoop:
         event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
         self.ws[W_SEQ] = seq
         self.ws[W_ALIMIT] = min(self.ws[W_AEND], self.ws[W_ANEXT] + ARRIVALS_PER_CALL)
+        checking = True if self.schedulers[0].cfg[0]["invariant_check"] else None
         return self._entry(*self.arguments(), float(horizon[0]), int(horizon[1]),
-                           int(horizon[2]), *log_arguments(log))
+                           int(horizon[2]), *log_arguments(log), checking)
 
     def arguments(self):
         """`run_passes`' arguments but the horizon and the pass log (made

@@ -461,10 +461,11 @@ def _update_after_schedule(s, out, feats):
 
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point (servesim/jit.py)
-def schedule(s, out, feats, kv=None):
+def schedule(s, out, feats, kv=None, checking=None):
     """One `Scheduler.schedule()` of the rank `s` (a `SchedulerArrays`);
     fills `out` and `feats` (and, with `kv`, the transfers it decided in
-    `kv`'s KO rows, see above)."""
+    `kv`'s KO rows, see above). `checking` (None, or True in the debug mode)
+    compiles the invariant check in only where it runs (`_check_after`)."""
     cfg, S = s.cfg, s.S
     threshold = cfg[0].long_prefill_token_threshold
     waiting = S[0].num_waiting
@@ -484,8 +485,9 @@ def schedule(s, out, feats, kv=None):
         if cfg[0].kv_source == KV_SOURCE_CPU:
             _connector_after_schedule(s, out, feats, kv)
     feats[FREE_BLOCKS] = s.pscal[bp.NUM_FREE]
-    if cfg[0].invariant_check:
-        _check_after(s, kv, out, feats, check.AFTER_SCHEDULE, -1)
+    if checking is not None:  # (compiled away when None)
+        if cfg[0].invariant_check:
+            _check_after(s, kv, out, feats, check.AFTER_SCHEDULE, -1)
 
 
 @njit(_nrt=True)  # NOTE(refcounts): it allocates and hands back its array
@@ -587,7 +589,8 @@ def _append_verified(s, out, e, i, stale, release_ms, pass_index):
 
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point (servesim/jit.py)
-def update_from_output(s, out, n_sched, release_ms, pass_index, finished, kv=None):
+def update_from_output(s, out, n_sched, release_ms, pass_index, finished, kv=None,
+                       checking=None):
     """`Scheduler.update_from_output`: append sampled tokens (released at
     `release_ms`, reaching the client after detokenization), register the
     blocks of requests that were RUNNING up to their completed tokens
@@ -666,8 +669,9 @@ def update_from_output(s, out, n_sched, release_ms, pass_index, finished, kv=Non
                 running[kept] = i
                 kept += 1
         S[0].num_running = kept
-    if cfg[0].invariant_check:
-        _check_after(s, kv, out, out[0, :0], check.AFTER_OUTPUT, pass_index)
+    if checking is not None:
+        if cfg[0].invariant_check:
+            _check_after(s, kv, out, out[0, :0], check.AFTER_OUTPUT, pass_index)
     return num_finished
 
 
@@ -719,7 +723,7 @@ def pending_prefill_tokens(S):
 
 
 @njit
-def take_out_all(s, kv, out, feats, taken):
+def take_out_all(s, kv, out, feats, taken, checking=None):
     """Take every running and waiting request out as unfinished (a livelock:
     more than LIVELOCK_PREEMPTIONS preemptions since a token was sampled),
     then, in the debug mode, check the rank (`_check_after`; `kv`, `held`:
@@ -742,6 +746,7 @@ def take_out_all(s, kv, out, feats, taken):
         taken[n] = i
         n += 1
     S[0].preemptions_since_token = 0
-    if cfg[0].invariant_check:
-        _check_after(s, kv, out, feats[:0], check.AFTER_TAKE_OUT, S[0].num_checked_passes)
+    if checking is not None:
+        if cfg[0].invariant_check:
+            _check_after(s, kv, out, feats[:0], check.AFTER_TAKE_OUT, S[0].num_checked_passes)
     return n
