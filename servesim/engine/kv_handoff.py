@@ -86,7 +86,7 @@ import numpy as np
 from servesim.jit import njit
 from servesim.scheduler.kv_connector import free_delayed
 from servesim.scheduler.request import KVHandoff, KVLoad, RequestStatus
-from servesim.scheduler.scheduler_arrays import KV_SOURCE_REMOTE
+from servesim.scheduler.scheduler_arrays import KV_SOURCE_NONE, KV_SOURCE_REMOTE
 
 # Transfers.I fields (integers) and .F fields (instants)
 X_TOKENS, X_NBYTES, X_LINK, X_DONE = range(4)
@@ -256,9 +256,13 @@ class HandoffReceiver:
 
 def connect(prefill_cores, decode_cores, transfers: Transfers):
     """Give every prefill rank a sender (its link: the rank's index over the
-    prefill pool) and every decode rank a receiver."""
+    prefill pool) and every decode rank a receiver. A prefill rank gets `kv`
+    arrays too, with no source of loads (KV_SOURCE_NONE: its connector code
+    does nothing), so that both pools' ranks have one type and the scheduler
+    and the pass loop compile once for the deployment, not once per pool."""
     for core in prefill_cores:
         for rank in core.ranks:
+            rank.scheduler.attach_kv_source(KV_SOURCE_NONE)
             sender = HandoffSender(rank.scheduler, transfers, len(transfers.senders),
                                  core.transfer_pending)
             transfers.senders.append(sender)
