@@ -6,6 +6,7 @@ Tests that call the package itself skip when it is absent."""
 import importlib.util
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -131,6 +132,46 @@ def test_a_model_that_does_not_fit_says_so(tmp_path):
     with pytest.raises(InputError, match="leaves no KV cache"):
         engine_config({"model": model_dir(tmp_path, {**QWEN3_32B, "num_hidden_layers": 200}),
                        "gpu": "l40s"})
+
+
+_CONFIG_JSON = json.dumps(QWEN3_32B).encode()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{oops", r"config.json: line 1: not JSON"),
+    (_CONFIG_JSON.replace(b'"qwen3"', b'"qwen\xff"'), r"config.json: not UTF-8"),
+    (b"[1, 2]", r"config.json: not a Hugging Face config \(a JSON object\), but a list"),
+    (json.dumps({"hidden_size": 5120}).encode(), r"missing num_attention_heads, num_hidden_layers, vocab_size"),
+    (json.dumps({**QWEN3_32B, "num_attention_heads": 0}).encode(), r"num_attention_heads: must be at least 1, not 0"),
+    (json.dumps({**QWEN3_32B, "num_attention_heads": "64"}).encode(), r'num_attention_heads: must be a whole number, not "64"'),
+    (_CONFIG_JSON.replace(b'"num_attention_heads": 64', b'"num_attention_heads": NaN'),
+     r"num_attention_heads: must be a whole number, not NaN"),
+    (json.dumps({**QWEN3_32B, "num_attention_heads": True}).encode(), r"num_attention_heads: must be a whole number, not true"),
+    (json.dumps({**QWEN3_32B, "hidden_size": -5120}).encode(), r"hidden_size: must be at least 1, not -5120"),
+    (json.dumps({**QWEN3_32B, "num_key_value_heads": 4.5}).encode(), r"num_key_value_heads: must be a whole number, not 4.5"),
+    (json.dumps({**QWEN3_32B, "num_key_value_heads": 128}).encode(), r"num_key_value_heads: 128 is more than"),
+    (json.dumps({**QWEN3_32B, "head_dim": None, "hidden_size": 32}).encode(), r"leaves no head_dim"),
+])
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_a_malformed_model_config_json_is_named_in_validate_and_run(tmp_path, content, message, command):
+    from helpers import invoke
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_bytes(content)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"workload: {{synthetic: {{requests: 4}}}}\n"
+                      f"engine: {{model: {tmp_path / 'm'}, gpu: h200_sxm}}\n")
+    result = invoke(command, config, *(["-o", tmp_path / "out"] if command == "run" else []))
+    assert result.exit_code == 2, result.output
+    assert str(tmp_path / "m" / "config.json") in result.output
+    assert re.search(message, result.output), result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_a_whole_float_shape_is_read_as_its_integer(tmp_path):
+    cfg = engine_config({"model": model_dir(tmp_path, {**QWEN3_32B, "num_attention_heads": 64.0}),
+                         "gpu": "h200_sxm", "tensor_parallel_size": 2})
+    assert cfg.engine.kv_cache.num_gpu_blocks == 46773
 
 
 def test_unknown_database_model_without_package(tmp_path, monkeypatch):

@@ -115,46 +115,93 @@ def config_path(model: str, where: str = "engine.model") -> str:
 
 def load_model_spec(model: str, where: str = "engine.model") -> ModelSpec:
     path = config_path(model, where)
-    with open(path, encoding="utf-8") as f:
-        return spec_from_hf_config(json.load(f), model, path)
+    try:
+        with open(path, "rb") as f:
+            cfg = json.loads(f.read().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{path}: not a Hugging Face config (a JSON object), but a {type(cfg).__name__}")
+    return spec_from_hf_config(cfg, model, path)
+
+
+def _count(cfg: dict, key: str, path: str, minimum: int = 1):
+    """`cfg[key]` as an int >= `minimum`, or None when absent or null: a model
+    shape is a whole number (JSON's 64.0 counts, NaN, a string or a bool does
+    not), and no head count or width is zero or negative, as transformers'
+    configs require before vLLM divides by them."""
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+            or value in (float("inf"), float("-inf")) or value != int(value):
+        raise InputError(f"{path}: {key}: must be a whole number, not {json.dumps(value)}")
+    if value < minimum:
+        raise InputError(f"{path}: {key}: must be at least {minimum}, not {json.dumps(value)}")
+    return int(value)
 
 
 def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> ModelSpec:
-    """The shapes of a Hugging Face config (text part of a multimodal one)."""
-    if "text_config" in cfg and "num_hidden_layers" not in cfg:
+    """The shapes of a Hugging Face config (text part of a multimodal one).
+    Every shape read is checked by `_count`: a malformed config.json is an
+    InputError naming the file and the key, never a nonsense capacity."""
+    if isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg:
         cfg = {**cfg, **cfg["text_config"]}
-    try:
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        layers = int(cfg["num_hidden_layers"])
-        vocab = int(cfg["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"{path}: not a decoder config servesim can read (missing {exc})") from None
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
-    shared = int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0)
-    shared = shared or int(cfg.get("shared_expert_intermediate_size") or 0)
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
-    if cfg.get("layer_types") and "sliding_attention" not in cfg["layer_types"]:
-        window = None
-    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+               if cfg.get(k) is None]
+    if missing:
+        raise InputError(f"{path}: not a decoder config servesim can read (missing {', '.join(missing)})")
+
+    def count(*keys, minimum=0):
+        """The first of `keys` given (None or 0 falls through, as `or` did), else 0."""
+        for key in keys:
+            value = _count(cfg, key, path, minimum)
+            if value:
+                return value
+        return 0
+
+    hidden = _count(cfg, "hidden_size", path)
+    heads = _count(cfg, "num_attention_heads", path)
+    layers = _count(cfg, "num_hidden_layers", path)
+    vocab = _count(cfg, "vocab_size", path)
+    experts = count("num_experts", "num_local_experts", "n_routed_experts")
+    shared = count("n_shared_experts") * count("moe_intermediate_size")
+    shared = shared or count("shared_expert_intermediate_size")
+    window = count("sliding_window") if cfg.get("use_sliding_window", True) else 0
+    if isinstance(cfg.get("layer_types"), list) and cfg["layer_types"] \
+            and "sliding_attention" not in cfg["layer_types"]:
+        window = 0
+    quant = cfg.get("quantization_config")
+    quant = quant.get("quant_method") if isinstance(quant, dict) else None
+    kv_heads = count("num_key_value_heads") or heads
+    if kv_heads > heads:
+        raise InputError(f"{path}: num_key_value_heads: {kv_heads} is more than num_attention_heads {heads}")
+    head_dim = count("head_dim") or hidden // heads
+    if not head_dim:
+        raise InputError(f"{path}: hidden_size {hidden} over num_attention_heads {heads} leaves no "
+                         "head_dim; give head_dim")
     return ModelSpec(
         name=name,
         num_layers=layers,
         hidden_size=hidden,
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        intermediate_size=int(cfg.get("intermediate_size") or 0),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=count("intermediate_size"),
         vocab_size=vocab,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         num_experts=experts,
-        experts_per_token=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0),
+        experts_per_token=count("num_experts_per_tok", "experts_per_token"),
+        moe_intermediate_size=count("moe_intermediate_size", "intermediate_size"),
         shared_expert_intermediate_size=shared,
-        dense_layers=int(cfg.get("first_k_dense_replace") or 0) if experts else 0,
-        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
-        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
-        sliding_window=int(window or 0),
+        dense_layers=count("first_k_dense_replace") if experts else 0,
+        kv_lora_rank=count("kv_lora_rank"),
+        qk_rope_head_dim=count("qk_rope_head_dim"),
+        sliding_window=window,
         config_quantization=quant,
-        max_position_embeddings=int(cfg.get("max_position_embeddings") or 131072),
+        max_position_embeddings=count("max_position_embeddings", minimum=1) or 131072,
     )
