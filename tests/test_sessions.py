@@ -355,6 +355,10 @@ engine:
                           row(16, 1, [2], request_id="b", wait_for=["zz"])], 2, "unknown"),
     ("mooncake-delta", [row(16, 1, [1], session_id="s", timestamp=0),
                         row(-4, 1, [], session_id="s", delay=1)], 2, "shrink"),
+    # vLLM refuses an empty prompt: a first turn carries the whole prompt
+    ("mooncake-delta", [row(16, 1, [1], session_id="s", timestamp=0),
+                        row(0, 1, [], session_id="t", timestamp=1)], 2, "input_length 0: a session's first turn"),
+    ("mooncake-delta", [row(-3, 1, [], session_id="s", timestamp=0)], 1, "at least 1 token"),
     ("agentic_mooncake", [{"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 16},
                           dict(row(16, 1, [1], request_id="a", not_before_ms=0), session_id="g"),
                           dict(row(16, 1, [2], request_id="b", session_id="g"),

@@ -120,7 +120,9 @@ def accumulate_deltas(session, delta_length, output_length, delta_hashes, tbs, p
     `(input_length, hash_lists, stream_start)`: a first turn keeps its own
     hash ids; a later turn gets its first turn's ids followed by fresh ones
     (what follows the first prompt is the session's own stream, identified by
-    `session_block_identities`, so those ids only fill the count)."""
+    `session_block_identities`, so those ids only fill the count). A first
+    turn of fewer than 1 token or a negative delta is an InputError naming
+    its line."""
     n = len(session)
     prompt = np.zeros(n, dtype=np.int64)
     start = np.zeros(n, dtype=np.int64)
@@ -131,7 +133,12 @@ def accumulate_deltas(session, delta_length, output_length, delta_hashes, tbs, p
     for i in range(n):
         s = session[i]
         d = int(delta_length[i])
+        at = f"{path}:{lines[i]}:" if path is not None else f"request {i}:"
         if s not in first_of:
+            if d < 1:  # vLLM's InputProcessor: "The decoder prompt cannot be empty"
+                raise InputError(
+                    f"{at} input_length {d}: a session's first turn is its whole prompt, at least "
+                    f"1 token (vLLM refuses an empty prompt)")
             prompt[i] = d
             start[i] = d
             hashes.append(list(delta_hashes[i]))
@@ -140,7 +147,6 @@ def accumulate_deltas(session, delta_length, output_length, delta_hashes, tbs, p
             previous, out = last[s]
             first, first_ids = first_of[s]
             if d < 0:
-                at = f"{path}:{lines[i]}:" if path is not None else f"request {i}:"
                 raise InputError(
                     f"{at} input_length {d} would shrink the session's prompt "
                     f"(mooncake-delta rows carry only the new tokens, an integer >= 0)")
