@@ -212,11 +212,29 @@ def check_compiled_limits(cluster) -> None:
                              "(its compiled loops take at most that many)")
 
 
+def check_timing_packages(cfg) -> None:
+    """A pool timed by `aic` needs aiconfigurator-core and a model and GPU
+    its database holds: refused here, as the run would refuse them while
+    building its pricing table, after announcing a compile."""
+    c = cfg.cluster
+    pools = [("cluster.prefill", c.prefill), ("cluster.decode", c.decode)] if c.disaggregated \
+        else [("engine", cfg.engine)]
+    for key, engine in pools:
+        if engine.timing.type == "aic":
+            from servesim.deployment import aic
+
+            # a pool's timing is its own key only where it replaces engine.timing
+            key = "engine" if engine.timing == cfg.engine.timing else key
+            aic.require(f"{key}.timing type aic")
+            aic.check_supported(engine.deployment)
+
+
 def check_config(cfg, limit: int | None = None) -> None:
     """The checks that need no workload: the compiled loops' limits, the
-    pools' sizes, `max_model_len`, and a synthetic workload's size before
-    it is generated."""
+    timing's optional package, the pools' sizes, `max_model_len`, and a
+    synthetic workload's size before it is generated."""
     check_compiled_limits(cfg.cluster)
+    check_timing_packages(cfg)
     pools = pool_sizes(cfg)
     requests = blocks = tokens = 0
     syn = cfg.workload.synthetic

@@ -13,7 +13,7 @@ from servesim.deployment.config import DeploymentConfig
 from servesim.errors import InputError
 
 BACKEND = "vllm"
-INSTALL = "pip install 'servesim[aic]' (needs Python >= 3.11)"
+INSTALL = "pip install 'servesim[aic]', or pip install '.[aic]' in a clone of servesim (needs Python >= 3.11)"
 
 
 def package_version():
