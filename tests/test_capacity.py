@@ -199,6 +199,12 @@ def test_cli_every_probe_meets_up_to_the_max(tmp_path):
     ([], "no SLO given"),
     (["--slo", "ttft_p90_ms=100", "--precision", "0"], "--precision"),
     (["--slo", "ttft_p90_ms=100", "--start", "5000", "--max-rate", "100"], "must lie between"),
+    (["--slo", "ttft_p90_ms=100", "--max-rate", "inf"], "--max-rate: must be a finite number > 0, got inf"),
+    (["--slo", "ttft_p90_ms=100", "--start", "nan"], "--start: must be a finite number > 0, got nan"),
+    # the config's rate is 10 req/s: the floor is 10 / 2^20
+    (["--slo", "ttft_p90_ms=0.001", "--min-rate", "1e-300"],
+     "--min-rate: 1e-300 is below the lowest load servesim probes, 9.53674e-06 (workload.synthetic.rate 10"),
+    (["--slo", "ttft_p90_ms=0.001", "--start", "1e-9", "--min-rate", "1e-10"], "--start: 1e-09 is below"),
 ])
 def test_cli_bad_input(tmp_path, args, needle):
     config = write(tmp_path, ONE_PER_PASS)
@@ -289,6 +295,13 @@ def test_search_bad_input(tmp_path):
         search(config, ok_grid, slos, tmp_path / "s", rate=5, capacity_mode=True)
     with pytest.raises(InputError, match="--rate: must be"):
         search(config, ok_grid, slos, tmp_path / "s", rate=-1)
+    with pytest.raises(InputError, match="--rate: must be"):
+        search(config, ok_grid, slos, tmp_path / "s", rate=float("inf"))
+    for bounds, message in (({"max_rate": float("inf")}, "--max-rate: must be a finite"),
+                            ({"min_rate": 1e-300}, "--min-rate: 1e-300 is below")):
+        with pytest.raises(InputError, match=message):  # before any point
+            search(config, ok_grid, slos, tmp_path / "s", capacity_mode=True, **bounds)
+        assert not (tmp_path / "s").exists()
     result = CliRunner().invoke(main, ["search", config, "--grid", ok_grid, "--slo", "ttft_p99_ms=1",
                                        "--rate", "5", "-o", str(tmp_path / "none")])
     assert result.exit_code == 1 and "no point meets the SLOs" in result.output

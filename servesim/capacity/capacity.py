@@ -32,6 +32,10 @@ from servesim.errors import InputError
 CAPACITY_JSON = "capacity.json"
 DEFAULT_PRECISION = 0.02
 DEFAULT_SPAN = 1024  # default max_rate = start x SPAN, min_rate = start / SPAN
+# The lowest load probed, as a fraction of the config's own (`_check_floor`):
+# a million times slower stretches an hour of arrivals to 400 years of
+# simulated milliseconds, where float64 still resolves a microsecond.
+FLOOR_SPAN = DEFAULT_SPAN ** 2
 MAX_PROBES = 80
 FOUND, UNMET, MAX_MET = "found", "unmet", "max_rate_met"
 PROBE_FIGURES = ("requests", "finished", "rejected", "unfinished", "request_rate",
@@ -155,13 +159,38 @@ def run_probe(config, overrides, load, value, slos, limit=None) -> dict:
 def _check_positive(name, value, integer):
     if value is None:
         return None
-    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf")
     if integer and not bad and float(value) != int(value):
         bad = True
     if bad:
-        what = "a positive integer" if integer else "a number > 0"
+        what = "a positive integer" if integer else "a finite number > 0"
         raise InputError(f"--{name.replace('_', '-')}: must be {what}, got {value!r}")
     return int(value) if integer else float(value)
+
+
+def _check_floor(name, value, load):
+    """A speedup or rate no lower than the config's own load / FLOOR_SPAN:
+    far below it the simulated clock (float64 milliseconds) no longer
+    resolves the latencies, and a tiny SLO "holds" at a meaningless load."""
+    floor = load.start / FLOOR_SPAN
+    if value is not None and not load.integer and value < floor:
+        raise InputError(f"--{name.replace('_', '-')}: {value!r} is below the lowest load servesim "
+                         f"probes, {floor:.6g} ({load.key} {load.start!r} / {FLOOR_SPAN})")
+    return value
+
+
+def bracket_limits(load, start=None, min_rate=None, max_rate=None) -> tuple:
+    """`(start, min_rate, max_rate)` of a search of `load`, the options
+    checked (finite, positive, not below `_check_floor`) and the defaults
+    filled in; `search --capacity` checks its options here before any point."""
+    integer = load.integer
+    start = _check_floor("start", _check_positive("start", start, integer), load) or load.start
+    max_rate = _check_positive("max_rate", max_rate, integer) or (start * DEFAULT_SPAN)
+    min_rate = _check_floor("min_rate", _check_positive("min_rate", min_rate, integer), load) \
+        or (1 if integer else max(start / DEFAULT_SPAN, load.start / FLOOR_SPAN))
+    if not min_rate <= start <= max_rate:
+        raise InputError(f"--start {start} must lie between --min-rate {min_rate} and --max-rate {max_rate}")
+    return start, min_rate, max_rate
 
 
 def capacity(config, slos, *, overrides=(), limit=None, precision=DEFAULT_PRECISION, start=None,
@@ -184,11 +213,7 @@ def capacity(config, slos, *, overrides=(), limit=None, precision=DEFAULT_PRECIS
     cfg = resolve_config(config_path, overrides)
     load = load or load_of(cfg)
     integer = load.integer
-    start = _check_positive("start", start, integer) or load.start
-    max_rate = _check_positive("max_rate", max_rate, integer) or (start * DEFAULT_SPAN)
-    min_rate = _check_positive("min_rate", min_rate, integer) or (1 if integer else start / DEFAULT_SPAN)
-    if not min_rate <= start <= max_rate:
-        raise InputError(f"--start {start} must lie between --min-rate {min_rate} and --max-rate {max_rate}")
+    start, min_rate, max_rate = bracket_limits(load, start, min_rate, max_rate)
 
     index = []
 

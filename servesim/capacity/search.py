@@ -135,7 +135,7 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
            skip=True, progress=None) -> dict:
     """Run the search (see the module docstring) and write search.csv /
     search.json into `out_dir`; returns the search.json document."""
-    from servesim.capacity.capacity import DEFAULT_PRECISION
+    from servesim.capacity.capacity import DEFAULT_PRECISION, bracket_limits
     from servesim.capacity.gpus import gpus_of
     from servesim.capacity.load import check_grid_keys, load_of
     from servesim.sweep import executors
@@ -153,11 +153,13 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
     base = load_config(config_path, extra)
     load = load_of(base)
     if rate is not None:
-        bad = isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0
+        bad = isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < float("inf")
         if bad or (load.integer and float(rate) != int(rate)):
             what = "a positive integer (requests in flight)" if load.integer else f"a number > 0 ({load.unit})"
             raise InputError(f"--rate: must be {what} for {load.key}, got {rate!r}")
         rate = load.value(rate)
+    if capacity_mode:  # --min-rate / --max-rate, before any point
+        bracket_limits(load, None, min_rate, max_rate)
     if not isinstance(grid, Grid):
         grid = load_grid(grid)
     check_grid_keys(load, grid.keys, grid.source)
