@@ -332,3 +332,44 @@ def test_run_and_validate_both_refuse_a_bad_slo_block(tmp_path):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and "ttft_p99_ms" in result.output, result.output
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- warnings
+
+# Prompts of 8-24 tokens, a 16-token budget and chunked prefill off: every
+# probe has requests that can never finish, and warns so.
+NEVER_FINISH = ONE_PER_PASS.replace("input_tokens: 16", "input_tokens: {distribution: uniform, min: 8, max: 24}") \
+    .replace("max_num_batched_tokens: 16", "max_num_batched_tokens: 16\n  enable_chunked_prefill: false")
+
+
+def _warning_lines(text):
+    assert "UserWarning" not in text and ".py:" not in text, text
+    lines = [line for line in text.splitlines() if line.startswith("warning: ")]
+    assert lines and len(lines) == len(set(lines)), text
+    assert all("could never finish" in line for line in lines), text
+    return lines
+
+
+def test_capacity_prints_each_warning_once_as_a_warning_line(tmp_path):
+    config = write(tmp_path, NEVER_FINISH)
+    result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p99_ms=50", "-q",
+                                       "-o", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    _warning_lines(result.output)
+
+
+def test_search_points_print_each_warning_once_as_a_warning_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = write(tmp_path, NEVER_FINISH)
+    grid = write(tmp_path, "cluster.workers: [1, 2]\n", "g.yaml")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    # the points run in worker processes: their stderr is the command's
+    result = subprocess.run([sys.executable, "-m", "servesim", "search", config, "--grid", grid,
+                             "--slo", "ttft_p99_ms=50", "--rate", "10", "-o", str(tmp_path / "s")],
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert len(_warning_lines(result.stderr)) == 1  # both points warn the same text

@@ -33,8 +33,11 @@ class ServesimGroup(click.Group):
     """A click group that turns exceptions into messages and exit codes."""
 
     def invoke(self, ctx):
+        from servesim.errors import warnings_as_lines
+
         try:
-            return super().invoke(ctx)
+            with warnings_as_lines():  # "warning: TEXT", each once
+                return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except InputError as exc:

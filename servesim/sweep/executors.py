@@ -46,10 +46,13 @@ def _start_method() -> str:
 
 
 def _single_threaded_worker():
-    """A local worker's initializer: its kernels run on its one thread."""
+    """A local worker's initializer: its kernels run on its one thread, and
+    its warnings print as the CLI's do, each once (servesim/errors.py)."""
     from servesim import jit
+    from servesim.errors import show_warnings_as_lines
 
     jit.single_thread_refcounts()
+    show_warnings_as_lines()
 
 
 def _stop_now(pool):
