@@ -424,6 +424,27 @@ def test_sessions_need_an_aggregated_cluster(tmp_path):
         simulate(cfg, w)
 
 
+def test_the_run_table_shows_the_sessions(tmp_path):
+    path = tmp_path / "s.jsonl"
+    rows = [row(16, 2, [1], session_id="s", timestamp=0), row(16, 2, [3], session_id="t", timestamp=1),
+            row(32, 2, [1, 2], session_id="s", delay=5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG.format(trace=path, fmt="mooncake"))
+    result = CliRunner().invoke(main, ["run", str(config), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())["sessions"]
+    assert (s["sessions"], s["completed_sessions"], s["turns_max"]) == (2, 2, 2)
+    assert "sessions        2 (2 completed), 1.50 turns mean, 2 max\n" in result.output
+    first, later = s["ttft_ms_first_turn"]["mean"], s["ttft_ms_later_turns"]["mean"]
+    assert (f"  turns         TTFT mean first {first:.2f} ms, later {later:.2f} ms; prefix hit first "
+            f"{s['prefix_cache_hit_rate_first_turn'] * 100:.1f}%, later "
+            f"{s['prefix_cache_hit_rate_later_turns'] * 100:.1f}%\n") in result.output
+    # --limit 2 cuts session s short
+    cut = CliRunner().invoke(main, ["run", str(config), "-o", str(tmp_path / "cut"), "--limit", "2"])
+    assert cut.exit_code == 0 and "sessions        2 (1 completed, 1 cut by workload.limit)" in cut.output
+
+
 def test_telemetry_on_a_session_trace_spans_the_known_arrivals(tmp_path):
     # later turns have no arrival before the run (NaN): the telemetry bound
     # checks the first turns' span, and the run writes its samples

@@ -560,6 +560,29 @@ def test_baseline_reports_the_plain_runs_tpot_and_the_speedup(tmp_path):
     assert no_spec.exit_code == 2 and "--baseline" in no_spec.output
 
 
+def test_the_run_table_shows_the_drafts_and_the_baseline(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from servesim.cli.main import main
+
+    _cli(tmp_path, command="validate")  # writes the trace and the config
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "c.yaml"), "-o", str(tmp_path / "out"),
+                                       "--baseline"])
+    assert result.exit_code == 0, result.output
+    spec = json.loads((tmp_path / "out" / "summary.json").read_text())["speculative"]
+    assert spec["draft_tokens"] > 0 and spec["tpot_speedup"] is not None
+    assert (f"speculative     mtp, 2 drafts a pass: {spec['accepted_tokens']} / {spec['draft_tokens']} "
+            f"accepted ({spec['acceptance_rate'] * 100:.1f}%), mean acceptance length "
+            f"{spec['mean_acceptance_length']:.2f}\n") in result.output
+    assert (f"baseline        TPOT {spec['baseline_tpot_ms']['mean']:.2f} ms mean without speculative "
+            f"decoding; speedup {spec['tpot_speedup']:.2f}x\n") in result.output
+    plain = CliRunner().invoke(main, ["run", str(tmp_path / "c.yaml"), "-o", str(tmp_path / "plain"),
+                                      "--set", "engine.speculative=null"])
+    assert plain.exit_code == 0 and "speculative " not in plain.output and "baseline " not in plain.output
+
+
 def test_baseline_passes_on_the_plain_runs_warnings(tmp_path):
     # 8 usable blocks, k = 2: a (P=127) needs 127 + 2 lookahead slots, 9 blocks, so
     # the speculative run rejects it at arrival (no warning: b runs). The plain run

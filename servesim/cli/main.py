@@ -134,6 +134,37 @@ def _routing_lines(workers: list) -> list:
     return lines
 
 
+def _speculative_lines(spec) -> list:
+    """Speculative decoding's drafts and, with --baseline, the TPOT without it."""
+    if spec is None:
+        return []
+    lines = [f"speculative     {spec['method']}, {spec['num_speculative_tokens']} drafts a pass: "
+             f"{spec['accepted_tokens']} / {spec['draft_tokens']} accepted "
+             f"({_pct(spec['acceptance_rate'])}), mean acceptance length "
+             f"{spec['mean_acceptance_length']:.2f}"]
+    if "baseline_tpot_ms" in spec:
+        speedup = spec["tpot_speedup"]
+        lines.append(f"baseline        TPOT {_fmt(spec['baseline_tpot_ms']['mean'])} ms mean without "
+                     f"speculative decoding; speedup {_fmt(speedup)}{'' if speedup is None else 'x'}")
+    return lines
+
+
+def _session_lines(sessions) -> list:
+    """Sessions completed, and their later turns against their first."""
+    if sessions is None:
+        return []
+    cut = sessions.get("truncated_sessions")
+    first, later = sessions["ttft_ms_first_turn"], sessions["ttft_ms_later_turns"]
+    return [
+        f"sessions        {sessions['sessions']} ({sessions['completed_sessions']} completed"
+        + (f", {cut} cut by workload.limit" if cut else "")
+        + f"), {sessions['turns_mean']:.2f} turns mean, {sessions['turns_max']} max",
+        f"  turns         TTFT mean first {_fmt(first['mean'])} ms, later {_fmt(later['mean'])} ms; "
+        f"prefix hit first {_pct(sessions['prefix_cache_hit_rate_first_turn'])}, "
+        f"later {_pct(sessions['prefix_cache_hit_rate_later_turns'])}",
+    ]
+
+
 def format_table(summary: dict, out_dir) -> str:
     """The human summary of a run printed by `servesim run`."""
     s = summary
@@ -158,6 +189,8 @@ def format_table(summary: dict, out_dir) -> str:
     ]
     if s["cpu_tier_hit_tokens"]:
         lines.append(f"cpu tier        {s['cpu_tier_hit_tokens']} hit tokens")
+    lines += _speculative_lines(s.get("speculative"))
+    lines += _session_lines(s.get("sessions"))
     lines += _routing_lines(s["workers"])
     if "pools" in s:  # disaggregated prefill/decode
         for name, pool in s["pools"].items():
