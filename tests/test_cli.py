@@ -88,6 +88,17 @@ def test_example_prints_mooncake_by_default():
     assert "workload:" in result.output and "mooncake" in result.output
 
 
+def test_example_help_lists_every_example():
+    from servesim.config.examples import EXAMPLES
+
+    result = invoke("example", "--help")
+    assert result.exit_code == 0
+    listed = result.output.split("Examples (NAME):")[1]
+    names = [line.split()[0] for line in listed.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    assert names == list(EXAMPLES)
+    assert "Mooncake's conversation trace" in listed and "tensor parallelism 2" in listed
+
+
 def test_unknown_example_exits_2_listing_names():
     result = invoke("example", "nope")
     assert result.exit_code == 2

@@ -320,10 +320,20 @@ def validate(config, overrides):
     click.echo(f"{config}: ok ({len(workload)} requests)")
 
 
-@main.command()
+class _ExampleCommand(click.Command):
+    """`servesim example`, whose help lists the examples."""
+
+    def format_epilog(self, ctx, formatter):
+        from servesim.config.examples import example_summaries
+
+        with formatter.section("Examples (NAME)"):
+            formatter.write_dl(example_summaries())
+
+
+@main.command(cls=_ExampleCommand)
 @click.argument("name", default="mooncake")
 def example(name):
-    """Print a ready config (default: mooncake)."""
+    """Print the ready config NAME (default: mooncake); `servesim example NAME > c.yaml`."""
     from servesim.config.examples import EXAMPLES, example_text
 
     names = list(EXAMPLES)

@@ -192,6 +192,16 @@ def bundled_trace_path() -> str:
     return str(Path(__file__).resolve().parents[1] / "data" / BUNDLED_TRACE)
 
 
+def example_summaries() -> list:
+    """`(name, what it is)` of every example, for `servesim example --help`:
+    the first sentence of the example's leading comment."""
+    out = []
+    for name, text in EXAMPLES.items():
+        comment = " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+        out.append((name, comment.split(". ")[0].split(": ")[0].rstrip(".")))
+    return out
+
+
 def example_text(name: str) -> str:
     """The YAML of example `name`, with the bundled trace's absolute path."""
     if name not in EXAMPLES:
