@@ -51,3 +51,38 @@ def test_requests_preempting_each_other_forever_are_taken_out():
     result = run_result(config, make_workload(rows))
     assert statuses(result) == ["finished", "unfinished", "unfinished"]
     assert result.stats.preemptions == 1001
+
+
+def test_validate_foresees_the_requests_a_run_will_lose(tmp_path):
+    # block_size 16, 8 blocks: 7 usable = 112 tokens; max_model_len 120.
+    # a runs; b's prompt is not shorter than max_model_len (rejected at
+    # arrival, as vLLM answers it with an error); c's 96 + 20 tokens
+    # outgrow the 7 blocks (never finishes): validate warns of b and c, and
+    # the run loses exactly them.
+    import json
+
+    from helpers import invoke
+
+    rows = [("a", 16, 4), ("b", 120, 4), ("c", 96, 20)]
+    (tmp_path / "t.jsonl").write_text("".join(
+        json.dumps({"request_id": r, "timestamp": 0, "input_length": p, "output_length": o,
+                    "hash_ids": list(range(10 * i, 10 * i + -(-p // 16)))}) + "\n"
+        for i, (r, p, o) in enumerate(rows)))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"workload: {{trace: {tmp_path / 't.jsonl'}, trace_block_size: 16}}\n"
+                      "engine: {block_size: 16, num_gpu_blocks: 8, max_model_len: 120,\n"
+                      "         timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}}\n")
+    result = invoke("validate", config)
+    assert result.exit_code == 0, result.output
+    assert ("warning: 2 of 3 requests will be rejected at arrival or can never finish (prompt not "
+            "shorter than max_model_len (120): b; prompt plus output outgrows the KV cache "
+            "(7 usable blocks): c)") in result.output
+    ran = invoke("run", config, "-q", "-o", tmp_path / "out")
+    assert ran.exit_code == 0, ran.output
+    status = {json.loads(line)["id"]: json.loads(line)["status"]
+              for line in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()}
+    assert status == {"a": "finished", "b": "rejected", "c": "unfinished"}
+    assert "could never finish (prompt plus output outgrows the KV cache (7 usable blocks): c)" in ran.output
+    # nothing lost, nothing foreseen
+    quiet = invoke("validate", config, "--set", "engine.num_gpu_blocks=64", "--set", "engine.max_model_len=null")
+    assert quiet.exit_code == 0 and "warning" not in quiet.output

@@ -313,9 +313,10 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
 def validate(config, overrides):
     """Check CONFIG and its workload (trace) without simulating."""
     from servesim.replay.api import prepare
+    from servesim.replay.diagnosis import foreseen_losses
 
-    _, workload, warnings = prepare(config, tuple(overrides))
-    for warning in warnings:
+    cfg, workload, warnings = prepare(config, tuple(overrides))
+    for warning in warnings + foreseen_losses(cfg, workload):
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"{config}: ok ({len(workload)} requests)")
 

@@ -309,3 +309,4 @@ def check_run(cfg, workload, limit: int | None = None) -> list:
                         f"{float(np.nanmax(workload.arrival_ms)) / 1000:.0f} s of simulated time gives more than "
                         f"{samples} samples per rank; telemetry.jsonl will be large")
     return warnings
+

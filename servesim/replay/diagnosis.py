@@ -7,7 +7,8 @@ could never complete: its prompt exceeds `max_num_batched_tokens` with
 chunked prefill off (no pass can ever schedule it), its prompt plus output
 outgrows the pool while it runs alone, or requests kept preempting each other
 without progress. These functions name the cause from the config and the
-request's lengths, for the messages of `driver.py` and `disaggregated.py`.
+request's lengths, for the messages of `driver.py` and `disaggregated.py`,
+and foresee them for `servesim validate` (`foreseen_losses`).
 """
 
 import numpy as np
@@ -37,24 +38,60 @@ def rejected_cause(engine, prompt: int) -> str:
     return f"prompt needs more KV blocks than a rank holds ({kv.num_usable_blocks} usable blocks)"
 
 
+def _by_cause(ids, indices, cause_of) -> str:
+    """`cause: ids; cause: ids` of the requests `indices`, grouped by `cause_of(i)`."""
+    groups = {}
+    for i in indices:
+        groups.setdefault(cause_of(i), []).append(i)
+    return "; ".join(f"{cause}: {_ids_text(ids, group)}" for cause, group in groups.items())
+
+
 def unfinished_message(engine, ids, indices, prompt, max_tokens) -> str:
     """One warning for the requests `indices` that could never finish,
     grouped by cause."""
-    by_cause = {}
-    for i in indices:
-        by_cause.setdefault(unfinished_cause(engine, int(prompt[i]), int(max_tokens[i])), []).append(i)
-    parts = [f"{cause}: {_ids_text(ids, group)}" for cause, group in by_cause.items()]
-    return f"{len(indices)} request(s) could never finish ({'; '.join(parts)})"
+    causes = _by_cause(ids, indices, lambda i: unfinished_cause(engine, int(prompt[i]), int(max_tokens[i])))
+    return f"{len(indices)} request(s) could never finish ({causes})"
 
 
 def all_rejected_message(engine, ids, prompt) -> str:
     """The warning of a run in which every request was rejected at arrival."""
-    causes = {}
-    for i in range(len(ids)):
-        causes.setdefault(rejected_cause(engine, int(prompt[i])), []).append(i)
-    parts = [f"{cause}: {_ids_text(ids, group)}" for cause, group in causes.items()]
-    return f"every request was rejected at arrival, nothing was simulated ({'; '.join(parts)})"
+    causes = _by_cause(ids, range(len(ids)), lambda i: rejected_cause(engine, int(prompt[i])))
+    return f"every request was rejected at arrival, nothing was simulated ({causes})"
 
 
 def all_rejected(status, rejected_code) -> bool:
     return len(status) > 0 and bool(np.all(status == rejected_code))
+
+
+def foreseen_losses(cfg, workload) -> list:
+    """`servesim validate`'s warnings for the requests a run will lose, seen
+    from the config and the lengths alone (the causes above, on the pool
+    that admits them): prompts rejected at
+    arrival (vLLM answers such a request with an error and serves on), and
+    requests that can never finish (a prompt over `max_num_batched_tokens`
+    with chunked prefill off, or a prompt plus output the KV cache cannot
+    hold). `run` warns of the same after simulating."""
+    engine = cfg.cluster.prefill if cfg.cluster.disaggregated else cfg.engine
+    sched, kv = engine.scheduler, engine.kv_cache
+    prompt = workload.input_length.astype(np.int64)
+    max_tokens = workload.output_length.astype(np.int64)
+    if sched.max_model_len is not None:
+        max_tokens = np.maximum(np.minimum(max_tokens, sched.max_model_len - prompt), 0)
+    usable = kv.num_gpu_blocks - 1
+    rejected = -(-prompt // kv.block_size) > usable
+    if sched.max_model_len is not None:
+        rejected |= prompt >= sched.max_model_len
+    stuck = ~rejected & (-(-(prompt + max_tokens) // kv.block_size) > usable)
+    if not sched.enable_chunked_prefill:
+        stuck |= ~rejected & (prompt > sched.max_num_batched_tokens)
+    n = len(workload)
+    lost = int(rejected.sum()) + int(stuck.sum())
+    if not lost:
+        return []
+    ids = workload.request_ids
+    head = "every request" if lost == n else f"{lost} of {n} requests"
+    causes = "; ".join(filter(None, (
+        _by_cause(ids, np.flatnonzero(rejected).tolist(), lambda i: rejected_cause(engine, int(prompt[i]))),
+        _by_cause(ids, np.flatnonzero(stuck).tolist(),
+                  lambda i: unfinished_cause(engine, int(prompt[i]), int(max_tokens[i]))))))
+    return [f"{head} will be rejected at arrival or can never finish ({causes})"]
