@@ -18,8 +18,9 @@ keep running the old code after that module changed — after an upgrade, or
 an edit. Sub-folders of other source states unused for `STALE_DAYS` are
 removed.
 
-This module imports nothing heavy: the CLI asks it whether the kernels are
-compiled yet (`kernels_cached`) to announce a cold start.
+This module imports nothing heavy: the compile's progress
+(servesim/cli/compile_progress.py) asks it which kernels are cached
+(`kernel_cached`) to expect the rest.
 """
 
 import hashlib
@@ -30,9 +31,6 @@ from pathlib import Path
 # release kernels, compile only for the configs that use them).
 KERNEL_MODULES = ("kvcache/block_pool.py", "engine/pricing.py", "results/metrics.py", "workload/prefix.py")
 PACKAGE_DIR = Path(__file__).resolve().parent
-# What a first compile of every kernel takes: 23-25 s for the whole Mooncake trace
-# on 2 shared cores (benchmarks/RESULTS.md, 2026-12-02; README "Set up").
-COLD_START_S = 25
 
 
 STALE_DAYS = 14
@@ -118,6 +116,17 @@ def _subfolder(source_dir: str) -> str:
     """Numba's cache sub-folder for the sources in `source_dir` (as
     numba.core.caching's `get_suitable_cache_subpath` names it)."""
     return "_".join([os.path.basename(source_dir), hashlib.sha1(source_dir.encode()).hexdigest()])
+
+
+def kernel_cached(path: str, qualname: str) -> bool:
+    """Whether the cache holds an index of the kernel `qualname` of the
+    module at `path` (relative to the package, as the compile log names it)."""
+    source = PACKAGE_DIR / path
+    folder = Path(numba_cache_dir()) / _subfolder(str(source.parent))
+    try:
+        return any(folder.glob(f"{source.stem}.{qualname}-*.nbi"))
+    except OSError:
+        return False
 
 
 def kernels_cached() -> bool:

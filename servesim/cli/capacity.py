@@ -71,6 +71,7 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
             click.echo(f"  probe at {row['rate']:g}: {state}", err=True)
 
     from servesim.capacity.load import load_of
+    from servesim.cli.compile_progress import for_command
     from servesim.replay.api import resolve_config
 
     from servesim.results.outdir import claim
@@ -78,10 +79,18 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
     integer = load_of(resolve_config(config, overrides)).integer
     # an unwritable folder, or the user's own capacity.json, fails before the probes
     with claim(output_dir, remove_if_empty=True, replaces=(CAPACITY_JSON, *_html(html_report))):
-        doc = capacity(config, slos, overrides=tuple(overrides), limit=limit, precision=precision,
-                       start=as_int(start) if integer else start,
-                       min_rate=as_int(min_rate) if integer else min_rate,
-                       max_rate=as_int(max_rate) if integer else max_rate, progress=progress)
+        with for_command(config, overrides, quiet or fmt == "json") as compiling:
+            if progress is not None and compiling is not None:
+                shown = progress
+
+                def progress(row):
+                    compiling.pause()  # a probe's line goes below the compile's
+                    shown(row)
+
+            doc = capacity(config, slos, overrides=tuple(overrides), limit=limit, precision=precision,
+                           start=as_int(start) if integer else start,
+                           min_rate=as_int(min_rate) if integer else min_rate,
+                           max_rate=as_int(max_rate) if integer else max_rate, progress=progress)
         path = write_capacity(doc, output_dir)
         if html_report:
             _write_html(output_dir)

@@ -102,14 +102,6 @@ class _Progress:
             self.bar = None
 
 
-def announce_compile() -> None:
-    """On a cold Numba cache, say on stderr that the first run compiles."""
-    from servesim.cache import COLD_START_S, kernels_cached
-
-    if not kernels_cached():
-        click.echo(f"compiling kernels, once: ~{COLD_START_S} s", err=True)
-
-
 def _fmt(value, spec=".2f", unit=""):
     return "-" if value is None else f"{value:{spec}}{unit}"
 
@@ -251,6 +243,7 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
          html_report, baseline):
     import json
 
+    from servesim.cli.compile_progress import for_command
     from servesim.cli.ctrl_c import remembered
     from servesim.replay.api import run as api_run
 
@@ -267,14 +260,17 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
         if fmt == "table" and not quiet and sys.stdout.isatty():
             progress = _Progress()
         try:
-            with warnings.catch_warnings(), remembered() as ctrl_c:  # warnings: printed below, once
-                warnings.simplefilter("ignore", UserWarning)
+            with warnings.catch_warnings(), remembered() as ctrl_c, \
+                    for_command(config, overrides, quiet) as compiling:
+                warnings.simplefilter("ignore", UserWarning)  # printed below, once
 
                 def on_progress(sim_time_ms, requests_done, requests_total):
                     # a Ctrl-C swallowed while Numba compiled stops the run here,
                     # at its next return to Python, not after its last request
                     ctrl_c.check()
                     if progress is not None:
+                        if progress.bar is None and compiling is not None:
+                            compiling.pause()  # the bar goes below the compile's line
                         progress(sim_time_ms, requests_done, requests_total)
 
                 report = api_run(
@@ -284,7 +280,6 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
                     pass_log=True if pass_log else None,
                     telemetry_interval_ms=telemetry_interval_ms,
                     progress=on_progress,
-                    on_start=None if quiet else announce_compile,
                     baseline=baseline,
                 )
                 ctrl_c.check()  # pressed after the last progress: nothing is written
@@ -436,6 +431,9 @@ def _register_capacity_commands():
 
     main.add_command(capacity_command, "capacity")
     main.add_command(search_command, "search")
+    from servesim.cli.warmup import warmup_command
+
+    main.add_command(warmup_command, "warmup")
 
 
 _register_fitting_commands()
