@@ -134,13 +134,14 @@ def test_a_cold_compile_writes_its_cache_outside_the_package_and_says_so(tmp_pat
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     if kernels_cached():
         env["SERVESIM_CACHE_DIR"] = str(tmp_path / "cache")
-        folder = tmp_path / "cache" / "numba"
+        folder = root = tmp_path / "cache" / "numba"
     else:
         folder = Path(numba_cache_dir())  # the child's too: the same root, sources and key
+        root = Path(cache_root())
     first = cli("run", tiny_config, "-o", tmp_path / "a", env=env)
     assert first.returncode == 0, first.stderr
     assert first.stderr.count("compiling kernels, once") == 1  # one line on a pipe
-    log = json.loads((folder.parent / "compile-log.json").read_text())  # the next compile's estimate
+    log = json.loads((root / "compile-log.json").read_text())  # the next compile's estimate
     assert log["runs"]["synthetic+timing-fixed"] and all(log["kernels"][k]["seconds"] >= 0
                                                         for k in log["runs"]["synthetic+timing-fixed"])
     assert cache_files(folder), "the kernels were cached in the user's folder"
