@@ -1,0 +1,73 @@
+"""A request as SGLang's scheduler sees it (`schedule_batch.Req`)."""
+
+FINISH_LENGTH = "length"
+FINISH_EOS = "eos"
+
+
+class Req:
+    """One request: its prompt tokens, its limit `max_new_tokens` and, when it
+    stops by EOS, `eos_at` (the number of its output token that is EOS; 0:
+    never). `fill` is prompt + generated tokens; `seq_len` the positions with
+    KV slots allocated (SGLang's `seq_lens`, in flight included); `computed`
+    the positions whose KV a launched pass computes (the chunked request's
+    prefix); `tree_len` / `last_node` the locked radix path its prefix uses
+    (the tree's slots; the rest up to `ceil_page(seq_len)` are its own)."""
+
+    __slots__ = ("index", "rid", "arrival_ms", "prompt", "max_new_tokens", "eos_at", "ignore_eos",
+                 "outputs", "seq_len", "computed", "tree_len", "last_node", "has_row",
+                 "finished", "finish_reason", "epoch", "num_retractions", "cached_tokens",
+                 "first_cached", "first_scheduled_pass", "first_token_pass", "finish_pass",
+                 "first_token_ms", "finish_ms", "token_ms", "prefix", "retracted",
+                 "first_scheduled_ms")
+
+    def __init__(self, index, rid, arrival_ms, prompt, max_new_tokens, eos_at, ignore_eos):
+        self.index = index
+        self.rid = rid
+        self.arrival_ms = arrival_ms
+        self.prompt = prompt  # list of token ids
+        self.max_new_tokens = max_new_tokens
+        self.eos_at = eos_at
+        self.ignore_eos = ignore_eos
+        self.outputs = []  # generated token ids, as their results are processed
+        self.seq_len = 0
+        self.computed = 0
+        self.tree_len = 0
+        self.last_node = None
+        self.prefix = 0  # the hit of the current admission
+        self.has_row = False
+        self.finished = False
+        self.finish_reason = None
+        self.epoch = 0  # bumped by a retraction: in-flight rows of an older epoch are dropped
+        self.retracted = False  # re-admissions after a retraction are kind `retracted`
+        self.num_retractions = 0
+        self.cached_tokens = 0
+        self.first_cached = -1
+        self.first_scheduled_pass = -1
+        self.first_scheduled_ms = float("nan")
+        self.first_token_pass = -1
+        self.finish_pass = -1
+        self.first_token_ms = float("nan")
+        self.finish_ms = float("nan")
+        self.token_ms = []
+
+    @property
+    def fill(self):
+        return self.prompt + self.outputs
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.prompt) + len(self.outputs)
+
+    def output_token(self, k: int) -> int:
+        """Output token number k: a request-specific id no prompt holds
+        (prompt ids are >= 0)."""
+        return -1 - (self.index * (1 << 24) + k)
+
+    def check_finished(self):
+        """`Req.update_finish_state`: length at max_new_tokens, else EOS at `eos_at`."""
+        n = len(self.outputs)
+        if n >= self.max_new_tokens:
+            self.finished, self.finish_reason = True, FINISH_LENGTH
+        elif not self.ignore_eos and self.eos_at and n >= self.eos_at:
+            self.finished, self.finish_reason = True, FINISH_EOS
+        return self.finished

@@ -1,0 +1,414 @@
+"""SGLang 0.5.23's scheduler (`managers/scheduler.py`; docs/sglang.md): one
+scheduling step (`get_next_batch_to_run`), prefill admission, decode with
+retraction, the processing of a pass's result, and the two event loops
+(`event_loop_normal`, `event_loop_overlap`) on the simulated clock.
+"""
+
+from servesim.sglang.batch import DECODE, EXTEND, MIXED, Batch, Row
+from servesim.sglang.new_token_ratio import NewTokenRatioTracker
+from servesim.sglang.prefill_adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
+from servesim.sglang.radix_cache import RadixCache, TokenPool
+from servesim.sglang.retract import retract_decode
+from servesim.sglang.schedule_policy import SchedulePolicy
+
+
+class Scheduler:
+    """One SGLang worker over `reqs` (in arrival order). `pass_cost(batch)`
+    prices a pass in ms. `run()` replays them; `passes` is the pass log
+    (dicts in the recordings' format) when `log` is set."""
+
+    def __init__(self, cfg, reqs, pass_cost, log: bool = True):
+        self.cfg = cfg
+        self.page_size = cfg.page_size
+        self.pool = TokenPool(cfg.max_total_tokens, cfg.page_size)
+        self.tree = RadixCache(self.pool, cfg.page_size, disable=cfg.disable_radix_cache)
+        self.policy = SchedulePolicy(cfg.schedule_policy, self.tree)
+        self.ratio = NewTokenRatioTracker(cfg.schedule_conservativeness)
+        self.overlap = not cfg.disable_overlap_schedule
+        self.max_num_reqs = cfg.max_num_reqs
+        self.pass_cost = pass_cost
+        self.reqs = reqs
+        self.log = log
+        self.passes = []
+        self.waiting = []
+        self.running = []
+        self.chunked_req = None
+        self.last_batch = None
+        self.inflight = None  # overlap: the launched batch whose result is not processed
+        self.batch_is_full = False
+        self.rows_used = 0
+        self.retracted_now = []
+        self.num_retractions = 0
+        self.clock = 0.0
+        self._next_arrival = 0
+
+    def ceil_page(self, n: int) -> int:
+        return -(-n // self.page_size) * self.page_size
+
+    # -- one scheduling step ----------------------------------------------------
+
+    def get_next_batch_to_run(self):
+        """Stash the chunked request, merge the last extend batch into the
+        running batch, drop finished requests, then a prefill batch if one
+        can be built (the running requests do not decode in it, unless mixed),
+        else a decode pass of the running batch."""
+        if self.chunked_req is not None:
+            self.stash_chunked_request(self.chunked_req)
+        last = self.last_batch
+        if last is not None and last.is_extend:
+            kept = [r for r in last.reqs if r is not self.chunked_req and not r.finished]
+            if len(kept) < len(last.rows) or (kept and not self.running):
+                # (into an empty running batch the merged batch replaces it, latch unset)
+                self.batch_is_full = False
+            self.running.extend(kept)
+        before = len(self.running)
+        self.running = [r for r in self.running if not r.finished]
+        if len(self.running) < before:
+            self.batch_is_full = False
+        batch = self.get_new_batch_prefill()
+        if batch is not None:
+            return batch
+        if self.running:
+            return self.update_running_batch()
+        return None
+
+    def stash_chunked_request(self, req):
+        """Insert what the chunked request has computed so far into the tree
+        (`stash_chunked_request` -> `checkpoint_kv_cache`)."""
+        self.checkpoint_kv_cache(req, req.computed)
+
+    def get_num_allocatable_reqs(self) -> int:
+        """Requests a prefill may admit: the free slots of the running batch,
+        at most the free rows plus the rows already held (the chunked request's)."""
+        held = 1 if self.chunked_req is not None and self.chunked_req.has_row else 0
+        return min(self.max_num_reqs - len(self.running), self.max_num_reqs - self.rows_used + held)
+
+    def get_new_batch_prefill(self):
+        """`_get_new_batch_prefill_raw`: the early exits and the full latch,
+        the waiting queue's order, the chunked request first, then waiting
+        requests in order while the budgets last (docs/sglang.md, "Prefill")."""
+        if not self.running:
+            self.batch_is_full = False
+        if (self.batch_is_full or not self.waiting) and self.chunked_req is None:
+            return None
+        allocatable = self.get_num_allocatable_reqs()
+        if allocatable <= 0 and self.chunked_req is None:
+            self.batch_is_full = True
+            return None
+        self.policy.calc_priority(self.waiting)
+        cfg = self.cfg
+        mixed = len(self.running) if cfg.enable_mixed_chunk and cfg.chunked_prefill else 0
+        adder = PrefillAdder(cfg, self.tree, self.pool, self.running, self.ratio.value, mixed)
+        chunked = self.chunked_req
+        if chunked is not None:
+            self.chunked_req = adder.add_chunked_req(chunked, "chunk")
+        for req in self.waiting:
+            if adder.budget_state() == OTHER:
+                break
+            if len(adder.can_run) >= allocatable:
+                self.batch_is_full = True
+            if self.batch_is_full:
+                break
+            self.init_next_round_input(req)
+            result = adder.add_one_req(req, "retracted" if req.retracted else "new")
+            if result != CONTINUE:
+                if result == NO_TOKEN:
+                    self.batch_is_full = bool(adder.can_run) or bool(self.running)
+                break
+        if adder.new_chunked_req is not None:
+            self.chunked_req = adder.new_chunked_req
+        if not adder.can_run:
+            return None
+        admitted = {id(row[0]) for row in adder.can_run}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        rows = [Row(req, kind, extend, req.computed if kind == "chunk" else req.prefix,
+                    cached, partial) for req, extend, cached, kind, partial in adder.can_run]
+        self.prepare_for_extend(rows)
+        batch = Batch(EXTEND, rows)
+        if mixed and self.running:
+            self.mix_with_running(batch)
+        return batch
+
+    def init_next_round_input(self, req):
+        """Match the request's fill (at most all but its last token) against
+        the tree: `prefix` and the node it ends at (`Req.init_next_round_input`)."""
+        hit, node = self.tree.match_prefix(req.fill[:req.fill_len - 1])
+        req.prefix = hit
+        req.last_node = node
+
+    def prepare_for_extend(self, rows):
+        """Rows and KV for the extend (`alloc_for_extend`): a row per request
+        that has none, and the pages from its prefix to prefix + tokens; the
+        tree evicts first when free slots are short."""
+        need = 0
+        for row in rows:
+            req = row.req
+            if row.kind != "chunk":
+                req.seq_len = req.tree_len = req.computed = req.prefix
+                if req.first_cached < 0:
+                    req.first_cached = req.cached_tokens = req.prefix
+            need += self.ceil_page(req.computed + row.tokens) - self.ceil_page(req.computed)
+        target = need + (len(rows) * self.page_size if self.page_size > 1 else 0)
+        self.tree.evict_for(target)
+        self.pool.alloc(need)
+        for row in rows:
+            req = row.req
+            if not req.has_row:
+                req.has_row = True
+                self.rows_used += 1
+            req.computed += row.tokens
+            req.seq_len = req.computed
+
+    def mix_with_running(self, batch):
+        """Mixed chunk: the running requests decode in the prefill pass when
+        their decode fits (no retraction); the running batch empties."""
+        decoding = [r for r in self.running if not self._finishing_inflight(r)]
+        if not decoding or not self.check_decode_mem(decoding):
+            return
+        self.prepare_for_decode(decoding)
+        batch.rows.extend(Row(r, "decode", 1) for r in decoding)
+        batch.mode = MIXED
+        self.running = []
+
+    # -- decode -----------------------------------------------------------------
+
+    def _finishing_inflight(self, req) -> bool:
+        """Overlap: `req` is in the in-flight batch and its in-flight token is
+        its last by length (`_reqs_finishing_inflight`)."""
+        if not self.overlap or self.inflight is None:
+            return False
+        return (any(row.req is req and not row.partial for row in self.inflight.rows)
+                and len(req.outputs) + 1 >= req.max_new_tokens)
+
+    def check_decode_mem(self, reqs) -> bool:
+        """A page for each request whose committed KV ends on a page boundary;
+        the tree evicts to cover a shortfall (`check_decode_mem`)."""
+        need = self.page_size * sum(1 for r in reqs if r.seq_len % self.page_size == 0)
+        self.tree.evict_for(need)
+        return self.pool.free >= need
+
+    def update_running_batch(self):
+        """The decode pass: the running batch less the requests finishing in
+        flight; when it does not fit, retract (`retract_decode`) and reset the
+        ratio, else decay it; a slot (or page) per request."""
+        initial = len(self.running)
+        excluded = [r for r in self.running if self._finishing_inflight(r)]
+        batch = [r for r in self.running if r not in excluded]
+        self.running = batch
+        if not batch:
+            return None
+        if not self.check_decode_mem(batch):
+            if excluded:
+                return None
+            batch, retracted, ratio = retract_decode(self, batch)
+            for req in retracted:
+                self.retracted_now.append(req)
+                self.waiting.append(req)
+            self.ratio.value = ratio
+            self.running = batch
+        else:
+            self.ratio.decay()
+        if len(batch) < initial:
+            self.batch_is_full = False
+        self.prepare_for_decode(batch)
+        return Batch(DECODE, [Row(r, "decode", 1) for r in batch])
+
+    def prepare_for_decode(self, reqs):
+        """One slot per request, a new page when its KV ends on a page boundary."""
+        need = self.page_size * sum(1 for r in reqs if r.seq_len % self.page_size == 0)
+        self.tree.evict_for(need)
+        self.pool.alloc(need)
+        for r in reqs:
+            r.seq_len += 1
+            r.computed = r.seq_len
+
+    # -- KV into the tree ----------------------------------------------------------
+
+    def checkpoint_kv_cache(self, req, length: int):
+        """Insert the first `length` tokens of the request's fill (whole pages)
+        into the tree and lock that path instead of its old prefix; slots of
+        tokens the tree already held are freed (`cache_unfinished_req`)."""
+        if self.tree.disable:
+            return
+        key = req.fill[:length - length % self.page_size]
+        new_prefix = self.tree.insert(key)
+        if new_prefix > req.tree_len:
+            self.pool.release(new_prefix - req.tree_len)
+        matched, node = self.tree.match_prefix(key)
+        self.tree.dec_lock_ref(req.last_node)
+        self.tree.inc_lock_ref(node)
+        req.last_node = node
+        req.tree_len = matched
+
+    def release_kv_cache(self, req):
+        """A finished request: its KV (prompt and all outputs but the last)
+        goes into the tree (whole pages), the rest of its slots and its row
+        are freed (`cache_finished_req`, `release_kv_cache`)."""
+        own = self.ceil_page(req.seq_len) - req.tree_len
+        if self.tree.disable:
+            self.pool.release(own)
+        else:
+            kv_len = req.fill_len - 1
+            key = req.fill[:kv_len - kv_len % self.page_size]
+            new_prefix = self.tree.insert(key)
+            self.pool.release(own - (len(key) - new_prefix))
+            self.tree.dec_lock_ref(req.last_node)
+        self._free_row(req)
+
+    def release_req(self, req, remaining: int):
+        """Retraction of one request: free its own slots without caching them,
+        unlock its prefix, free its row, then evict so that 20 decode steps
+        of the `remaining` requests fit (`ScheduleBatch.release_req`)."""
+        from servesim.sglang.config import RETRACT_DECODE_STEPS
+
+        self.pool.release(self.ceil_page(req.seq_len) - req.tree_len)
+        self.tree.dec_lock_ref(req.last_node)
+        self._free_row(req)
+        self.tree.evict_for(remaining * RETRACT_DECODE_STEPS)
+        req.seq_len = req.computed = req.tree_len = req.prefix = 0
+        req.last_node = None
+        req.retracted = True
+        req.num_retractions += 1
+        req.epoch += 1
+        self.num_retractions += 1
+
+    def _free_row(self, req):
+        if req.has_row:
+            req.has_row = False
+            self.rows_used -= 1
+
+    # -- results ----------------------------------------------------------------
+
+    def process_batch_result(self, batch):
+        """Each row not finished, not retracted since launch and not a middle
+        chunk gets its token: a finished request is released, an extend that
+        completed its input is inserted into the tree and locked
+        (`process_batch_result_prefill` / `_decode`)."""
+        end = batch.end_ms
+        finished = batch.record["finished"] if batch.record is not None else None
+        for row in batch.rows:
+            req = row.req
+            if req.finished or row.epoch != req.epoch or row.partial:
+                continue
+            input_len = req.fill_len
+            req.outputs.append(req.output_token(len(req.outputs)))
+            req.token_ms.append(end)
+            if req.first_token_pass < 0:
+                req.first_token_pass = batch.index
+                req.first_token_ms = end
+            if req.check_finished():
+                req.finish_pass = batch.index
+                req.finish_ms = end
+                if finished is not None:
+                    finished.append(req.rid)
+                self.release_kv_cache(req)
+            elif row.kind != "decode":
+                self.checkpoint_kv_cache(req, input_len)
+        if finished is not None:
+            finished.sort()
+
+    # -- the loops ----------------------------------------------------------------
+
+    def _take_arrivals(self):
+        reqs = self.reqs
+        while self._next_arrival < len(reqs) and reqs[self._next_arrival].arrival_ms <= self.clock:
+            self.waiting.append(reqs[self._next_arrival])
+            self._next_arrival += 1
+
+    def _fully_idle(self) -> bool:
+        return (not self.running and not self.waiting and self.chunked_req is None
+                and self.inflight is None)
+
+    def on_idle(self):
+        """`self_check_during_idle`: a fully idle engine resets the ratio."""
+        if self._fully_idle():
+            self.ratio.reset()
+
+    def _launch(self, batch, start):
+        batch.index = len(self.passes) if self.log else self._num_passes
+        batch.start_ms = start
+        batch.end_ms = start + self.pass_cost(batch)
+        self._num_passes += 1
+        for row in batch.rows:
+            req = row.req
+            if req.first_scheduled_pass < 0:
+                req.first_scheduled_pass = batch.index
+                req.first_scheduled_ms = self.clock
+        if self.log:
+            batch.record = {
+                "pass": batch.index, "start_ms": batch.start_ms, "end_ms": batch.end_ms,
+                "mode": batch.mode, "scheduled": [row.to_dict() for row in batch.rows],
+                "retracted": sorted(r.rid for r in self.retracted_now), "finished": [],
+                "evicted_tokens": self.tree.evicted_tokens,
+                "free_tokens_after_schedule": self.pool.free,
+                "evictable_tokens_after_schedule": self.tree.evictable_size(),
+                "running_after_schedule": len(self.running),
+                "waiting_after_schedule": len(self.waiting),
+                "new_token_ratio": self.ratio.value,
+            }
+            self.passes.append(batch.record)
+        self.retracted_now = []
+        self.tree.evicted_tokens = 0
+
+    def _jump(self) -> bool:
+        """Nothing can run: move the clock to the next arrival (False: none left)."""
+        if self._next_arrival >= len(self.reqs):
+            return False
+        self.clock = max(self.clock, self.reqs[self._next_arrival].arrival_ms)
+        return True
+
+    def run(self):
+        self._num_passes = 0
+        if self.overlap:
+            self.event_loop_overlap()
+        else:
+            self.event_loop_normal()
+
+    def _after_iteration(self, launched: bool) -> bool:
+        """End of a loop iteration: with nothing waiting, running (finished
+        requests not yet filtered out count), chunked, in flight or in an
+        extend batch not merged yet, or when
+        nothing could run, the clock jumps to the next arrival (False: no
+        arrival is left, the run is over)."""
+        idle = (not self.running and not self.waiting and self.chunked_req is None
+                and self.inflight is None
+                and (self.last_batch is None or not self.last_batch.is_extend))
+        if idle or not launched:
+            return self._jump()
+        return True
+
+    def event_loop_normal(self):
+        """Schedule, run, process the result; pass k+1 is scheduled at end(k)."""
+        while True:
+            self._take_arrivals()
+            batch = self.get_next_batch_to_run()
+            self.last_batch = batch
+            if batch is not None:
+                self._launch(batch, self.clock)
+                self.clock = batch.end_ms
+                self.process_batch_result(batch)
+            else:
+                self.on_idle()
+            if not self._after_iteration(batch is not None):
+                return
+
+    def event_loop_overlap(self):
+        """Schedule and launch pass k, then process pass k-1's result (at its
+        end): pass k is decided at end(k-2) and starts at end(k-1)."""
+        gpu_free = 0.0
+        while True:
+            self._take_arrivals()
+            batch = self.get_next_batch_to_run()
+            previous = self.inflight
+            if batch is not None:
+                self._launch(batch, max(self.clock, gpu_free))
+                gpu_free = batch.end_ms
+            self.inflight = batch
+            if previous is not None:
+                self.clock = max(self.clock, previous.end_ms)
+                self.process_batch_result(previous)
+            elif batch is None:
+                self.on_idle()
+            self.last_batch = batch
+            if not self._after_iteration(batch is not None or previous is not None):
+                return
