@@ -61,6 +61,8 @@ from servesim.config.validation import (
     tagged_section,
 )
 from servesim.config.router_config import parse_router
+from servesim.config.sglang_config import (BACKENDS, check_backend_keys, parse_sglang_engine,
+                                           sglang_engine_to_data)
 from servesim.config.router_config import to_data as router_to_data
 from servesim.config.speculative_config import parse_speculative
 from servesim.config.speculative_config import to_data as speculative_to_data
@@ -90,8 +92,8 @@ _DISTRIBUTION_PARAMS = {
 }
 _KV_CACHE_KEYS = tuple(f.name for f in attrs.fields(KVCacheConfig))
 _SCHEDULER_KEYS = tuple(f.name for f in attrs.fields(SchedulerConfig))
-_ENGINE_KEYS = (*_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading", "speculative",
-                "timing", *DEPLOYMENT_KEYS)
+_ENGINE_KEYS = ("backend", *_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading",
+                "speculative", "timing", *DEPLOYMENT_KEYS)
 # `slo` is read by `servesim capacity` / `search` (servesim/config/slo.py); a replay ignores it
 _TOP_KEYS = ("workload", "engine", "cluster", "output", "slo")
 _AGGREGATED_KEYS = ("workers", "data_parallel_size", "router")
@@ -169,6 +171,8 @@ def config_to_dict(cfg: Config) -> dict:
 
 def _engine_to_data(engine: EngineConfig) -> dict:
     """An engine block: flat keys, every default filled."""
+    if engine.sglang is not None:
+        return sglang_engine_to_data(engine, _timing_to_data(engine.timing))
     return {
         **attrs.asdict(engine.kv_cache),
         **attrs.asdict(engine.scheduler),
@@ -281,6 +285,8 @@ def _build(ctx: Ctx, data: dict) -> Config:
             "requires cluster.data_parallel_size: 1 (launch timing models one-GPU "
             f"aggregated workers), got {cluster.data_parallel_size}",
         )
+    if engine.sglang is not None:
+        _check_sglang_cluster(ctx, cluster)
     if "workload" not in data:
         ctx.fail("workload", "required key is missing (a mapping with trace or synthetic)")
     return Config(
@@ -290,6 +296,18 @@ def _build(ctx: Ctx, data: dict) -> Config:
         output=_output(ctx, top.data.get("output")),
         source=ctx.source,
     )
+
+
+def _check_sglang_cluster(ctx: Ctx, cluster: ClusterConfig):
+    """`backend: sglang` runs one aggregated worker of one rank (docs/sglang.md)."""
+    if cluster.disaggregated:
+        ctx.fail("cluster.mode", "disaggregated is not supported with engine.backend: sglang")
+    if cluster.workers != 1:
+        ctx.fail("cluster.workers", f"must be 1 with engine.backend: sglang (one SGLang "
+                 f"worker is simulated), got {cluster.workers}")
+    if cluster.data_parallel_size != 1:
+        ctx.fail("cluster.data_parallel_size", "must be 1 with engine.backend: sglang (DP "
+                 f"attention is not supported), got {cluster.data_parallel_size}")
 
 
 def _workload(ctx: Ctx, data, engine: EngineConfig) -> WorkloadConfig:
@@ -449,7 +467,17 @@ def _engine(ctx: Ctx, data, path_of=None, data_parallel_size=1) -> EngineConfig:
     """`engine`: flat keys split into the KV cache, scheduler and engine configs.
     `path_of(key)` names where each key came from when `data` merges a
     pool's overrides into `engine` (messages then say `cluster.prefill.KEY`
-    or `engine.KEY`)."""
+    or `engine.KEY`). `backend: sglang` reads SGLang's keys instead
+    (servesim/config/sglang_config.py)."""
+    if path_of is None:
+        def path_of(key):
+            return join("engine", key)
+    backend = data.get("backend", "vllm") if isinstance(data, dict) else "vllm"
+    backend = check(ctx, path_of("backend"), backend, enum(*BACKENDS))
+    if backend == "sglang":
+        return parse_sglang_engine(ctx, data, path_of, _timing)
+    if isinstance(data, dict):
+        check_backend_keys(ctx, data, "vllm", path_of)
     s = Section(ctx, data, "engine", _ENGINE_KEYS, path_of)
     kv_cache = _kv_cache(s)
     scheduler = _scheduler(ctx, s)

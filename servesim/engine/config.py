@@ -6,6 +6,7 @@ from servesim.deployment.config import DeploymentConfig
 from servesim.scheduler.speculative import SpeculativeConfig
 from servesim.kvcache.config import KVCacheConfig, KVOffloadingConfig
 from servesim.scheduler.config import SchedulerConfig
+from servesim.sglang.config import SGLangConfig
 
 
 @attrs.frozen
@@ -63,6 +64,13 @@ class EngineConfig:
     kv_offloading: KVOffloadingConfig | None = None
     speculative: SpeculativeConfig | None = None
     deployment: DeploymentConfig | None = None  # engine.model, engine.gpu, ... (docs/deployment.md)
+    # `backend: sglang` (docs/sglang.md): SGLang's server arguments; the vLLM
+    # blocks above then keep their defaults and are not used
+    sglang: SGLangConfig | None = None
+
+    @property
+    def backend(self) -> str:
+        return "vllm" if self.sglang is None else "sglang"
 
 
 @attrs.frozen

@@ -192,7 +192,12 @@ def simulate(config: Config, workload: "Workload", progress=None) -> SimulationR
 def make_replay(config: Config, workload: "Workload", progress=None):
     """The replay of `config`: aggregated workers (servesim/replay/driver.py
     `Replay`), or disaggregated prefill and decode pools
-    (servesim/replay/disaggregated.py)."""
+    (servesim/replay/disaggregated.py); an SGLang worker with
+    `engine.backend: sglang` (servesim/sglang/replay.py)."""
+    if config.engine.sglang is not None:
+        from servesim.sglang.replay import SGLangReplay
+
+        return SGLangReplay(config, workload, progress)
     if config.cluster.disaggregated:
         if workload.sessions is not None:
             from servesim.errors import InputError

@@ -61,6 +61,8 @@ SESSION_FIELDS = ("session_id", "turn")
 # speculative decoding only, at the end: real drafts scheduled, accepted, and
 # their ratio (null with no draft)
 SPEC_FIELDS = ("spec_drafted", "spec_accepted", "spec_acceptance_rate")
+# `backend: sglang` only, last (docs/sglang.md, "Outputs")
+SGLANG_FIELDS = ("num_retractions", "cached_tokens", "finish_reason")
 
 
 def _floats(arr) -> list:
@@ -134,6 +136,9 @@ def request_lines(result: SimulationResult, chunk: int = 8192):
         names = names + SPEC_FIELDS
         with np.errstate(invalid="ignore", divide="ignore"):
             spec_rate = np.where(r.spec_drafted > 0, r.spec_accepted / r.spec_drafted, nan)
+    sglang = r.finish_reason is not None
+    if sglang:
+        names = names + SGLANG_FIELDS
     for start in range(0, len(r.ids), chunk):
         s = slice(start, start + chunk)
         status = ['"%s"' % STATUS_NAMES[x] for x in r.status[s].tolist()]
@@ -158,6 +163,9 @@ def request_lines(result: SimulationResult, chunk: int = 8192):
         if spec:
             columns += (_ints(r.spec_drafted[s]), _ints(r.spec_accepted[s]),
                         _floats(spec_rate[s]))
+        if sglang:
+            columns += (_ints(r.num_retractions[s]), _ints(r.cached_tokens[s]),
+                        ["null" if x is None else '"%s"' % x for x in r.finish_reason[s]])
         parts = []
         for i, (name, column) in enumerate(zip(names, columns)):
             parts.append(repeat(('{"%s": ' if i == 0 else ', "%s": ') % name))

@@ -68,6 +68,14 @@ class RequestRecords:
     turn: np.ndarray | None = None
     session_truncated: np.ndarray | None = None
 
+    # `backend: sglang` (None otherwise, docs/sglang.md): retractions (also in
+    # num_preemptions), SGLang's own `cached_tokens` (the first admission's hit,
+    # never recounted after a retraction) and the finish reason ("length",
+    # "eos"; None: not finished)
+    num_retractions: np.ndarray | None = None
+    cached_tokens: np.ndarray | None = None
+    finish_reason: list | None = None
+
     # speculative decoding (None without it): real drafts scheduled / accepted
     spec_drafted: np.ndarray | None = None
     spec_accepted: np.ndarray | None = None

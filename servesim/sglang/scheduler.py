@@ -41,6 +41,12 @@ class Scheduler:
         self.num_retractions = 0
         self.clock = 0.0
         self._next_arrival = 0
+        self.num_passes = 0
+        self.busy_ms = 0.0
+        self.usage_area = 0.0  # KV usage (SGLang's token usage) x pass time, summed
+        self.usage_max = 0.0
+        self.prefix_queries = 0  # tokens looked up at admissions, and the hits
+        self.prefix_hits = 0
 
     def ceil_page(self, n: int) -> int:
         return -(-n // self.page_size) * self.page_size
@@ -147,6 +153,10 @@ class Scheduler:
                 req.seq_len = req.tree_len = req.computed = req.prefix
                 if req.first_cached < 0:
                     req.first_cached = req.cached_tokens = req.prefix
+                self.prefix_queries += req.fill_len
+                self.prefix_hits += req.prefix
+            if req.retracted:
+                req.recomputed_tokens += row.tokens
             need += self.ceil_page(req.computed + row.tokens) - self.ceil_page(req.computed)
         target = need + (len(rows) * self.page_size if self.page_size > 1 else 0)
         self.tree.evict_for(target)
@@ -241,14 +251,16 @@ class Scheduler:
         req.tree_len = matched
 
     def release_kv_cache(self, req):
-        """A finished request: its KV (prompt and all outputs but the last)
-        goes into the tree (whole pages), the rest of its slots and its row
+        """A finished request: its committed KV (prompt and all outputs but the
+        last; all of them after an extra in-flight decode) goes into the tree (whole pages), the rest of its slots and its row
         are freed (`cache_finished_req`, `release_kv_cache`)."""
         own = self.ceil_page(req.seq_len) - req.tree_len
         if self.tree.disable:
             self.pool.release(own)
         else:
-            kv_len = req.fill_len - 1
+            # its committed KV: all but the last token, or (overlap, an EOS finish
+            # decoded once more) every token: the extra pass's slot is committed
+            kv_len = min(req.seq_len, req.fill_len)
             key = req.fill[:kv_len - kv_len % self.page_size]
             new_prefix = self.tree.insert(key)
             self.pool.release(own - (len(key) - new_prefix))
@@ -325,10 +337,16 @@ class Scheduler:
             self.ratio.reset()
 
     def _launch(self, batch, start):
-        batch.index = len(self.passes) if self.log else self._num_passes
+        batch.index = self.num_passes
         batch.start_ms = start
         batch.end_ms = start + self.pass_cost(batch)
-        self._num_passes += 1
+        self.num_passes += 1
+        duration = batch.end_ms - batch.start_ms
+        self.busy_ms += duration
+        size = self.pool.size
+        usage = (size - self.pool.free - self.tree.evictable_size()) / size
+        self.usage_area += usage * duration
+        self.usage_max = max(self.usage_max, usage)
         for row in batch.rows:
             req = row.req
             if req.first_scheduled_pass < 0:
@@ -358,7 +376,6 @@ class Scheduler:
         return True
 
     def run(self):
-        self._num_passes = 0
         if self.overlap:
             self.event_loop_overlap()
         else:

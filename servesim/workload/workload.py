@@ -56,6 +56,11 @@ class Workload:
     accepted_values: np.ndarray | None = None  # int64
     accepted_offsets: np.ndarray | None = None  # int64, len n + 1
     first_line: int = 1  # the line of request 0 in `source` (2 after a header line)
+    # a Mooncake row's optional `max_new_tokens` (SGLang's sampling limit; None:
+    # no row has one, each request's limit is its output_length). Only
+    # `backend: sglang` reads it: a limit above output_length stops the
+    # request by EOS at output_length (docs/sglang.md, "Requests")
+    max_new_tokens: np.ndarray | None = None  # int64
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -123,6 +128,7 @@ def _head(w: Workload, n: int) -> Workload:
         hash_flat=w.hash_flat[:end].copy(),
         hash_offsets=w.hash_offsets[: n + 1].copy(),
         **_head_accepted(w, n),
+        max_new_tokens=None if w.max_new_tokens is None else w.max_new_tokens[:n].copy(),
     )
 
 
@@ -292,6 +298,7 @@ def _mooncake_workload(rows, path: str, tbs: int) -> Workload:
     if extras:
         _apply_optional_fields(extras, path, request_ids, priority, dp_rank)
         accepted = _accepted_lists(extras, path, n)
+        accepted.update(_max_new_tokens(extras, path, ol_l))
     return Workload(
         request_ids=request_ids,
         arrival_ms=np.array(ts_l, dtype=np.float64),
@@ -328,6 +335,23 @@ def _accepted_lists(extras: dict, path: str, n: int, base: int = 1) -> dict:
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return {"accepted_values": np.array(values, dtype=np.int64), "accepted_offsets": offsets}
+
+
+def _max_new_tokens(extras: dict, path: str, output_lengths: list) -> dict:
+    """The rows' optional `max_new_tokens` (an integer >= output_length);
+    absent rows take their output_length. {} when no row has one."""
+    if not any("max_new_tokens" in obj for obj in extras.values()):
+        return {}
+    limits = np.array(output_lengths, dtype=np.int64)
+    for row in sorted(extras):
+        m = extras[row].get("max_new_tokens")
+        if m is None:
+            continue
+        if type(m) is not int or m < output_lengths[row]:
+            raise InputError(f"{path}:{row + 1}: max_new_tokens must be an integer >= "
+                             f"output_length ({output_lengths[row]}), got {m!r}")
+        limits[row] = m
+    return {"max_new_tokens": limits}
 
 
 def _hash_array(flat: list, offsets: np.ndarray, path: str) -> np.ndarray:

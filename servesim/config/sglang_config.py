@@ -1,0 +1,122 @@
+"""`engine:` with `backend: sglang` (docs/sglang.md, "Config"): SGLang's
+server-argument names, checked as strictly as vLLM's; a key only the other
+backend knows is refused with that backend's name for it."""
+
+import attrs
+
+from servesim.config.validation import BOOL, INT, NUMBER, Section, enum, ge, gt
+from servesim.engine.config import EngineConfig
+from servesim.sglang.config import SGLangConfig
+
+BACKENDS = ("vllm", "sglang")
+SGLANG_KEYS = ("backend", *(f.name for f in attrs.fields(SGLangConfig)), "timing")
+# timing types an SGLang engine prices (docs/sglang.md, "Timing")
+SGLANG_TIMING_TYPES = ("fixed", "linear", "polynomial", "fitted")
+
+# vLLM's engine keys -> what SGLang calls them (None: SGLang has no such knob here)
+SGLANG_NAME_OF = {
+    "max_num_seqs": "max_running_requests",
+    "max_num_batched_tokens": "chunked_prefill_size",
+    "enable_chunked_prefill": "chunked_prefill_size (-1 turns chunked prefill off)",
+    "block_size": "page_size",
+    "num_gpu_blocks": "max_total_tokens (in tokens, not blocks)",
+    "enable_prefix_caching": "disable_radix_cache (the opposite sense)",
+    "max_model_len": "context_length",
+    "scheduling_policy": "schedule_policy (fcfs or lpm)",
+    "async_scheduling": "disable_overlap_schedule (the opposite sense; overlap is SGLang's default)",
+    "long_prefill_token_threshold": None,
+    "reserve_full_isl": None,
+    "watermark": None,
+    "launch": None,
+    "detokenize_ms": None,
+    "kv_offloading": "nothing servesim models (hierarchical cache is not supported)",
+    "speculative": "nothing servesim models (speculative decoding under SGLang is not supported)",
+}
+# SGLang's keys -> what vLLM calls them
+VLLM_NAME_OF = {
+    "max_running_requests": "max_num_seqs",
+    "chunked_prefill_size": "max_num_batched_tokens (with enable_chunked_prefill)",
+    "max_prefill_tokens": None,
+    "page_size": "block_size",
+    "max_total_tokens": "num_gpu_blocks (in blocks of block_size)",
+    "disable_radix_cache": "enable_prefix_caching (the opposite sense)",
+    "context_length": "max_model_len",
+    "schedule_policy": "scheduling_policy",
+    "schedule_conservativeness": None,
+    "disable_overlap_schedule": "async_scheduling (the opposite sense)",
+    "enable_mixed_chunk": None,
+    "ignore_eos": None,
+}
+
+
+def other_backend_message(key: str, backend: str) -> str | None:
+    """The message for `key` under `backend` when only the other backend knows it."""
+    if backend == "sglang" and key in SGLANG_NAME_OF:
+        name = SGLANG_NAME_OF[key]
+        if name is None:
+            return f"a vLLM key; SGLang has no {key} (backend: sglang)"
+        return f"a vLLM key; SGLang calls it {name} (backend: sglang)"
+    if backend == "vllm" and key in VLLM_NAME_OF:
+        name = VLLM_NAME_OF[key]
+        if name is None:
+            return f"an SGLang key (engine.backend: sglang); vLLM has no {key}"
+        return f"an SGLang key (engine.backend: sglang); vLLM calls it {name}"
+    return None
+
+
+def check_backend_keys(ctx, data, backend: str, path_of):
+    """Refuse a key of the other backend, naming this backend's name for it."""
+    for key in data:
+        message = other_backend_message(key, backend)
+        if message is not None:
+            ctx.fail(path_of(key), message)
+
+
+def parse_sglang_engine(ctx, data, path_of, parse_timing) -> EngineConfig:
+    """The EngineConfig of an `engine:` block with `backend: sglang`."""
+    check_backend_keys(ctx, data, "sglang", path_of)
+    from servesim.deployment.config import KEYS as DEPLOYMENT_KEYS
+
+    for key in data:
+        if key in DEPLOYMENT_KEYS:
+            ctx.fail(path_of(key), "deployments (model, gpu, ...) are not supported with "
+                     "backend: sglang yet; give max_total_tokens and a timing model")
+    s = Section(ctx, data, "engine", SGLANG_KEYS, path_of)
+    d = SGLangConfig()
+    page_size = s.get("page_size", INT, d.page_size, ge(1))
+    total = s.get("max_total_tokens", INT, d.max_total_tokens, ge(2))
+    if total % page_size:
+        ctx.fail(s.sub("max_total_tokens"), f"must be a multiple of {s.sub('page_size')} "
+                 f"({page_size}), got {total}")
+    chunk = s.get("chunked_prefill_size", INT, d.chunked_prefill_size)
+    if chunk == 0 or chunk < -1:
+        ctx.fail(s.sub("chunked_prefill_size"), f"must be a number of tokens >= 1, or -1 to "
+                 f"turn chunked prefill off, got {chunk}")
+    mixed = s.get("enable_mixed_chunk", BOOL, d.enable_mixed_chunk)
+    if mixed and chunk == -1:
+        ctx.fail(s.sub("enable_mixed_chunk"), f"needs chunked prefill ({s.sub('chunked_prefill_size')} "
+                 "is -1)")
+    cfg = SGLangConfig(
+        max_total_tokens=total,
+        page_size=page_size,
+        chunked_prefill_size=chunk,
+        max_prefill_tokens=s.get("max_prefill_tokens", INT, d.max_prefill_tokens, ge(1)),
+        max_running_requests=s.get("max_running_requests", INT, d.max_running_requests, ge(1)),
+        schedule_policy=s.get("schedule_policy", enum("fcfs", "lpm"), d.schedule_policy),
+        schedule_conservativeness=float(s.get("schedule_conservativeness", NUMBER,
+                                              d.schedule_conservativeness, gt(0))),
+        disable_radix_cache=s.get("disable_radix_cache", BOOL, d.disable_radix_cache),
+        disable_overlap_schedule=s.get("disable_overlap_schedule", BOOL, d.disable_overlap_schedule),
+        enable_mixed_chunk=mixed,
+        context_length=s.get("context_length", INT, d.context_length, ge(2)),
+        ignore_eos=s.get("ignore_eos", BOOL, d.ignore_eos),
+    )
+    timing = parse_timing(ctx, s.data.get("timing"), s.sub("timing"))
+    if timing.type not in SGLANG_TIMING_TYPES:
+        ctx.fail(s.sub("timing"), f"type {timing.type} is not supported with backend: sglang "
+                 f"(accepted: {', '.join(SGLANG_TIMING_TYPES)})")
+    return EngineConfig(timing=timing, sglang=cfg)
+
+
+def sglang_engine_to_data(engine: EngineConfig, timing_data: dict) -> dict:
+    return {"backend": "sglang", **attrs.asdict(engine.sglang), "timing": timing_data}

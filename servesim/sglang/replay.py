@@ -1,0 +1,155 @@
+"""Replay a workload through one simulated SGLang worker (`engine.backend:
+sglang`; docs/sglang.md): the requests built from the workload, the
+scheduler's event loop, and the records, pass log and counters the other
+engines produce (servesim/replay/driver.py), with SGLang's own fields."""
+
+import numpy as np
+
+from servesim.engine.pricing import PassPricer, price_pass
+from servesim.errors import InputError
+from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
+                                      RequestRecords, RunStats, SimulationResult, WorkerStats)
+from servesim.sglang.scheduler import Scheduler
+from servesim.sglang.req import Req
+
+
+def prompt_tokens(hash_ids, input_length: int, block: int) -> list:
+    """Token t of a prompt is `hash_ids[t // block] * block + t % block`: two
+    prompts share exactly the tokens their hash ids make equal."""
+    return [int(hash_ids[t // block]) * block + t % block for t in range(input_length)]
+
+
+def init_req_max_new_tokens(cfg, prompt_len: int, limit: int) -> int:
+    """`init_req_max_new_tokens`: the limit clipped to the context length and
+    to what an empty pool can hold (`max_new_tokens_for_memory`)."""
+    page = cfg.page_size
+    by_memory = cfg.max_total_tokens - (-(-prompt_len // page) * page) - page - 1
+    return min(limit, cfg.context_length - 1 - prompt_len - 1, by_memory)
+
+
+def build_reqs(cfg, workload):
+    """The requests in arrival order, and whether each was rejected at arrival
+    (a prompt that leaves no room for one output token)."""
+    reqs, rejected = [], []
+    limits = workload.max_new_tokens if workload.max_new_tokens is not None else workload.output_length
+    block = workload.trace_block_size
+    for i in range(len(workload)):
+        h = workload.hash_flat[workload.hash_offsets[i]:workload.hash_offsets[i + 1]]
+        prompt_len = int(workload.input_length[i])
+        output_length = int(workload.output_length[i])
+        limit = int(limits[i])
+        eos_at = output_length if limit > output_length else 0
+        clipped = init_req_max_new_tokens(cfg, prompt_len, limit)
+        req = Req(i, workload.request_ids[i], float(workload.arrival_ms[i]),
+                  prompt_tokens(h, prompt_len, block), clipped, eos_at, cfg.ignore_eos)
+        (rejected if clipped < 1 else reqs).append(req)
+    return reqs, rejected
+
+
+class PassCost:
+    """A pass's GPU time under the engine's timing model (the same kernel as
+    vLLM engines: servesim/engine/pricing.py), from its rows."""
+
+    def __init__(self, engine):
+        self.pricer = PassPricer(engine.timing, engine.sglang.max_total_tokens, 1)
+
+    def __call__(self, batch) -> float:
+        prefill = prefill_rows = decode = decode_context = prefill_context = 0
+        for row in batch.rows:
+            if row.kind == "decode":
+                decode += 1
+                decode_context += row.req.seq_len
+            else:
+                prefill += row.tokens
+                prefill_rows += 1
+                prefill_context += row.prefix
+        p = self.pricer
+        return float(price_pass(p.model, p.params, prefill, prefill_rows, decode, decode_context,
+                                prefill + decode, len(batch.rows), p.kv_capacity_tokens, 0,
+                                prefill_context, 0))
+
+
+class SGLangReplay:
+    """One simulation run of an SGLang worker; `run()` returns its SimulationResult."""
+
+    def __init__(self, config, workload, progress=None):
+        if workload.sessions is not None or workload.concurrency is not None:
+            raise InputError("workload: sessions and closed loops (concurrency) are not "
+                             "supported with engine.backend: sglang yet; replay a trace or an "
+                             "open-loop synthetic workload")
+        self.config = config
+        self.workload = workload
+        self.progress = progress
+
+    def run(self) -> SimulationResult:
+        cfg = self.config.engine.sglang
+        w = self.workload
+        reqs, rejected = build_reqs(cfg, w)
+        log = self.config.output.pass_log
+        scheduler = Scheduler(cfg, reqs, PassCost(self.config.engine), log=True)
+        scheduler.run()
+        n = len(w)
+        status = np.full(n, STATUS_UNFINISHED, dtype=np.int8)
+        for req in rejected:
+            status[req.index] = STATUS_REJECTED
+        for req in reqs:
+            if req.finished:
+                status[req.index] = STATUS_FINISHED
+        if self.progress is not None:
+            self.progress(scheduler.clock, int((status != STATUS_UNFINISHED).sum()))
+        every = sorted(reqs + rejected, key=lambda r: r.index)
+        return SimulationResult(records=self._records(every, status),
+                                stats=self._stats(scheduler, reqs),
+                                pass_log=scheduler.passes if log else None)
+
+    def _records(self, reqs, status) -> RequestRecords:
+        w = self.workload
+        n = len(w)
+
+        def ints(get):
+            return np.array([get(r) for r in reqs], dtype=np.int64)
+
+        def floats(get):
+            return np.array([get(r) for r in reqs], dtype=np.float64)
+
+        produced = ints(lambda r: len(r.outputs))
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(produced, out=offsets[1:])
+        token_ms = np.array([t for r in reqs for t in r.token_ms], dtype=np.float64)
+        retractions = ints(lambda r: r.num_retractions)
+        return RequestRecords(
+            ids=list(w.request_ids), arrival_ms=w.arrival_ms.astype(np.float64).copy(),
+            first_scheduled_ms=floats(lambda r: r.first_scheduled_ms),
+            first_token_ms=floats(lambda r: r.first_token_ms),
+            finish_ms=floats(lambda r: r.finish_ms),
+            input_length=w.input_length.astype(np.int64), output_length=w.output_length.astype(np.int64),
+            output_tokens=produced, num_preemptions=retractions,
+            first_admission_cached_tokens=ints(lambda r: max(r.first_cached, 0)),
+            cpu_tier_cached_tokens=np.zeros(n, dtype=np.int64),
+            recomputed_tokens=ints(lambda r: r.recomputed_tokens),
+            worker=np.zeros(n, dtype=np.int64), dp_rank=np.zeros(n, dtype=np.int64),
+            status=status,
+            first_token_pass=ints(lambda r: r.first_token_pass),
+            finish_pass=ints(lambda r: r.finish_pass),
+            token_offsets=offsets, token_client_ms=token_ms,
+            num_retractions=retractions, cached_tokens=ints(lambda r: r.cached_tokens),
+            finish_reason=[r.finish_reason for r in reqs],
+        )
+
+    def _stats(self, scheduler, reqs) -> RunStats:
+        stats = RunStats()
+        stats.passes = scheduler.num_passes
+        stats.preemptions = scheduler.num_retractions
+        stats.prefix_cache_queries = scheduler.prefix_queries
+        stats.prefix_cache_hits = scheduler.prefix_hits
+        end = scheduler.clock
+        mean = scheduler.usage_area / end if end > 0 else 0.0
+        stats.kv_usage_mean = mean
+        stats.kv_usage_max = scheduler.usage_max
+        stats.workers.append(WorkerStats(worker=0, requests=len(self.workload), passes=stats.passes,
+                                         busy_ms=scheduler.busy_ms, kv_usage_mean=mean,
+                                         kv_usage_max=scheduler.usage_max))
+        return stats
+
+
+__all__ = ["SGLangReplay", "build_reqs", "prompt_tokens"]
