@@ -21,7 +21,7 @@ LAYERS = (
     ("workload",),  # traces, synthetic workloads, sessions, prefix identities
     ("config",),  # the config schema: YAML reading, validation, examples, SLOs
     ("engine",),  # one engine core: the event loop, pass pricing, KV transfer
-    ("scheduler", "deployment"),  # vLLM's scheduler; model + GPU specs and aic tables
+    ("scheduler", "deployment", "sglang"),  # vLLM's and SGLang's schedulers; model + GPU specs and aic tables
     ("kvcache", "results"),  # the block pool and CPU tier; records, metrics, outputs
 )
 # Top-level modules any sub-package may use (they import no sub-package).

@@ -193,9 +193,9 @@ def make_replay(config: Config, workload: "Workload", progress=None):
     """The replay of `config`: aggregated workers (servesim/replay/driver.py
     `Replay`), or disaggregated prefill and decode pools
     (servesim/replay/disaggregated.py); an SGLang worker with
-    `engine.backend: sglang` (servesim/sglang/replay.py)."""
+    `engine.backend: sglang` (servesim/replay/sglang.py)."""
     if config.engine.sglang is not None:
-        from servesim.sglang.replay import SGLangReplay
+        from servesim.replay.sglang import SGLangReplay
 
         return SGLangReplay(config, workload, progress)
     if config.cluster.disaggregated:

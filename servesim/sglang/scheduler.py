@@ -5,6 +5,7 @@ retraction, the processing of a pass's result, and the two event loops
 """
 
 from servesim.sglang.batch import DECODE, EXTEND, MIXED, Batch, Row
+from servesim.sglang.config import RETRACT_DECODE_STEPS
 from servesim.sglang.new_token_ratio import NewTokenRatioTracker
 from servesim.sglang.prefill_adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
 from servesim.sglang.radix_cache import RadixCache, TokenPool
@@ -271,8 +272,6 @@ class Scheduler:
         """Retraction of one request: free its own slots without caching them,
         unlock its prefix, free its row, then evict so that 20 decode steps
         of the `remaining` requests fit (`ScheduleBatch.release_req`)."""
-        from servesim.sglang.config import RETRACT_DECODE_STEPS
-
         self.pool.release(self.ceil_page(req.seq_len) - req.tree_len)
         self.tree.dec_lock_ref(req.last_node)
         self._free_row(req)
