@@ -110,3 +110,41 @@ def test_cli_exits_2_naming_the_key(tmp_path):
     assert "engine.max_num_seqs" in result.output and "max_running_requests" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_max_new_tokens_below_output_length_names_the_line(tmp_path):
+    from servesim.workload.workload import load_workload
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 16, "output_length": 4, "hash_ids": [1]}\n'
+                     '{"timestamp": 1, "input_length": 16, "output_length": 4, "hash_ids": [1], '
+                     '"max_new_tokens": 3}\n')
+    cfg = config_from_dict({"workload": {"trace": str(trace), "trace_block_size": 16},
+                            "engine": {"backend": "sglang"}})
+    with pytest.raises(InputError, match=r"t.jsonl:2: max_new_tokens must be an integer >= "
+                                         r"output_length \(4\), got 3"):
+        load_workload(cfg.workload, 16)
+
+
+def test_the_cli_writes_sglangs_pass_log_and_request_fields(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    case = Path(__file__).parent / "golden" / "sglang-0.5.23" / "03-radix-lpm"
+    for name in ("config.yaml", "trace.jsonl"):
+        shutil.copy(case / name, tmp_path / name)
+    result = invoke("run", tmp_path / "config.yaml", "-o", tmp_path / "out", "-q", "--pass-log")
+    assert result.exit_code == 0, result.output
+    with open(tmp_path / "out" / "passes.jsonl") as f:
+        got = [json.loads(line) for line in f]
+    with open(case / "expected" / "passes.jsonl") as f:
+        expected = [json.loads(line) for line in f]
+    assert [list(p) for p in got] == [list(p) for p in expected]  # the recordings' keys, in order
+    assert [p["scheduled"] for p in got] == [p["scheduled"] for p in expected]
+    with open(tmp_path / "out" / "requests.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    with open(case / "expected" / "requests.jsonl") as f:
+        want = [json.loads(line) for line in f]
+    assert [(r["num_retractions"], r["cached_tokens"], r["finish_reason"]) for r in rows] == \
+        [(r["num_retractions"], r["cached_tokens"], r["finish_reason"]) for r in want]

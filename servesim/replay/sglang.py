@@ -77,6 +77,10 @@ class SGLangReplay:
             raise InputError("workload: sessions and closed loops (concurrency) are not "
                              "supported with engine.backend: sglang yet; replay a trace or an "
                              "open-loop synthetic workload")
+        if config.output.telemetry_interval_ms is not None:
+            raise InputError("output.telemetry_interval_ms: telemetry is not supported with "
+                             "engine.backend: sglang yet; the pass log (--pass-log) has the "
+                             "free, evictable, running and waiting figures of every pass")
         self.config = config
         self.workload = workload
         self.progress = progress
