@@ -16,7 +16,9 @@ from servesim.sglang.req import Req
 def prompt_tokens(hash_ids, input_length: int, block: int) -> list:
     """Token t of a prompt is `hash_ids[t // block] * block + t % block`: two
     prompts share exactly the tokens their hash ids make equal."""
-    return [int(hash_ids[t // block]) * block + t % block for t in range(input_length)]
+    offsets = np.arange(input_length, dtype=np.int64)
+    ids = np.asarray(hash_ids, dtype=np.int64)[offsets // block]
+    return (ids * block + offsets % block).tolist()
 
 
 def init_req_max_new_tokens(cfg, prompt_len: int, limit: int) -> int:

@@ -36,6 +36,15 @@ class Batch:
         self.end_ms = 0.0
         self.index = -1
         self.record = None
+        self._sampling = None
+
+    @property
+    def sampling(self) -> set:
+        """The ids of the requests this batch samples a token for (every row
+        but middle chunks), made once."""
+        if self._sampling is None:
+            self._sampling = {id(row.req) for row in self.rows if not row.partial}
+        return self._sampling
 
     @property
     def is_extend(self) -> bool:

@@ -73,11 +73,18 @@ class RadixCache:
         return key[0] if self.page_size == 1 else tuple(key[:self.page_size])
 
     def _key_match(self, a, b) -> int:
-        """Common prefix of a and b in whole pages."""
+        """Common prefix of tuples a and b in whole pages (compared a stretch
+        at a time, then token by token in the stretch that differs)."""
         n = min(len(a), len(b))
         i = 0
-        while i < n and a[i] == b[i]:
-            i += 1
+        step = 256
+        while i < n:
+            j = min(n, i + step)
+            if a[i:j] != b[i:j]:
+                while a[i] == b[i]:
+                    i += 1
+                break
+            i = j
         return i - i % self.page_size
 
     def _split_node(self, child: TreeNode, split_len: int, stamp: int) -> TreeNode:
@@ -112,7 +119,7 @@ class RadixCache:
         match ends inside (`match_prefix`, `_match_prefix_helper`)."""
         if self.disable:
             return 0, self.root
-        key = key[:len(key) - len(key) % self.page_size]
+        key = tuple(key[:len(key) - len(key) % self.page_size])
         stamp = self._stamp()
         node = self.root
         node.last_access = stamp
@@ -142,6 +149,7 @@ class RadixCache:
         if self.disable:
             return 0
         assert len(key) % self.page_size == 0
+        key = tuple(key)
         stamp = self._stamp()
         node = self.root
         node.last_access = stamp
@@ -160,7 +168,7 @@ class RadixCache:
                 child = self._split_node(child, n, stamp)
             node = child
         if key:
-            leaf = TreeNode(tuple(key), node, stamp, self.next_id)
+            leaf = TreeNode(key, node, stamp, self.next_id)
             self.next_id += 1
             node.children[self._child_key(key)] = leaf
             self.evictable += len(key)

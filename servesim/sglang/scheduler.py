@@ -188,8 +188,8 @@ class Scheduler:
         its last by length (`_reqs_finishing_inflight`)."""
         if not self.overlap or self.inflight is None:
             return False
-        return (any(row.req is req and not row.partial for row in self.inflight.rows)
-                and len(req.outputs) + 1 >= req.max_new_tokens)
+        return (len(req.outputs) + 1 >= req.max_new_tokens
+                and id(req) in self.inflight.sampling)
 
     def check_decode_mem(self, reqs) -> bool:
         """A page for each request whose committed KV ends on a page boundary;
