@@ -113,66 +113,53 @@ class RadixCache:
 
     # -- match / insert ----------------------------------------------------------
 
-    def match_prefix(self, key):
-        """The longest cached prefix of `key` (cut to whole pages first) as
-        `(length, last node)`; stamps the matched path, splits a node the
-        match ends inside (`match_prefix`, `_match_prefix_helper`)."""
-        if self.disable:
-            return 0, self.root
-        key = tuple(key[:len(key) - len(key) % self.page_size])
+    def _walk(self, key: tuple):
+        """Walk `key` down from the root, stamping each node passed with one
+        fresh clock value; a node the key leaves inside is split there
+        (`_match_prefix_helper`, `_insert_helper`). Returns `(tokens matched,
+        the node they end at)`."""
         stamp = self._stamp()
         node = self.root
         node.last_access = stamp
         matched = 0
-        while key:
-            child = node.children.get(self._child_key(key))
+        while matched < len(key):
+            rest = key[matched:]
+            child = node.children.get(self._child_key(rest))
             if child is None:
                 break
             child.last_access = stamp
-            n = self._key_match(child.key, key)
+            n = self._key_match(child.key, rest)
             if n == 0:
                 break
-            if n < len(child.key):
-                node = self._split_node(child, n, stamp)
-                matched += n
-                break
-            node = child
             matched += n
-            key = key[n:]
+            if n < len(child.key):
+                return matched, self._split_node(child, n, stamp)
+            node = child
         return matched, node
+
+    def match_prefix(self, key):
+        """The longest cached prefix of `key` (cut to whole pages first) as
+        `(length, last node)` (`match_prefix`)."""
+        if self.disable:
+            return 0, self.root
+        return self._walk(tuple(key[:len(key) - len(key) % self.page_size]))
 
     def insert(self, key) -> int:
         """Insert `key` (whole pages); returns how many of its leading tokens
         the tree already held (their slots are the caller's duplicates to
-        free). The walk stamps and splits as `_insert_helper` does; a new leaf
-        holds the rest, which becomes evictable."""
+        free). A new leaf holds the rest, which becomes evictable (`insert`)."""
         if self.disable:
             return 0
         assert len(key) % self.page_size == 0
         key = tuple(key)
-        stamp = self._stamp()
-        node = self.root
-        node.last_access = stamp
-        total = 0
-        while key:
-            child = node.children.get(self._child_key(key))
-            if child is None:
-                break
-            child.last_access = stamp
-            n = self._key_match(child.key, key)
-            if n == 0:
-                break
-            total += n
-            key = key[n:]
-            if n < len(child.key):
-                child = self._split_node(child, n, stamp)
-            node = child
-        if key:
-            leaf = TreeNode(key, node, stamp, self.next_id)
+        matched, node = self._walk(key)
+        if matched < len(key):
+            rest = key[matched:]
+            leaf = TreeNode(rest, node, self.clock, self.next_id)
             self.next_id += 1
-            node.children[self._child_key(key)] = leaf
-            self.evictable += len(key)
-        return total
+            node.children[self._child_key(rest)] = leaf
+            self.evictable += len(rest)
+        return matched
 
     # -- locks -------------------------------------------------------------------
 
