@@ -26,11 +26,6 @@ from servesim.workload.workload import load_workload
 FOLDER = Path(__file__).parent / "golden" / "sglang-0.5.23"
 TOL = 1e-6
 CASES = sorted(d.name for d in FOLDER.iterdir() if d.is_dir())
-# cases whose pass log does not match yet (their requests do), with the reason (docs/sglang.md, "Conformance")
-KNOWN = {
-    "06-overlap-retraction-eos": "pass 220 evicts a 55-token leaf where SGLang evicts 39: "
-                                 "the tree's node boundaries differ after the retraction",
-}
 REQUEST_EXACT = ("num_retractions", "first_admission_cached_tokens", "cached_tokens",
                  "first_token_pass", "finish_pass", "output_tokens", "finish_reason")
 EXACT = ("mode", "scheduled", "evicted_tokens", "free_tokens_after_schedule",
@@ -49,18 +44,13 @@ def replay_case(name, pass_log):
     return simulate(config, load_workload(config.workload, config.engine.kv_cache.block_size))
 
 
-def _param(name, **kw):
-    marks = [pytest.mark.xfail(reason=KNOWN[name], strict=True)] if name in KNOWN else []
-    return pytest.param(name, marks=marks, **kw)
-
-
 def test_recordings_are_all_here():
     readme = (FOLDER / "README.md").read_text()
     listed = set(re.findall(r"^\|\s*`?(\d\d-[\w-]+)`?\s*\|", readme, flags=re.M))
     assert listed and listed == set(CASES)
 
 
-@pytest.mark.parametrize("name", [_param(n) for n in CASES])
+@pytest.mark.parametrize("name", CASES)
 def test_passes_match_sglang(name):
     got = replay_case(name, True).pass_log
     expected = _read_jsonl(FOLDER / name / "expected" / "passes.jsonl")

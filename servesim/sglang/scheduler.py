@@ -294,7 +294,8 @@ class Scheduler:
         """Each row not finished, not retracted since launch and not a middle
         chunk gets its token: a finished request is released, an extend that
         completed its input is inserted into the tree and locked
-        (`process_batch_result_prefill` / `_decode`)."""
+        (`process_batch_result_prefill` / `_decode`); after a retraction its
+        prompt first, then its outputs."""
         end = batch.end_ms
         finished = batch.record["finished"] if batch.record is not None else None
         for row in batch.rows:
@@ -314,6 +315,11 @@ class Scheduler:
                     finished.append(req.rid)
                 self.release_kv_cache(req)
             elif row.kind != "decode":
+                if req.retracted and req.tree_len < len(req.prompt):
+                    # a re-prefilled prompt + outputs is cached prompt first: the
+                    # tree keeps a node boundary at the prompt's end, as after a
+                    # first prefill (seen: 06, pass 220 evicts the 39 outputs alone)
+                    self.checkpoint_kv_cache(req, len(req.prompt))
                 self.checkpoint_kv_cache(req, input_len)
         if finished is not None:
             finished.sort()
