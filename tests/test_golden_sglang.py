@@ -20,8 +20,8 @@ import attrs
 import pytest
 
 from servesim.replay.api import resolve_config
-from servesim.replay.driver import simulate
-from servesim.workload.workload import load_workload
+from servesim.replay.api import simulate
+from servesim.workload.load import load_workload
 
 FOLDER = Path(__file__).parent / "golden" / "sglang-0.5.23"
 TOL = 1e-6

@@ -113,7 +113,7 @@ def test_cli_exits_2_naming_the_key(tmp_path):
 
 
 def test_a_max_new_tokens_below_output_length_names_the_line(tmp_path):
-    from servesim.workload.workload import load_workload
+    from servesim.workload.load import load_workload
 
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 16, "output_length": 4, "hash_ids": [1]}\n'
