@@ -133,3 +133,29 @@ def test_overlap_decides_a_pass_before_the_previous_one_ends(overlap):
         assert reqs["r1"].first_scheduled_ms == 2.0
         assert [m[1] for m in modes[3:]] == [["r0"]]
     assert reqs["r0"].finish_reason == "length" and len(reqs["r0"].outputs) == 3
+
+
+def test_a_closed_loop_release_joins_after_the_decision_at_its_instant():
+    """concurrency 2, no overlap: r0 (1 output) and r1 (3 outputs) start at 0
+    (pass 0, 0-2 ms). r0 finishes there and releases r2 at 2 ms, after the
+    decision taken at 2 ms: pass 1 decodes r1 alone (2-3.1 ms), pass 2 is
+    r2's prefill. Each request's arrival is its release instant."""
+    from servesim.config.config import config_from_dict
+    from servesim.replay.api import simulate
+    from tests.helpers import workload_of
+
+    config = config_from_dict({
+        "workload": {"synthetic": {"requests": 1}, "trace_block_size": 16},
+        "engine": {"backend": "sglang", "max_total_tokens": 256, "chunked_prefill_size": 64,
+                   "disable_overlap_schedule": True,
+                   "timing": {"type": "linear", "base_ms": 1.0, "per_token_ms": 0.1}},
+        "output": {"pass_log": True}}, source="test")
+    workload = workload_of([0.0, 0.0, 0.0], [5, 5, 10], [1, 3, 1], [[1], [2], [3]],
+                           concurrency=2)
+    result = simulate(config, workload)
+    passes = result.pass_log
+    assert [(p["mode"], [r["id"] for r in p["scheduled"]], p["start_ms"]) for p in passes[:3]] == [
+        ("extend", ["r0", "r1"], 0.0), ("decode", ["r1"], 2.0),
+        ("extend", ["r2"], pytest.approx(3.1))]
+    assert list(result.records.arrival_ms) == [0.0, 0.0, 2.0]
+    assert list(result.records.finish_reason) == ["length"] * 3

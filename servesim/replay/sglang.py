@@ -30,9 +30,9 @@ def init_req_max_new_tokens(cfg, prompt_len: int, limit: int) -> int:
 
 
 def build_reqs(cfg, workload):
-    """The requests in arrival order, and whether each was rejected at arrival
-    (a prompt that leaves no room for one output token)."""
-    reqs, rejected = [], []
+    """The requests in workload order, and the set of those rejected at
+    arrival (a prompt that leaves no room for one output token)."""
+    reqs, rejected = [], set()
     limits = workload.max_new_tokens if workload.max_new_tokens is not None else workload.output_length
     block = workload.trace_block_size
     for i in range(len(workload)):
@@ -44,7 +44,9 @@ def build_reqs(cfg, workload):
         clipped = init_req_max_new_tokens(cfg, prompt_len, limit)
         req = Req(i, workload.request_ids[i], float(workload.arrival_ms[i]),
                   prompt_tokens(h, prompt_len, block), clipped, eos_at, cfg.ignore_eos)
-        (rejected if clipped < 1 else reqs).append(req)
+        reqs.append(req)
+        if clipped < 1:
+            rejected.add(i)
     return reqs, rejected
 
 
@@ -75,10 +77,10 @@ class SGLangReplay:
     """One simulation run of an SGLang worker; `run()` returns its SimulationResult."""
 
     def __init__(self, config, workload, progress=None):
-        if workload.sessions is not None or workload.concurrency is not None:
-            raise InputError("workload: sessions and closed loops (concurrency) are not "
-                             "supported with engine.backend: sglang yet; replay a trace or an "
-                             "open-loop synthetic workload")
+        if workload.sessions is not None:
+            raise InputError("workload: sessions and agent graphs are not supported with "
+                             "engine.backend: sglang yet; replay a trace or a synthetic "
+                             "workload, open or closed loop (concurrency)")
         if config.output.telemetry_interval_ms is not None:
             raise InputError("output.telemetry_interval_ms: telemetry is not supported with "
                              "engine.backend: sglang yet; the pass log (--pass-log) has the "
@@ -92,21 +94,43 @@ class SGLangReplay:
         w = self.workload
         reqs, rejected = build_reqs(cfg, w)
         log = self.config.output.pass_log
-        scheduler = Scheduler(cfg, reqs, PassCost(self.config.engine), log=True)
+        concurrency = w.concurrency
+        if concurrency is None:
+            scheduler = Scheduler(cfg, [r for r in reqs if r.index not in rejected],
+                                  PassCost(self.config.engine), log=log)
+        else:
+            pending = iter(reqs)
+            scheduler = Scheduler(cfg, [], PassCost(self.config.engine), log=log)
+            scheduler.reqs = self._closed_loop_release(pending, rejected, concurrency, 0.0)
+            scheduler.release_on_finish = (
+                lambda finished: self._closed_loop_release(pending, rejected, 1, finished.finish_ms))
         scheduler.run()
-        n = len(w)
-        status = np.full(n, STATUS_UNFINISHED, dtype=np.int8)
-        for req in rejected:
-            status[req.index] = STATUS_REJECTED
+        status = np.full(len(w), STATUS_UNFINISHED, dtype=np.int8)
         for req in reqs:
-            if req.finished:
+            if req.index in rejected:
+                status[req.index] = STATUS_REJECTED
+            elif req.finished:
                 status[req.index] = STATUS_FINISHED
         if self.progress is not None:
             self.progress(scheduler.clock, int((status != STATUS_UNFINISHED).sum()))
-        every = sorted(reqs + rejected, key=lambda r: r.index)
-        return SimulationResult(records=self._records(every, status),
+        return SimulationResult(records=self._records(reqs, status),
                                 stats=self._stats(scheduler, reqs),
                                 pass_log=scheduler.passes if log else None)
+
+    @staticmethod
+    def _closed_loop_release(pending, rejected, count: int, at_ms: float) -> list:
+        """Closed loop (`workload.concurrency`): the next `count` requests, each
+        arriving at `at_ms`; one rejected at arrival leaves at once and
+        releases the next in its place."""
+        out = []
+        while len(out) < count:
+            req = next(pending, None)
+            if req is None:
+                break
+            req.arrival_ms = at_ms
+            if req.index not in rejected:
+                out.append(req)
+        return out
 
     def _records(self, reqs, status) -> RequestRecords:
         w = self.workload
@@ -124,7 +148,7 @@ class SGLangReplay:
         token_ms = np.array([t for r in reqs for t in r.token_ms], dtype=np.float64)
         retractions = ints(lambda r: r.num_retractions)
         return RequestRecords(
-            ids=list(w.request_ids), arrival_ms=w.arrival_ms.astype(np.float64).copy(),
+            ids=list(w.request_ids), arrival_ms=floats(lambda r: r.arrival_ms),
             first_scheduled_ms=floats(lambda r: r.first_scheduled_ms),
             first_token_ms=floats(lambda r: r.first_token_ms),
             finish_ms=floats(lambda r: r.finish_ms),

@@ -42,6 +42,10 @@ class Scheduler:
         self.num_retractions = 0
         self.clock = 0.0
         self._next_arrival = 0
+        self.iteration = 0
+        self._ready_at = {}  # arrival index -> first iteration it may join (closed loop)
+        # closed loop: finished request -> the requests its finish releases
+        self.release_on_finish = None
         self.num_passes = 0
         self.busy_ms = 0.0
         self.usage_area = 0.0  # KV usage (SGLang's token usage) x pass time, summed
@@ -314,6 +318,8 @@ class Scheduler:
                 if finished is not None:
                     finished.append(req.rid)
                 self.release_kv_cache(req)
+                if self.release_on_finish is not None:
+                    self._release(req, end)
             elif row.kind != "decode":
                 if req.retracted and req.tree_len < len(req.prompt):
                     # a re-prefilled prompt + outputs is cached prompt first: the
@@ -327,10 +333,24 @@ class Scheduler:
     # -- the loops ----------------------------------------------------------------
 
     def _take_arrivals(self):
+        """The top of a loop iteration: requests that have arrived by the clock
+        join the waiting queue, in arrival order; one released by a finish
+        arrives after the decision taken at that instant (it joins from the
+        iteration after the next)."""
+        self.iteration += 1
         reqs = self.reqs
-        while self._next_arrival < len(reqs) and reqs[self._next_arrival].arrival_ms <= self.clock:
+        while (self._next_arrival < len(reqs) and reqs[self._next_arrival].arrival_ms <= self.clock
+               and self._ready_at.get(self._next_arrival, 0) <= self.iteration):
             self.waiting.append(reqs[self._next_arrival])
             self._next_arrival += 1
+
+    def _release(self, finished_req, at_ms: float):
+        """Closed loop: the requests a finish releases (`release_on_finish`)
+        arrive at `at_ms`, after the engine's decision at that instant."""
+        for req in self.release_on_finish(finished_req):
+            req.arrival_ms = at_ms
+            self._ready_at[len(self.reqs)] = self.iteration + 2
+            self.reqs.append(req)
 
     def _fully_idle(self) -> bool:
         return (not self.running and not self.waiting and self.chunked_req is None
