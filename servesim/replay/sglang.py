@@ -7,6 +7,7 @@ import numpy as np
 
 from servesim.engine.pricing import PassPricer, price_pass
 from servesim.errors import InputError
+from servesim.replay.telemetry import Telemetry
 from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
                                       RequestRecords, RunStats, SimulationResult, WorkerStats)
 from servesim.sglang.scheduler import Scheduler
@@ -73,6 +74,67 @@ class PassCost:
                                 prefill_context, 0))
 
 
+class TelemetryWorker:
+    """The SGLang worker as telemetry samples it (servesim/replay/telemetry.py):
+    one worker of one rank, which is also the rank's scheduler, KV pool and
+    prefix-cache counters; `cached_blocks` are the radix tree's pages,
+    `kv_usage` SGLang's token usage, `preemptions` retractions."""
+
+    index = 0
+
+    def __init__(self, scheduler):
+        self.ranks = [_TelemetryRank(scheduler)]
+        self.pool = None  # not a disaggregated pool
+
+
+class _TelemetryRank:
+    index = 0
+
+    def __init__(self, scheduler):
+        self._s = scheduler
+        self.scheduler = self.pool = self.prefix_cache_stats = self
+
+    # the rank's and its scheduler's faces
+    @property
+    def num_passes(self):
+        return self._s.num_passes
+
+    @property
+    def tokens_scheduled(self):
+        return self._s.tokens_scheduled
+
+    @property
+    def num_preemptions(self):
+        return self._s.num_retractions
+
+    @property
+    def queries(self):
+        return self._s.prefix_queries
+
+    @property
+    def hits(self):
+        return self._s.prefix_hits
+
+    @property
+    def num_running(self):
+        return len(self._s.running)
+
+    @property
+    def num_waiting(self):
+        return len(self._s.waiting)
+
+    @property
+    def usage(self):
+        s = self._s
+        return 1.0 - (s.pool.free + s.tree.evictable_size()) / s.pool.size
+
+    def num_cached_blocks(self):
+        return self._s.tree.total_size() // self._s.page_size
+
+    def cpu_tier_blocks(self):
+        return 0
+
+
 class SGLangReplay:
     """One simulation run of an SGLang worker; `run()` returns its SimulationResult."""
 
@@ -81,10 +143,6 @@ class SGLangReplay:
             raise InputError("workload: sessions and agent graphs are not supported with "
                              "engine.backend: sglang yet; replay a trace or a synthetic "
                              "workload, open or closed loop (concurrency)")
-        if config.output.telemetry_interval_ms is not None:
-            raise InputError("output.telemetry_interval_ms: telemetry is not supported with "
-                             "engine.backend: sglang yet; the pass log (--pass-log) has the "
-                             "free, evictable, running and waiting figures of every pass")
         self.config = config
         self.workload = workload
         self.progress = progress
@@ -104,7 +162,14 @@ class SGLangReplay:
             scheduler.reqs = self._closed_loop_release(pending, rejected, concurrency, 0.0)
             scheduler.release_on_finish = (
                 lambda finished: self._closed_loop_release(pending, rejected, 1, finished.finish_ms))
+        telemetry = None
+        interval = self.config.output.telemetry_interval_ms
+        if interval:
+            telemetry = Telemetry(interval, [TelemetryWorker(scheduler)])
+            scheduler.on_advance = telemetry.advance
         scheduler.run()
+        if telemetry is not None:
+            telemetry.finish(scheduler.clock)
         status = np.full(len(w), STATUS_UNFINISHED, dtype=np.int8)
         for req in reqs:
             if req.index in rejected:
@@ -115,7 +180,8 @@ class SGLangReplay:
             self.progress(scheduler.clock, int((status != STATUS_UNFINISHED).sum()))
         return SimulationResult(records=self._records(reqs, status),
                                 stats=self._stats(scheduler, reqs),
-                                pass_log=scheduler.passes if log else None)
+                                pass_log=scheduler.passes if log else None,
+                                telemetry=None if telemetry is None else telemetry.samples)
 
     @staticmethod
     def _closed_loop_release(pending, rejected, count: int, at_ms: float) -> list:

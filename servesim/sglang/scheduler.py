@@ -46,6 +46,8 @@ class Scheduler:
         self._ready_at = {}  # arrival index -> first iteration it may join (closed loop)
         # closed loop: finished request -> the requests its finish releases
         self.release_on_finish = None
+        self.on_advance = None  # telemetry: called with each new clock value
+        self.tokens_scheduled = 0
         self.num_passes = 0
         self.busy_ms = 0.0
         self.usage_area = 0.0  # KV usage (SGLang's token usage) x pass time, summed
@@ -366,6 +368,7 @@ class Scheduler:
         batch.start_ms = start
         batch.end_ms = start + self.pass_cost(batch)
         self.num_passes += 1
+        self.tokens_scheduled += batch.num_tokens
         duration = batch.end_ms - batch.start_ms
         self.busy_ms += duration
         size = self.pool.size
@@ -393,11 +396,18 @@ class Scheduler:
         self.retracted_now = []
         self.tree.evicted_tokens = 0
 
+    def _advance(self, t: float):
+        """The clock moves to `t`; `on_advance(t)` (telemetry) sees the state
+        after every event before it."""
+        if self.on_advance is not None and t > self.clock:
+            self.on_advance(t)
+        self.clock = t
+
     def _jump(self) -> bool:
         """Nothing can run: move the clock to the next arrival (False: none left)."""
         if self._next_arrival >= len(self.reqs):
             return False
-        self.clock = max(self.clock, self.reqs[self._next_arrival].arrival_ms)
+        self._advance(max(self.clock, self.reqs[self._next_arrival].arrival_ms))
         return True
 
     def run(self):
@@ -427,7 +437,7 @@ class Scheduler:
             self.last_batch = batch
             if batch is not None:
                 self._launch(batch, self.clock)
-                self.clock = batch.end_ms
+                self._advance(batch.end_ms)
                 self.process_batch_result(batch)
             else:
                 self.on_idle()
@@ -447,7 +457,7 @@ class Scheduler:
                 gpu_free = batch.end_ms
             self.inflight = batch
             if previous is not None:
-                self.clock = max(self.clock, previous.end_ms)
+                self._advance(max(self.clock, previous.end_ms))
                 self.process_batch_result(previous)
             elif batch is None:
                 self.on_idle()

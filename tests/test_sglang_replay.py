@@ -1,0 +1,50 @@
+"""An SGLang worker's replay (servesim/replay/sglang.py): telemetry samples
+of its state, and what it refuses."""
+
+import json
+from pathlib import Path
+
+import attrs
+import pytest
+
+from servesim.errors import InputError
+from servesim.replay.api import resolve_config, simulate
+from servesim.workload.load import load_workload
+
+CASE = Path(__file__).parent / "golden" / "sglang-0.5.23" / "04-retraction-sync"
+
+
+def _replay(**output):
+    config = resolve_config(str(CASE / "config.yaml"))
+    config = attrs.evolve(config, output=attrs.evolve(config.output, **output))
+    return simulate(config, load_workload(config.workload, 16))
+
+
+def test_telemetry_counters_add_up_to_the_run():
+    """Ticks every 100 ms and a last partial sample at the end: the counters
+    cover each interval, so they sum to the pass log's passes, tokens and
+    the one retraction; KV usage is SGLang's token usage."""
+    result = _replay(telemetry_interval_ms=100.0, pass_log=True)
+    samples, passes = result.telemetry, result.pass_log
+    assert [s["t_ms"] for s in samples[:-1]] == [100.0 * k for k in range(1, len(samples))]
+    assert samples[-1]["t_ms"] == pytest.approx(passes[-1]["end_ms"])
+    assert sum(s["passes"] for s in samples) == len(passes)
+    assert sum(s["tokens_scheduled"] for s in samples) == sum(
+        r["tokens"] for p in passes for r in p["scheduled"])
+    assert sum(s["preemptions"] for s in samples) == 1
+    assert all(0.0 <= s["kv_usage"] <= 1.0 and s["cpu_tier_blocks"] == 0 for s in samples)
+    with open(CASE / "expected" / "requests.jsonl") as f:
+        prompts = sum(json.loads(line)["input_length"] for line in f)
+    assert sum(s["prefix_queries"] for s in samples) >= prompts  # a retraction asks again
+    assert samples[-1]["running"] == samples[-1]["waiting"] == 0
+
+
+def test_sessions_are_refused_with_sglang():
+    from servesim.config.config import config_from_dict
+
+    config = config_from_dict({
+        "workload": {"synthetic": {"sessions": {"count": 2, "turns": 2}}},
+        "engine": {"backend": "sglang", "timing": {"type": "fixed", "prefill_ms": 1,
+                                                     "decode_ms": 1}}})
+    with pytest.raises(InputError, match="sessions and agent graphs are not supported"):
+        simulate(config, load_workload(config.workload, 16))
