@@ -19,7 +19,7 @@ def prompt_tokens(hash_ids, input_length: int, block: int) -> list:
     prompts share exactly the tokens their hash ids make equal."""
     offsets = np.arange(input_length, dtype=np.int64)
     ids = np.asarray(hash_ids, dtype=np.int64)[offsets // block]
-    return (ids * block + offsets % block).tolist()
+    return ids * block + offsets % block
 
 
 def init_req_max_new_tokens(cfg, prompt_len: int, limit: int) -> int:

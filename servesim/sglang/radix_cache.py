@@ -9,10 +9,15 @@ its prefix (`inc_lock_ref`); `evictable_size` counts the tree's tokens on no
 locked path; `evict` removes the oldest unlocked leaves, whole nodes.
 
 Only counts of slots are kept, not slot indices: the allocator is a count of
-free slots (`TokenPool`).
+free slots (`TokenPool`). Keys are int64 arrays (a node's key a view of its
+own copy), compared with numpy.
 """
 
 import heapq
+
+import numpy as np
+
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class TreeNode:
@@ -57,7 +62,7 @@ class RadixCache:
         self.disable = disable
         self.clock = 0
         self.next_id = 1
-        self.root = TreeNode((), None, 0, 0)
+        self.root = TreeNode(_EMPTY, None, 0, 0)
         self.root.lock_ref = 1
         self.evictable = 0
         self.protected = 0
@@ -70,21 +75,13 @@ class RadixCache:
         return self.clock
 
     def _child_key(self, key):
-        return key[0] if self.page_size == 1 else tuple(key[:self.page_size])
+        return int(key[0]) if self.page_size == 1 else key[:self.page_size].tobytes()
 
     def _key_match(self, a, b) -> int:
-        """Common prefix of tuples a and b in whole pages (compared a stretch
-        at a time, then token by token in the stretch that differs)."""
+        """Common prefix of key arrays a and b, in whole pages."""
         n = min(len(a), len(b))
-        i = 0
-        step = 256
-        while i < n:
-            j = min(n, i + step)
-            if a[i:j] != b[i:j]:
-                while a[i] == b[i]:
-                    i += 1
-                break
-            i = j
+        differ = np.flatnonzero(a[:n] != b[:n])
+        i = int(differ[0]) if len(differ) else n
         return i - i % self.page_size
 
     def _split_node(self, child: TreeNode, split_len: int, stamp: int) -> TreeNode:
@@ -113,7 +110,7 @@ class RadixCache:
 
     # -- match / insert ----------------------------------------------------------
 
-    def _walk(self, key: tuple):
+    def _walk(self, key):
         """Walk `key` down from the root, stamping each node passed with one
         fresh clock value; a node the key leaves inside is split there
         (`_match_prefix_helper`, `_insert_helper`). Returns `(tokens matched,
@@ -142,7 +139,7 @@ class RadixCache:
         `(length, last node)` (`match_prefix`)."""
         if self.disable:
             return 0, self.root
-        return self._walk(tuple(key[:len(key) - len(key) % self.page_size]))
+        return self._walk(np.asarray(key, dtype=np.int64)[:len(key) - len(key) % self.page_size])
 
     def insert(self, key) -> int:
         """Insert `key` (whole pages); returns how many of its leading tokens
@@ -151,10 +148,10 @@ class RadixCache:
         if self.disable:
             return 0
         assert len(key) % self.page_size == 0
-        key = tuple(key)
+        key = np.asarray(key, dtype=np.int64)
         matched, node = self._walk(key)
         if matched < len(key):
-            rest = key[matched:]
+            rest = key[matched:].copy()
             leaf = TreeNode(rest, node, self.clock, self.next_id)
             self.next_id += 1
             node.children[self._child_key(rest)] = leaf

@@ -1,5 +1,7 @@
 """A request as SGLang's scheduler sees it (`schedule_batch.Req`)."""
 
+import numpy as np
+
 FINISH_LENGTH = "length"
 FINISH_EOS = "eos"
 
@@ -24,7 +26,7 @@ class Req:
         self.index = index
         self.rid = rid
         self.arrival_ms = arrival_ms
-        self.prompt = prompt  # list of token ids
+        self.prompt = np.asarray(prompt, dtype=np.int64)  # token ids
         self.max_new_tokens = max_new_tokens
         self.eos_at = eos_at
         self.ignore_eos = ignore_eos
@@ -53,7 +55,10 @@ class Req:
 
     @property
     def fill(self):
-        return self.prompt + self.outputs
+        """Prompt and generated tokens, an int64 array."""
+        if not self.outputs:
+            return self.prompt
+        return np.concatenate((self.prompt, np.array(self.outputs, dtype=np.int64)))
 
     @property
     def fill_len(self) -> int:
