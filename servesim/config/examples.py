@@ -184,6 +184,28 @@ cluster:
     bandwidth_gbps: 50        # GB/s (a 400 Gb/s NIC)
     latency_ms: 0.05
 """,
+    "sglang": """\
+# The first 1,000 requests of Mooncake's conversation trace on one SGLang 0.5.23
+# worker (docs/sglang.md): SGLang's server arguments, its radix cache in 64-token
+# pages, a pool as large as the mooncake example's, Dynamo's polynomial pass times.
+""" + _MOONCAKE_WORKLOAD + """\
+engine:
+  backend: sglang
+  max_total_tokens: 1048576   # KV pool in tokens, a multiple of page_size
+  page_size: 64
+  chunked_prefill_size: 8192  # -1: chunked prefill off
+  max_prefill_tokens: 16384
+  max_running_requests: 256
+  schedule_policy: lpm        # fcfs | lpm
+  schedule_conservativeness: 1.0
+  disable_radix_cache: false
+  disable_overlap_schedule: false
+  enable_mixed_chunk: false
+  context_length: 131072
+  ignore_eos: true
+  timing:
+    type: polynomial          # fixed | linear | polynomial | fitted
+""",
 }
 
 
