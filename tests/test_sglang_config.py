@@ -94,7 +94,7 @@ def test_bad_sglang_values_name_their_key(engine, key):
 
 
 @pytest.mark.parametrize("cluster, key", [
-    ({"workers": 2}, "cluster.workers"),
+    ({"workers": 2, "router": "kv_router"}, "cluster.router"),
     ({"data_parallel_size": 2}, "cluster.data_parallel_size"),
 ])
 def test_what_sglang_mode_does_not_simulate_is_refused(cluster, key):

@@ -48,3 +48,33 @@ def test_sessions_are_refused_with_sglang():
                                                      "decode_ms": 1}}})
     with pytest.raises(InputError, match="sessions and agent graphs are not supported"):
         simulate(config, load_workload(config.workload, 16))
+
+
+@pytest.mark.parametrize("router, worker, start", [("round_robin", 0, 5.9),
+                                                   ("least_loaded", 1, 5.0)])
+def test_workers_are_routed_on_one_clock(router, worker, start):
+    """Two workers, no overlap, passes of 1 + 0.1 ms a token: r0 (16 tokens,
+    20 outputs) goes to worker 0 and decodes there (0-2.6 ms, then 1.1 ms
+    passes), r1 (1 output) to worker 1, done at 2.6 ms. r2 arrives at 5 ms:
+    round robin sends it to worker 0, which takes it at its next decision,
+    5.9 ms; least_loaded to idle worker 1, at once. Each pass names its worker."""
+    from servesim.config.config import config_from_dict
+    from tests.helpers import workload_of
+
+    config = config_from_dict({
+        "workload": {"synthetic": {"requests": 1}, "trace_block_size": 16},
+        "engine": {"backend": "sglang", "max_total_tokens": 1024, "chunked_prefill_size": 64,
+                   "disable_overlap_schedule": True,
+                   "timing": {"type": "linear", "base_ms": 1.0, "per_token_ms": 0.1}},
+        "cluster": {"workers": 2, "router": router},
+        "output": {"pass_log": True}}, source="test")
+    result = simulate(config, workload_of([0.0, 0.0, 5.0], [16, 16, 16], [20, 1, 1],
+                                          [[1], [2], [3]]))
+    rec = result.records
+    assert list(rec.worker) == [0, 1, worker]
+    assert rec.first_scheduled_ms[2] == pytest.approx(start)
+    log = result.pass_log
+    assert [(p["worker"], p["pass"]) for p in log[:2]] == [(0, 0), (1, 0)]
+    r2 = [p for p in log if any(r["id"] == "r2" for r in p["scheduled"])]
+    assert len(r2) == 1 and r2[0]["worker"] == worker and r2[0]["start_ms"] == pytest.approx(start)
+    assert [w.requests for w in result.stats.workers] == [2 - worker, 1 + worker]

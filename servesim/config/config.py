@@ -61,8 +61,8 @@ from servesim.config.validation import (
     tagged_section,
 )
 from servesim.config.router_config import parse_router
-from servesim.config.sglang_config import (BACKENDS, check_backend_keys, parse_sglang_engine,
-                                           sglang_engine_to_data)
+from servesim.config.sglang_config import (BACKENDS, SGLANG_ROUTERS, check_backend_keys,
+                                           parse_sglang_engine, sglang_engine_to_data)
 from servesim.config.router_config import to_data as router_to_data
 from servesim.config.speculative_config import parse_speculative
 from servesim.config.speculative_config import to_data as speculative_to_data
@@ -299,15 +299,16 @@ def _build(ctx: Ctx, data: dict) -> Config:
 
 
 def _check_sglang_cluster(ctx: Ctx, cluster: ClusterConfig):
-    """`backend: sglang` runs one aggregated worker of one rank (docs/sglang.md)."""
+    """`backend: sglang` runs aggregated workers of one rank, routed round
+    robin or to the least loaded (docs/sglang.md, "Workers")."""
     if cluster.disaggregated:
         ctx.fail("cluster.mode", "disaggregated is not supported with engine.backend: sglang")
-    if cluster.workers != 1:
-        ctx.fail("cluster.workers", f"must be 1 with engine.backend: sglang (one SGLang "
-                 f"worker is simulated), got {cluster.workers}")
     if cluster.data_parallel_size != 1:
         ctx.fail("cluster.data_parallel_size", "must be 1 with engine.backend: sglang (DP "
                  f"attention is not supported), got {cluster.data_parallel_size}")
+    if cluster.router.policy not in SGLANG_ROUTERS:
+        ctx.fail("cluster.router", f"{cluster.router.policy} is not supported with "
+                 f"engine.backend: sglang (accepted: {', '.join(SGLANG_ROUTERS)})")
 
 
 def _workload(ctx: Ctx, data, engine: EngineConfig) -> WorkloadConfig:

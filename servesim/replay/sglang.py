@@ -10,6 +10,7 @@ from servesim.errors import InputError
 from servesim.replay.telemetry import Telemetry
 from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
                                       RequestRecords, RunStats, SimulationResult, WorkerStats)
+from servesim.sglang.cluster import Cluster
 from servesim.sglang.scheduler import Scheduler
 from servesim.sglang.req import Req
 
@@ -80,9 +81,8 @@ class TelemetryWorker:
     prefix-cache counters; `cached_blocks` are the radix tree's pages,
     `kv_usage` SGLang's token usage, `preemptions` retractions."""
 
-    index = 0
-
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, index: int = 0):
+        self.index = index
         self.ranks = [_TelemetryRank(scheduler)]
         self.pool = None  # not a disaggregated pool
 
@@ -148,28 +148,42 @@ class SGLangReplay:
         self.progress = progress
 
     def run(self) -> SimulationResult:
-        cfg = self.config.engine.sglang
+        config = self.config
+        cfg = config.engine.sglang
         w = self.workload
         reqs, rejected = build_reqs(cfg, w)
-        log = self.config.output.pass_log
-        concurrency = w.concurrency
-        if concurrency is None:
-            scheduler = Scheduler(cfg, [r for r in reqs if r.index not in rejected],
-                                  PassCost(self.config.engine), log=log)
+        log = config.output.pass_log
+        passes = []  # every worker's, in launch order
+        workers = []
+        for k in range(config.cluster.workers):
+            worker = Scheduler(cfg, [], PassCost(config.engine), log=log)
+            worker.passes = passes
+            if config.cluster.workers > 1:
+                worker.worker_index = k  # named in each pass of the log
+            workers.append(worker)
+        telemetry = None
+        interval = config.output.telemetry_interval_ms
+        if interval:
+            telemetry = Telemetry(interval, [TelemetryWorker(worker, k)
+                                             for k, worker in enumerate(workers)])
+        cluster = Cluster(workers, config.cluster.router.policy,
+                          None if telemetry is None else telemetry.advance)
+        if w.concurrency is None:
+            cluster.arrivals = reqs
         else:
             pending = iter(reqs)
-            scheduler = Scheduler(cfg, [], PassCost(self.config.engine), log=log)
-            scheduler.reqs = self._closed_loop_release(pending, rejected, concurrency, 0.0)
-            scheduler.release_on_finish = (
-                lambda finished: self._closed_loop_release(pending, rejected, 1, finished.finish_ms))
-        telemetry = None
-        interval = self.config.output.telemetry_interval_ms
-        if interval:
-            telemetry = Telemetry(interval, [TelemetryWorker(scheduler)])
-            scheduler.on_advance = telemetry.advance
-        scheduler.run()
+            cluster.arrivals = self._closed_loop_release(pending, w.concurrency, 0.0)
+
+            def release(worker, finished, at_ms):
+                for req in self._closed_loop_release(pending, 1, at_ms):
+                    cluster.add(req, at_ms, releasing=worker)
+
+            for worker in workers:
+                worker.release_on_finish = release
+        cluster.run()
+        end = cluster.clock
         if telemetry is not None:
-            telemetry.finish(scheduler.clock)
+            telemetry.finish(end)
         status = np.full(len(w), STATUS_UNFINISHED, dtype=np.int8)
         for req in reqs:
             if req.index in rejected:
@@ -177,25 +191,26 @@ class SGLangReplay:
             elif req.finished:
                 status[req.index] = STATUS_FINISHED
         if self.progress is not None:
-            self.progress(scheduler.clock, int((status != STATUS_UNFINISHED).sum()))
+            self.progress(end, int((status != STATUS_UNFINISHED).sum()))
         return SimulationResult(records=self._records(reqs, status),
-                                stats=self._stats(scheduler, reqs),
-                                pass_log=scheduler.passes if log else None,
+                                stats=self._stats(workers, reqs, end),
+                                pass_log=passes if log else None,
                                 telemetry=None if telemetry is None else telemetry.samples)
 
     @staticmethod
-    def _closed_loop_release(pending, rejected, count: int, at_ms: float) -> list:
-        """Closed loop (`workload.concurrency`): the next `count` requests, each
-        arriving at `at_ms`; one rejected at arrival leaves at once and
-        releases the next in its place."""
+    def _closed_loop_release(pending, count: int, at_ms: float) -> list:
+        """Closed loop (`workload.concurrency`): the next requests arriving at
+        `at_ms`, up to `count` that are not rejected (one rejected at arrival
+        leaves at once and releases the next in its place)."""
         out = []
-        while len(out) < count:
+        admitted = 0
+        while admitted < count:
             req = next(pending, None)
             if req is None:
                 break
             req.arrival_ms = at_ms
-            if req.index not in rejected:
-                out.append(req)
+            out.append(req)
+            admitted += req.max_new_tokens >= 1
         return out
 
     def _records(self, reqs, status) -> RequestRecords:
@@ -223,7 +238,7 @@ class SGLangReplay:
             first_admission_cached_tokens=ints(lambda r: max(r.first_cached, 0)),
             cpu_tier_cached_tokens=np.zeros(n, dtype=np.int64),
             recomputed_tokens=ints(lambda r: r.recomputed_tokens),
-            worker=np.zeros(n, dtype=np.int64), dp_rank=np.zeros(n, dtype=np.int64),
+            worker=ints(lambda r: r.worker), dp_rank=np.zeros(n, dtype=np.int64),
             status=status,
             first_token_pass=ints(lambda r: r.first_token_pass),
             finish_pass=ints(lambda r: r.finish_pass),
@@ -232,19 +247,21 @@ class SGLangReplay:
             finish_reason=[r.finish_reason for r in reqs],
         )
 
-    def _stats(self, scheduler, reqs) -> RunStats:
+    def _stats(self, workers, reqs, end: float) -> RunStats:
         stats = RunStats()
-        stats.passes = scheduler.num_passes
-        stats.preemptions = scheduler.num_retractions
-        stats.prefix_cache_queries = scheduler.prefix_queries
-        stats.prefix_cache_hits = scheduler.prefix_hits
-        end = scheduler.clock
-        mean = scheduler.usage_area / end if end > 0 else 0.0
-        stats.kv_usage_mean = mean
-        stats.kv_usage_max = scheduler.usage_max
-        stats.workers.append(WorkerStats(worker=0, requests=len(self.workload), passes=stats.passes,
-                                         busy_ms=scheduler.busy_ms, kv_usage_mean=mean,
-                                         kv_usage_max=scheduler.usage_max))
+        means = []
+        for k, worker in enumerate(workers):
+            mean = worker.usage_area / end if end > 0 else 0.0
+            means.append(mean)
+            stats.passes += worker.num_passes
+            stats.preemptions += worker.num_retractions
+            stats.prefix_cache_queries += worker.prefix_queries
+            stats.prefix_cache_hits += worker.prefix_hits
+            stats.workers.append(WorkerStats(
+                worker=k, requests=sum(1 for r in reqs if r.worker == k), passes=worker.num_passes,
+                busy_ms=worker.busy_ms, kv_usage_mean=mean, kv_usage_max=worker.usage_max))
+        stats.kv_usage_mean = sum(means) / len(means)
+        stats.kv_usage_max = max(worker.usage_max for worker in workers)
         return stats
 
 

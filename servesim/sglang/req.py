@@ -20,7 +20,7 @@ class Req:
                  "finished", "finish_reason", "epoch", "num_retractions", "cached_tokens",
                  "first_cached", "first_scheduled_pass", "first_token_pass", "finish_pass",
                  "first_token_ms", "finish_ms", "token_ms", "prefix", "retracted",
-                 "first_scheduled_ms", "recomputed_tokens")
+                 "first_scheduled_ms", "recomputed_tokens", "worker")
 
     def __init__(self, index, rid, arrival_ms, prompt, max_new_tokens, eos_at, ignore_eos):
         self.index = index
@@ -52,6 +52,7 @@ class Req:
         self.finish_ms = float("nan")
         self.token_ms = []
         self.recomputed_tokens = 0  # extend tokens computed again after retractions
+        self.worker = -1  # the worker it was routed to
 
     @property
     def fill(self):

@@ -4,6 +4,8 @@ retraction, the processing of a pass's result, and the two event loops
 (`event_loop_normal`, `event_loop_overlap`) on the simulated clock.
 """
 
+import math
+
 from servesim.sglang.batch import DECODE, EXTEND, MIXED, Batch, Row
 from servesim.sglang.config import RETRACT_DECODE_STEPS
 from servesim.sglang.new_token_ratio import NewTokenRatioTracker
@@ -44,11 +46,13 @@ class Scheduler:
         self._next_arrival = 0
         self.iteration = 0
         self._ready_at = {}  # arrival index -> first iteration it may join (closed loop)
-        # closed loop: finished request -> the requests its finish releases
+        # closed loop: (this scheduler, finished request, instant) -> None; it
+        # hands the requests the finish releases to a worker's `add_request`
         self.release_on_finish = None
-        self.on_advance = None  # telemetry: called with each new clock value
+        self.worker_index = None  # several workers: each pass names its worker
         self.tokens_scheduled = 0
         self.num_passes = 0
+        self.num_finished = 0
         self.busy_ms = 0.0
         self.usage_area = 0.0  # KV usage (SGLang's token usage) x pass time, summed
         self.usage_max = 0.0
@@ -317,11 +321,12 @@ class Scheduler:
             if req.check_finished():
                 req.finish_pass = batch.index
                 req.finish_ms = end
+                self.num_finished += 1
                 if finished is not None:
                     finished.append(req.rid)
                 self.release_kv_cache(req)
                 if self.release_on_finish is not None:
-                    self._release(req, end)
+                    self.release_on_finish(self, req, end)
             elif row.kind != "decode":
                 if req.retracted and req.tree_len < len(req.prompt):
                     # a re-prefilled prompt + outputs is cached prompt first: the
@@ -337,8 +342,7 @@ class Scheduler:
     def _take_arrivals(self):
         """The top of a loop iteration: requests that have arrived by the clock
         join the waiting queue, in arrival order; one released by a finish
-        arrives after the decision taken at that instant (it joins from the
-        iteration after the next)."""
+        arrives after the decision taken at that instant (`add_request`)."""
         self.iteration += 1
         reqs = self.reqs
         while (self._next_arrival < len(reqs) and reqs[self._next_arrival].arrival_ms <= self.clock
@@ -346,13 +350,24 @@ class Scheduler:
             self.waiting.append(reqs[self._next_arrival])
             self._next_arrival += 1
 
-    def _release(self, finished_req, at_ms: float):
-        """Closed loop: the requests a finish releases (`release_on_finish`)
-        arrive at `at_ms`, after the engine's decision at that instant."""
-        for req in self.release_on_finish(finished_req):
-            req.arrival_ms = at_ms
-            self._ready_at[len(self.reqs)] = self.iteration + 2
-            self.reqs.append(req)
+    def add_request(self, req, at_ms: float, ready_iteration: int = 0):
+        """`req` arrives at `at_ms`; it joins no iteration before
+        `ready_iteration` (a closed loop's release comes after the decision
+        taken at its instant)."""
+        req.arrival_ms = at_ms
+        if ready_iteration:
+            self._ready_at[len(self.reqs)] = ready_iteration
+        self.reqs.append(req)
+
+    @property
+    def used_tokens(self) -> int:
+        """KV slots neither free nor evictable (SGLang's token usage x size)."""
+        return self.pool.size - self.pool.free - self.tree.evictable_size()
+
+    @property
+    def load(self) -> int:
+        """Requests routed to this worker that have not finished."""
+        return len(self.reqs) - self.num_finished
 
     def _fully_idle(self) -> bool:
         return (not self.running and not self.waiting and self.chunked_req is None
@@ -381,8 +396,11 @@ class Scheduler:
                 req.first_scheduled_pass = batch.index
                 req.first_scheduled_ms = self.clock
         if self.log:
-            batch.record = {
-                "pass": batch.index, "start_ms": batch.start_ms, "end_ms": batch.end_ms,
+            batch.record = {"pass": batch.index}
+            if self.worker_index is not None:
+                batch.record["worker"] = self.worker_index
+            batch.record.update({
+                "start_ms": batch.start_ms, "end_ms": batch.end_ms,
                 "mode": batch.mode, "scheduled": [row.to_dict() for row in batch.rows],
                 "retracted": sorted(r.rid for r in self.retracted_now), "finished": [],
                 "evicted_tokens": self.tree.evicted_tokens,
@@ -391,43 +409,53 @@ class Scheduler:
                 "running_after_schedule": len(self.running),
                 "waiting_after_schedule": len(self.waiting),
                 "new_token_ratio": self.ratio.value,
-            }
+            })
             self.passes.append(batch.record)
         self.retracted_now = []
         self.tree.evicted_tokens = 0
 
-    def _advance(self, t: float):
-        """The clock moves to `t`; `on_advance(t)` (telemetry) sees the state
-        after every event before it."""
-        if self.on_advance is not None and t > self.clock:
-            self.on_advance(t)
-        self.clock = t
+    def _wait(self, t: float):
+        """Move the clock to `t`, yielding `t` first when it is later: the
+        replay resumes this worker once every earlier event of every worker
+        (and every arrival up to `t`) has happened."""
+        if t > self.clock:
+            yield t
+        self.clock = max(self.clock, t)
 
-    def _jump(self) -> bool:
-        """Nothing can run: move the clock to the next arrival (False: none left)."""
+    def _jump(self):
+        """Nothing can run: wait for the next arrival, yielding `inf` while
+        none is routed here yet. Returns False when the replay stops it."""
         if self._next_arrival >= len(self.reqs):
-            return False
-        self._advance(max(self.clock, self.reqs[self._next_arrival].arrival_ms))
+            yield math.inf
+            if self._next_arrival >= len(self.reqs):
+                return False
+        yield from self._wait(self.reqs[self._next_arrival].arrival_ms)
         return True
 
-    def run(self):
-        if self.overlap:
-            self.event_loop_overlap()
-        else:
-            self.event_loop_normal()
-
-    def _after_iteration(self, launched: bool) -> bool:
+    def _after_iteration(self, launched: bool):
         """End of a loop iteration: with nothing waiting, running (finished
         requests not yet filtered out count), chunked, in flight or in an
-        extend batch not merged yet, or when
-        nothing could run, the clock jumps to the next arrival (False: no
-        arrival is left, the run is over)."""
+        extend batch not merged yet, or when nothing could run, the clock
+        jumps to the next arrival."""
         idle = (not self.running and not self.waiting and self.chunked_req is None
                 and self.inflight is None
                 and (self.last_batch is None or not self.last_batch.is_extend))
         if idle or not launched:
-            return self._jump()
+            return (yield from self._jump())
         return True
+
+    def events(self):
+        """The event loop as a generator of the instants this worker waits
+        for (`inf`: an arrival routed here)."""
+        if self.overlap:
+            return self.event_loop_overlap()
+        return self.event_loop_normal()
+
+    def run(self):
+        """Replay `reqs` on this worker alone."""
+        for t in self.events():
+            if t == math.inf:
+                return
 
     def event_loop_normal(self):
         """Schedule, run, process the result; pass k+1 is scheduled at end(k)."""
@@ -437,11 +465,11 @@ class Scheduler:
             self.last_batch = batch
             if batch is not None:
                 self._launch(batch, self.clock)
-                self._advance(batch.end_ms)
+                yield from self._wait(batch.end_ms)
                 self.process_batch_result(batch)
             else:
                 self.on_idle()
-            if not self._after_iteration(batch is not None):
+            if not (yield from self._after_iteration(batch is not None)):
                 return
 
     def event_loop_overlap(self):
@@ -457,10 +485,10 @@ class Scheduler:
                 gpu_free = batch.end_ms
             self.inflight = batch
             if previous is not None:
-                self._advance(max(self.clock, previous.end_ms))
+                yield from self._wait(previous.end_ms)
                 self.process_batch_result(previous)
             elif batch is None:
                 self.on_idle()
             self.last_batch = batch
-            if not self._after_iteration(batch is not None or previous is not None):
+            if not (yield from self._after_iteration(batch is not None or previous is not None)):
                 return
