@@ -96,3 +96,24 @@ def test_slots_are_conserved_and_every_request_finishes(case):
     for r in reqs:
         limit = r.eos_at if (r.eos_at and not r.ignore_eos) else r.max_new_tokens
         assert len(r.outputs) == limit
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(cases(), st.integers(2, 3), st.sampled_from(["round_robin", "least_loaded"]))
+def test_workers_on_one_clock_conserve_and_finish(case, num_workers, router):
+    """The same invariants on every worker of a cluster; no request is
+    scheduled before it arrives, and its worker's passes never go back in time."""
+    from servesim.sglang.cluster import Cluster
+
+    cfg, reqs = case
+    workers = [CheckedScheduler(cfg, [], lambda b: 1.0 + 0.01 * b.num_tokens)
+               for _ in range(num_workers)]
+    cluster = Cluster(workers, router)
+    cluster.arrivals = reqs
+    cluster.run()
+    assert all(r.finished for r in reqs)
+    assert all(r.first_scheduled_ms >= r.arrival_ms for r in reqs)
+    for w in workers:
+        starts = [p["start_ms"] for p in w.passes]
+        assert starts == sorted(starts)
+        assert w.pool.free + w.tree.total_size() == cfg.max_total_tokens
