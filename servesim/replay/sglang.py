@@ -88,45 +88,31 @@ class TelemetryWorker:
 
 
 class _TelemetryRank:
+    """The one rank: also its scheduler, its KV pool and its prefix-cache
+    counters, as telemetry reads them (`_FACES`)."""
+
     index = 0
+    _FACES = {
+        "num_passes": lambda s: s.num_passes,
+        "tokens_scheduled": lambda s: s.tokens_scheduled,
+        "num_preemptions": lambda s: s.num_retractions,
+        "queries": lambda s: s.prefix_queries,
+        "hits": lambda s: s.prefix_hits,
+        "num_running": lambda s: len(s.running),
+        "num_waiting": lambda s: len(s.waiting),
+        "usage": lambda s: s.used_tokens / s.pool.size,
+    }
 
     def __init__(self, scheduler):
         self._s = scheduler
         self.scheduler = self.pool = self.prefix_cache_stats = self
 
-    # the rank's and its scheduler's faces
-    @property
-    def num_passes(self):
-        return self._s.num_passes
-
-    @property
-    def tokens_scheduled(self):
-        return self._s.tokens_scheduled
-
-    @property
-    def num_preemptions(self):
-        return self._s.num_retractions
-
-    @property
-    def queries(self):
-        return self._s.prefix_queries
-
-    @property
-    def hits(self):
-        return self._s.prefix_hits
-
-    @property
-    def num_running(self):
-        return len(self._s.running)
-
-    @property
-    def num_waiting(self):
-        return len(self._s.waiting)
-
-    @property
-    def usage(self):
-        s = self._s
-        return 1.0 - (s.pool.free + s.tree.evictable_size()) / s.pool.size
+    def __getattr__(self, name):
+        try:
+            face = self._FACES[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        return face(self._s)
 
     def num_cached_blocks(self):
         return self._s.tree.total_size() // self._s.page_size
