@@ -25,6 +25,7 @@ This module imports nothing heavy: the compile's progress
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 # Modules whose Numba kernels every run compiles (others, such as the async
@@ -35,17 +36,21 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 STALE_DAYS = 14
 _key = None
+_IMPORTS_JIT = re.compile(rb"^[ \t]*(from servesim\.jit import|from servesim import jit\b|import servesim\.jit)",
+                          re.M)
 
 
 def sources_key() -> str:
-    """A digest of every module that holds kernels (imports servesim.jit),
-    path and content: the cache sub-folder of this source state."""
+    """A digest of every module that holds kernels (one that imports
+    servesim.jit, `_IMPORTS_JIT`), path and content: the cache sub-folder of
+    this source state. (This module only names servesim.jit: an edit here
+    recompiles nothing.)"""
     global _key
     if _key is None:
         h = hashlib.sha1()
         for path in sorted(PACKAGE_DIR.rglob("*.py")):
             data = path.read_bytes()
-            if b"servesim.jit" in data or path.name == "jit.py":  # jit.py: the options
+            if _IMPORTS_JIT.search(data) or path.name == "jit.py":  # jit.py: the options
                 h.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0" + data + b"\0")
         _key = h.hexdigest()[:16]
     return _key

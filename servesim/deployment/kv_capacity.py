@@ -10,6 +10,8 @@ the layers). Nothing is profiled here: every term is an estimate from the
 model's shapes and the GPU's spec, and `derive_capacity` says which.
 """
 
+import functools
+
 import attrs
 
 from servesim.deployment.config import DeploymentConfig
@@ -100,7 +102,15 @@ def activation_bytes(model: ModelSpec, dep: DeploymentConfig, max_num_batched_to
 def derive_capacity(model: ModelSpec, gpu: GPUSpec, dep: DeploymentConfig, block_size: int,
                     max_num_batched_tokens: int, max_num_seqs: int,
                     data_parallel_size: int = 1) -> Capacity:
-    """`num_gpu_blocks` per rank, with the terms it came from."""
+    """`num_gpu_blocks` per rank, with the terms it came from; derived once per
+    process for each deployment (the config and the summary both ask)."""
+    return _derive_capacity(model, gpu, attrs.evolve(dep, derived_num_gpu_blocks=False), block_size,
+                            max_num_batched_tokens, max_num_seqs, data_parallel_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _derive_capacity(model, gpu, dep, block_size, max_num_batched_tokens, max_num_seqs,
+                     data_parallel_size) -> Capacity:
     budget = int(dep.gpu_memory_utilization * gpu.hbm_bytes)
     weights = weights_bytes(model, dep, data_parallel_size)
     activations = activation_bytes(model, dep, max_num_batched_tokens, max_num_seqs)

@@ -113,8 +113,20 @@ def config_path(model: str, where: str = "engine.model") -> str:
     return path
 
 
+_LOADED = {}  # (name, path, mtime, size) -> ModelSpec: each config.json read once per process
+
+
 def load_model_spec(model: str, where: str = "engine.model") -> ModelSpec:
+    """The spec of `model` from its config.json, read once per process (again
+    if the file changed); a malformed file is an InputError naming it."""
     path = config_path(model, where)
+    try:
+        stat = os.stat(path)
+        key = (model, path, stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        key = None
+    if key in _LOADED:
+        return _LOADED[key]
     try:
         with open(path, "rb") as f:
             cfg = json.loads(f.read().decode("utf-8"))
@@ -126,7 +138,10 @@ def load_model_spec(model: str, where: str = "engine.model") -> ModelSpec:
         raise InputError(f"{path}: cannot read it ({exc.strerror})") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: not a Hugging Face config (a JSON object), but a {type(cfg).__name__}")
-    return spec_from_hf_config(cfg, model, path)
+    spec = spec_from_hf_config(cfg, model, path)
+    if key is not None:
+        _LOADED[key] = spec
+    return spec
 
 
 def _count(cfg: dict, key: str, path: str, minimum: int = 1):
