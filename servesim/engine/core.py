@@ -31,6 +31,7 @@ import numpy as np
 
 from servesim.engine.config import EngineConfig
 from servesim.engine import worker_state
+from servesim.engine.worker_state import LoopState
 from servesim.engine.pass_loop import add_request
 from servesim.engine.worker import WorkerLoop
 from servesim.engine.events import ARRIVAL, DECIDE, EventLoop, wake_order
@@ -211,24 +212,25 @@ class EngineCore:
         pulls to their senders, the next event past the horizon on the event
         loop; True if the loop must be called again (to settle a decision, or
         after the finishes of a pass end, a grown pass log or room)."""
+        state = LoopState(state)
         c = self.compiled
         loop = self.loop
         observer = self.observer
         loop.seq = int(c.ws[worker_state.W_SEQ])
-        if state == worker_state.FINISHED or state == worker_state.TAKEN_OUT:
+        if state == LoopState.FINISHED or state == LoopState.TAKEN_OUT:
             # what the requests leaving release starts at the event run last
             loop.now = float(c.wt[worker_state.T_NOW])
         n = c.ws[worker_state.W_NFIN]
         if n:
             for i in c.finished[:n].tolist():
                 observer.on_done(i, finished=True)
-        if state == worker_state.HORIZON:
+        if state == LoopState.HORIZON:
             self._push_resume(float(c.wt[worker_state.T_NEXT]), int(c.ws[worker_state.W_NEXT_ORDER]),
                               int(c.ws[worker_state.W_NEXT_SEQ]))
             return False
-        if state == worker_state.IDLE:
+        if state == LoopState.IDLE:
             return False
-        if state == worker_state.TAKEN_OUT:
+        if state == LoopState.TAKEN_OUT:
             n = c.ws[worker_state.W_NPULL]
             if n:  # a decode decision's transfers: their prefill ranks wait for them
                 transfers = self.ranks[0].transfers.transfers
@@ -236,8 +238,8 @@ class EngineCore:
                     transfers.senders[transfers.link_of[i]].scheduled(i)
             for i in c.taken[:c.ws[worker_state.W_NOUT]].tolist():
                 observer.on_done(i, finished=False)
-        elif state == worker_state.LOG_FULL:
+        elif state == LoopState.LOG_FULL:
             self.pass_log.grow(len(self.ranks), c.width)
-        elif state == worker_state.ROOM:
+        elif state == LoopState.ROOM:
             c.regrow()
         return True

@@ -26,6 +26,8 @@ tier or remote KV, and the loop's code for it is chosen by that argument's
 type when it compiles.
 """
 
+import enum
+
 from numba.experimental import structref
 
 from servesim.bundles import BundleType, declare
@@ -36,7 +38,20 @@ from servesim.kvcache.block_pool import kv_usage
 U_AREA, U_MAX, U_VALUE, U_SINCE = range(4)
 C_PASSES, C_TOKENS = range(2)
 
-IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL, ROOM = range(6)
+
+
+class LoopState(enum.IntEnum):
+    """What a compiled loop hands back for (engine/pass_loop.py, "States handed
+    back"); the kernels return the plain ints below, Python reads them as these."""
+    IDLE = 0  # no event pending
+    HORIZON = 1  # the next event's key is not below the horizon
+    FINISHED = 2  # requests finished under `stop_on_finish`
+    TAKEN_OUT = 3  # requests taken out, or a decode decision's transfers
+    LOG_FULL = 4  # the pass log buffer may not hold the next pass
+    ROOM = 5  # a CPU tier's job arrays or the transfer wakes may not hold the next event's
+
+
+IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL, ROOM = (int(s) for s in LoopState)
 # ws (int64 worker state)
 (W_HEAD, W_COUNT, W_DECIDE, W_DSEQ, W_SEQ, W_PHASE, W_PASSES, W_ASYNC, W_STOP,
  W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE, W_NXW,
