@@ -94,7 +94,7 @@ def test_run_report_embeds_every_plot_of_a_run_with_telemetry(config, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["preemptions"] > 0  # the telemetry plot has something to show
     page = parse(out / "report.html")
-    assert set(page.plots) == {"latency-cdf", "throughput", "telemetry", "workers"}
+    assert set(page.plots) == {"latency-cdf", "throughput", "telemetry", "workers", "worker-load"}
     for uri in page.plots.values():
         width, height = png_size(uri)
         assert width > 500 and height > 200

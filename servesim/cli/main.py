@@ -157,6 +157,22 @@ def _session_lines(sessions) -> list:
     ]
 
 
+def _load_lines(workers: list) -> list:
+    """With telemetry and several workers, a row per worker of its load over
+    time (summary.json `workers[*].load`): running and waiting requests and
+    KV usage, each as its time-weighted mean / p90."""
+    if len(workers) < 2 or not all("load" in w for w in workers):
+        return []
+    lines = [f"{'worker load':<16}{'running mean/p90':<20}{'waiting mean/p90':<20}KV usage mean/p90"]
+    for w in workers:
+        load = w["load"]
+        name = str(w["worker"]) if "pool" not in w else f"{w['pool']} {w['worker']}"
+        cells = [f"{load[q]['mean']:.2f} / {load[q]['p90']:g}" for q in ("running", "waiting")]
+        kv = load["kv_usage"]
+        lines.append(f"  {name:<14}{cells[0]:<20}{cells[1]:<20}{_pct(kv['mean'])} / {_pct(kv['p90'])}")
+    return lines
+
+
 def format_table(summary: dict, out_dir) -> str:
     """The human summary of a run printed by `servesim run`."""
     s = summary
@@ -184,6 +200,7 @@ def format_table(summary: dict, out_dir) -> str:
     lines += _speculative_lines(s.get("speculative"))
     lines += _session_lines(s.get("sessions"))
     lines += _routing_lines(s["workers"])
+    lines += _load_lines(s["workers"])
     if "pools" in s:  # disaggregated prefill/decode
         for name, pool in s["pools"].items():
             lines.append(f"{name + ' pool':<16}{pool['workers']} worker(s), {pool['passes']} passes, "

@@ -18,6 +18,7 @@ from servesim.results.records import (
     STATUS_UNFINISHED,
     SimulationResult,
 )
+from servesim.results.worker_load import with_load
 
 from servesim.results.stats import (_percentile_ranks, _quantile_ranks, _rate, _round,
                                     _sorted_stats, latency_stats, quantiles_of_sorted)
@@ -183,7 +184,8 @@ def summarize(result: SimulationResult, config_dict: dict, wall_time_s: float) -
         "passes": passes,
         "wall_time_s": _round(wall_time_s),
         "passes_per_s": _round(passes / wall_time_s) if wall_time_s > 0 else 0.0,
-        "workers": _with_routing([_worker_dict(w) for w in stats.workers], rec),
+        "workers": with_load(_with_routing([_worker_dict(w) for w in stats.workers], rec),
+                             result.telemetry),
         "config": config_dict,
     }
     if stats.spec_positions is not None:

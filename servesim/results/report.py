@@ -7,7 +7,8 @@ CSS, plots embedded as base64 PNG data URIs, no scripts, no external assets):
   TPOT and E2E latency (requests.jsonl); arrivals, completions and output
   tokens per second over simulated time; with telemetry.jsonl, KV usage,
   running / waiting requests and preemptions over time; with several workers,
-  each worker's requests and busy time (summary.json `workers`);
+  each worker's requests and busy time (summary.json `workers`) and, with
+  telemetry.jsonl, a panel per worker of its queues and KV usage over time;
 - for a sweep's folder (sweep.csv): TTFT p90, TPOT p90, request rate and
   preemptions against each swept key, one line per combination of the other
   keys' values, and the sweep's table.
@@ -236,11 +237,18 @@ def _workers_html(s: dict) -> str:
     rows = []
     for w in s.get("workers", []):
         busy = w["busy_ms"] / duration if duration > 0 else None
+        load = w.get("load")
         rows.append([_worker_label(w), _fmt(w["requests"]), _pct(w.get("request_share")),
                      _pct(w.get("prefix_cache_hit_rate")), _fmt(w["passes"]),
-                     _fmt(w["busy_ms"] / 1000.0), _pct(busy), _pct(w["kv_usage_mean"])])
+                     _fmt(w["busy_ms"] / 1000.0), _pct(busy), _pct(w["kv_usage_mean"])]
+                    + ([] if load is None else [
+                        f"{_fmt(load['running']['mean'])} / {_fmt(load['running']['p90'])}",
+                        f"{_fmt(load['waiting']['mean'])} / {_fmt(load['waiting']['p90'])}",
+                        _pct(load["kv_usage"]["p90"])]))
+    load_columns = ["running mean / p90", "waiting mean / p90", "KV usage p90"]
+    with_load = any("load" in w for w in s.get("workers", []))
     return _table(["worker", "requests", "share", "prefix hit rate", "passes", "busy (s)", "busy",
-                   "KV usage mean"], rows)
+                   "KV usage mean"] + (load_columns if with_load else []), rows)
 
 
 def _pools_html(s: dict) -> str:
@@ -419,6 +427,46 @@ def _telemetry_plot(plots: _Plots, samples: list) -> str:
     return plots.figure(draw, height=6.0)
 
 
+def _worker_load_plot(plots: _Plots, samples: list, labels: dict) -> str:
+    """One panel per worker, all on the same scales so an imbalance shows:
+    its running and waiting requests (its ranks summed) and its KV usage
+    (their mean) at each telemetry sample (results/worker_load.py)."""
+    from servesim.results.worker_load import worker_series
+
+    series = worker_series(samples)
+    keys = sorted(series, key=lambda k: (k[0] or "", k[1]))
+    cols = min(4, len(keys))
+    rows = -(-len(keys) // cols)
+    top = max(max(float(v["running"].max()), float(v["waiting"].max())) for _, v in series.values())
+
+    def draw(fig):
+        axes = np.atleast_1d(fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)).ravel()
+        for n, (ax, key) in enumerate(zip(axes, keys)):
+            times, values = series[key]
+            t_s = times / 1000.0
+            kv = ax.twinx()
+            kv.fill_between(t_s, 100 * values["kv_usage"], step="pre", alpha=0.15, color=COLORS[2])
+            kv.set_ylim(0, 105)
+            kv.grid(False)
+            if n % cols == cols - 1 or n == len(keys) - 1:
+                kv.set_ylabel("KV usage (%)")
+            else:
+                kv.set_yticklabels([])
+            ax.step(t_s, values["running"], where="pre", label="running", color=COLORS[0])
+            ax.step(t_s, values["waiting"], where="pre", label="waiting", color=COLORS[1])
+            ax.set_ylim(0, max(1.0, top) * 1.05)
+            ax.set_title(f"worker {labels.get(key, key[1])}")
+            if n % cols == 0:
+                ax.set_ylabel("requests")
+            if n >= len(keys) - cols:
+                ax.set_xlabel("simulated time (s)")
+        for ax in axes[len(keys):]:
+            ax.set_visible(False)
+        axes[0].legend(loc="upper left")
+
+    return plots.figure(draw, height=2.2 * rows + 0.4)
+
+
 def _workers_plot(plots: _Plots, summary: dict) -> str:
     workers = summary["workers"]
     ids = list(range(len(workers)))
@@ -471,6 +519,7 @@ def run_report(directory: Path, plots: _Plots) -> str:
                     "distributions or throughput over time.</p>")
 
     telemetry_path = directory / "telemetry.jsonl"
+    samples = None
     if telemetry_path.is_file():
         samples = _read_jsonl(telemetry_path)
         if samples:
@@ -490,6 +539,12 @@ def run_report(directory: Path, plots: _Plots) -> str:
     body.append("<h2>Workers</h2>")
     if len(summary.get("workers", [])) > 1:
         body.append(_img("workers", _workers_plot(plots, summary), "Per-worker load (summary.json workers)."))
+        if samples:
+            labels = {(w.get("pool"), w["worker"]): _worker_label(w) for w in summary["workers"]}
+            body.append(_img("worker-load", _worker_load_plot(plots, samples, labels),
+                             "Each worker over simulated time (telemetry.jsonl): running and waiting "
+                             "requests (lines, its ranks summed) and KV usage (shaded, right axis, "
+                             "its ranks' mean); every panel on the same scales."))
     body.append(_workers_html(summary))
     body.append("<h2>Config</h2><details><summary>resolved config</summary><pre>"
                 + _esc(json.dumps(config, indent=2)) + "</pre></details>")
