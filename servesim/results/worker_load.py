@@ -24,18 +24,18 @@ _DIGITS = {"waiting": 3, "running": 3, "kv_usage": 6}
 def worker_series(samples: list) -> dict:
     """`{(pool, worker): (t_ms, {quantity: values})}` from telemetry samples
     (one per worker-rank per tick), arrays in time order."""
-    rows = {}
-    for s in samples:
-        key = (s.get("pool"), s.get("worker", 0))
-        at = rows.setdefault(key, {})
-        ranks = at.setdefault(s["t_ms"], [])
-        ranks.append(s)
+    keys = {}
+    which = np.array([keys.setdefault((s.get("pool"), s.get("worker", 0)), len(keys))
+                      for s in samples], dtype=np.int64)
+    t_ms = np.array([s["t_ms"] for s in samples], dtype=np.float64)
+    columns = {q: np.array([s[q] for s in samples], dtype=np.float64) for q in QUANTITIES}
     out = {}
-    for key, at in rows.items():
-        times = np.array(list(at), dtype=np.float64)
-        values = {q: np.array([sum(r[q] for r in ranks) for ranks in at.values()], dtype=np.float64)
+    for key, k in keys.items():
+        mine = which == k
+        times, tick = np.unique(t_ms[mine], return_inverse=True)
+        values = {q: np.bincount(tick, weights=columns[q][mine], minlength=times.size)
                   for q in QUANTITIES}
-        values["kv_usage"] /= np.array([len(ranks) for ranks in at.values()], dtype=np.float64)
+        values["kv_usage"] /= np.bincount(tick, minlength=times.size)
         out[key] = (times, values)
     return out
 
