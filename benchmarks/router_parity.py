@@ -10,6 +10,7 @@ reference. Appends a dated table to benchmarks/RESULTS.md.
     python benchmarks/router_parity.py --peer-python PEER/bin/python
     python benchmarks/router_parity.py --peer-python ... --no-write   # print only
     python benchmarks/router_parity.py --peer-python ... --seeds 0,1,2  # servesim seeds
+    python benchmarks/router_parity.py --peer-python ... --peer-lags 0,1000,5000  # the peer's lag
 
 The peer runs in its own interpreter (`ai-dynamo` is never a dependency of
 servesim; install it as its own venv: `pip download --no-deps ai-dynamo==1.6.1
@@ -49,8 +50,9 @@ import json, os, sys
 os.environ.setdefault("DYN_LOG", "error")
 from dynamo.replay import run_trace_replay
 trace, router, engine, workers, tbs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+lag = {"kv_event_lag_ms": float(sys.argv[6])} if len(sys.argv) > 6 else {}
 rep = run_trace_replay(trace, trace_block_size=tbs, num_workers=workers, router_mode=router,
-                       extra_engine_args={"engine": engine}, capture_per_request=True)
+                       extra_engine_args={"engine": engine}, capture_per_request=True, **lag)
 rows = [{"ttft_ms": r["ttft_ms"], "input_length": r["input_length"],
          "reused": r["admission_history"][0]["reused_input_tokens"] if r["admission_history"] else 0,
          "worker": r["decode_worker_idx"], "status": r["terminal_status"]}
@@ -82,11 +84,13 @@ def servesim_figures(path, router, seed=0) -> dict:
                    rec.worker[done])
 
 
-def peer_figures(python, path, router) -> dict:
+def peer_figures(python, path, router, lag_ms=None) -> dict:
+    """The peer's figures; `lag_ms`: its `kv_event_lag_ms` (None: its default, none)."""
     engine = dict(ENGINE, timing_model={"type": "fixed", "prefill_ms": PREFILL_MS,
                                         "decode_ms": DECODE_MS})
+    lag = [] if lag_ms is None else [repr(float(lag_ms))]
     proc = subprocess.run([python, "-c", PEER_CHILD, str(path), router, json.dumps(engine),
-                           str(WORKERS), str(TBS)], check=True, capture_output=True, text=True)
+                           str(WORKERS), str(TBS), *lag], check=True, capture_output=True, text=True)
     rows = [r for r in json.loads(proc.stdout.strip().splitlines()[-1])
             if r["status"] == "completed"]
     return figures([r["ttft_ms"] for r in rows], [r["reused"] for r in rows],
@@ -97,26 +101,58 @@ def median_of(runs: list) -> dict:
     return {key: statistics.median(r[key] for r in runs) for key in ("hit", "largest", "ttft")}
 
 
+def traces(folder: Path) -> tuple:
+    """(name, path) of the two traces, written into `folder`."""
+    moon = folder / "mooncake_3000.jsonl"
+    with gzip.open(TRACE, "rt") as src, open(moon, "w") as dst:
+        for k, line in enumerate(src):
+            if k == ROWS:
+                break
+            dst.write(line)
+    sessions = folder / "sessions.jsonl"
+    write(chat_traces(np.random.default_rng(SEED))[0], sessions)
+    return ((f"Mooncake, first {ROWS:,} rows", moon), ("300 chat sessions of 4 turns", sessions))
+
+
+def peer_lag_table(args) -> list:
+    """`--peer-lags`: the peer's `kv_router` at each KV event lag, its runs' median."""
+    lags = [float(x) for x in args.peer_lags.split(",")]
+    lines = [
+        f"### {datetime.date.today().isoformat()} — commit {commit()} — Dynamo 1.6.1's "
+        "`kv_router` against its KV event lag (`benchmarks/router_parity.py --peer-lags`)", "",
+        "The peer alone (servesim does not model the lag yet), on the traces and engine of "
+        "`router_parity.py`; `kv_event_lag_ms` delays the KV events (blocks stored and "
+        "removed) its router's indexer sees, first tokens and completions staying immediate. "
+        f"Median of {args.peer_runs} runs (its ties are unseeded). Machine: {machine()}. "
+        "Reproduce: `python benchmarks/router_parity.py --peer-python PEER/bin/python "
+        f"--peer-lags {args.peer_lags}`.", "",
+        "| trace | kv_event_lag_ms | hit rate | largest share | TTFT mean ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    with tempfile.TemporaryDirectory() as folder:
+        for name, path in traces(Path(folder)):
+            for lag in lags:
+                m = median_of([peer_figures(args.peer_python, path, "kv_router", lag)
+                               for _ in range(args.peer_runs)])
+                lines.append(f"| {name} | {lag:g} | {m['hit']:.2%} | {m['largest']:.2%} | "
+                             f"{m['ttft']:,.1f} |")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peer-python", required=True)
     parser.add_argument("--peer-runs", type=int, default=3)
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--peer-lags", help="only the peer's kv_router at these KV event lags (ms)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.peer_lags:
+        return publish(peer_lag_table(args) + [""], not args.no_write)
     seeds = [int(s) for s in args.seeds.split(",")]
     table = []
     with tempfile.TemporaryDirectory() as folder:
-        moon = Path(folder) / "mooncake_3000.jsonl"
-        with gzip.open(TRACE, "rt") as src, open(moon, "w") as dst:
-            for k, line in enumerate(src):
-                if k == ROWS:
-                    break
-                dst.write(line)
-        sessions = Path(folder) / "sessions.jsonl"
-        write(chat_traces(np.random.default_rng(SEED))[0], sessions)
-        for name, path in ((f"Mooncake, first {ROWS:,} rows", moon),
-                           ("300 chat sessions of 4 turns", sessions)):
+        for name, path in traces(Path(folder)):
             for router in ("round_robin", "kv_router", "least_prefill", "weighted"):
                 ours = [servesim_figures(path, router, seed)
                         for seed in (seeds if router == "kv_router" else [0])]
