@@ -10,7 +10,7 @@ reference. Appends a dated table to benchmarks/RESULTS.md.
     python benchmarks/router_parity.py --peer-python PEER/bin/python
     python benchmarks/router_parity.py --peer-python ... --no-write   # print only
     python benchmarks/router_parity.py --peer-python ... --seeds 0,1,2  # servesim seeds
-    python benchmarks/router_parity.py --peer-python ... --peer-lags 0,1000,5000  # the peer's lag
+    python benchmarks/router_parity.py --peer-python ... --peer-lags 0,1000,5000  # KV event lags
 
 The peer runs in its own interpreter (`ai-dynamo` is never a dependency of
 servesim; install it as its own venv: `pip download --no-deps ai-dynamo==1.6.1
@@ -70,8 +70,9 @@ def figures(ttft, reused, prompt, worker) -> dict:
             "ttft": float(np.mean(ttft)), "counts": counts.tolist(), "n": int(len(ttft))}
 
 
-def servesim_figures(path, router, seed=0) -> dict:
-    policy = router if router != "kv_router" else {"policy": "kv_router", "seed": seed}
+def servesim_figures(path, router, seed=0, lag_ms=0.0) -> dict:
+    policy = router if router != "kv_router" else {"policy": "kv_router", "seed": seed,
+                                                   "kv_event_lag_ms": lag_ms}
     report = run({"workload": {"trace": str(path), "format": "mooncake", "trace_block_size": TBS},
                   "engine": dict(ENGINE, timing={"type": "fixed", "prefill_ms": PREFILL_MS,
                                                  "decode_ms": DECODE_MS}),
@@ -115,27 +116,33 @@ def traces(folder: Path) -> tuple:
 
 
 def peer_lag_table(args) -> list:
-    """`--peer-lags`: the peer's `kv_router` at each KV event lag, its runs' median."""
+    """`--peer-lags`: `kv_router` on both sides at each KV event lag
+    (servesim: its seeds' median; the peer: its runs')."""
     lags = [float(x) for x in args.peer_lags.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
     lines = [
-        f"### {datetime.date.today().isoformat()} — commit {commit()} — Dynamo 1.6.1's "
-        "`kv_router` against its KV event lag (`benchmarks/router_parity.py --peer-lags`)", "",
-        "The peer alone (servesim does not model the lag yet), on the traces and engine of "
-        "`router_parity.py`; `kv_event_lag_ms` delays the KV events (blocks stored and "
-        "removed) its router's indexer sees, first tokens and completions staying immediate. "
-        f"Median of {args.peer_runs} runs (its ties are unseeded). Machine: {machine()}. "
+        f"### {datetime.date.today().isoformat()} — commit {commit()} — `kv_router` against "
+        "Dynamo 1.6.1's at KV event lags (`benchmarks/router_parity.py --peer-lags`)", "",
+        "The traces and engine of `router_parity.py`; `kv_event_lag_ms` delays the KV "
+        "events (blocks stored and removed) the router's index sees, first tokens and "
+        f"completions staying immediate. servesim: seeds {args.seeds} (median); peer: "
+        f"{args.peer_runs} runs (median; its ties are unseeded). Machine: {machine()}. "
         "Reproduce: `python benchmarks/router_parity.py --peer-python PEER/bin/python "
         f"--peer-lags {args.peer_lags}`.", "",
-        "| trace | kv_event_lag_ms | hit rate | largest share | TTFT mean ms |",
+        "| trace | kv_event_lag_ms | hit rate (servesim / peer) | largest share | "
+        "TTFT mean ms |",
         "|---|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory() as folder:
         for name, path in traces(Path(folder)):
             for lag in lags:
-                m = median_of([peer_figures(args.peer_python, path, "kv_router", lag)
+                a = median_of([servesim_figures(path, "kv_router", seed, lag) for seed in seeds])
+                b = median_of([peer_figures(args.peer_python, path, "kv_router", lag)
                                for _ in range(args.peer_runs)])
-                lines.append(f"| {name} | {lag:g} | {m['hit']:.2%} | {m['largest']:.2%} | "
-                             f"{m['ttft']:,.1f} |")
+                lines.append(
+                    f"| {name} | {lag:g} | {a['hit']:.2%} / {b['hit']:.2%} "
+                    f"({(a['hit'] - b['hit']) * 100:+.2f} pt) | {a['largest']:.2%} / "
+                    f"{b['largest']:.2%} | {a['ttft']:,.1f} / {b['ttft']:,.1f} |")
     return lines
 
 
@@ -144,7 +151,7 @@ def main():
     parser.add_argument("--peer-python", required=True)
     parser.add_argument("--peer-runs", type=int, default=3)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--peer-lags", help="only the peer's kv_router at these KV event lags (ms)")
+    parser.add_argument("--peer-lags", help="only kv_router, both sides, at these KV event lags (ms)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.peer_lags:

@@ -60,7 +60,7 @@ def scenarios(draw, closed_loop=None):
     draws open or closed loop."""
     workers = draw(st.integers(1, 3), label="workers")
     dp = draw(st.integers(1, 3), label="data_parallel_size")
-    router = draw(st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", "weighted"]), label="router")
+    router = draw(st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", {"policy": "kv_router", "kv_event_lag_ms": 15.0}, "weighted"]), label="router")
     async_scheduling = draw(st.booleans(), label="async_scheduling")
     num_gpu_blocks = draw(st.integers(8, 24) | st.integers(8, 64), label="num_gpu_blocks")
     if closed_loop is None:

@@ -28,6 +28,10 @@ from servesim.replay.api import simulate
 from servesim.results.records import STATUS_FINISHED, STATUS_REJECTED
 from servesim.results.output import dict_lines
 from helpers import build, engines, requests
+from servesim.engine.config import RouterConfig
+
+# kv_router whose KV events reach it 15 ms late (`build` takes a RouterConfig)
+LAGGED_KV_ROUTER = RouterConfig(policy="kv_router", kv_event_lag_ms=15.0)
 
 def same_records(a, b):
     for field in attrs.fields(type(a)):
@@ -68,7 +72,7 @@ def test_runs_without_the_pass_log_give_the_logged_results(spec, engine, interva
 
 
 @settings(max_examples=60, deadline=None)
-@given(requests, engines, st.integers(1, 4), st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", "weighted"]),
+@given(requests, engines, st.integers(1, 4), st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", LAGGED_KV_ROUTER, "weighted"]),
        st.sampled_from([None, 2, 5]))
 def test_compiled_runs_across_workers_and_closed_loop(spec, engine, workers, router, concurrency):
     config, workload = build(spec, engine, output={"pass_log": False},
@@ -141,7 +145,7 @@ def test_arrivals_admitted_in_the_compiled_loop_are_the_event_loops(spec, engine
 
 # (up to 2 ranks a worker: the pass loop compiled for 3-4 ranks is another ~30 s cold)
 CLUSTERS = st.tuples(st.integers(1, 3), st.integers(1, 2)).filter(lambda c: c != (1, 1))
-ROUTERS = st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", "weighted", "session_affinity"])
+ROUTERS = st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", LAGGED_KV_ROUTER, "weighted", "session_affinity"])
 
 
 @settings(max_examples=120, deadline=None)

@@ -88,7 +88,7 @@ def scenarios(draw, ample=False):
         "prefill_workers": draw(st.integers(1, 2), label="prefill_workers"),
         "decode_workers": draw(st.integers(1, 2), label="decode_workers"),
         "data_parallel_size": draw(st.sampled_from([1, 1, 2]), label="dp"),
-        "router": draw(st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", "weighted"]),
+        "router": draw(st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", {"policy": "kv_router", "kv_event_lag_ms": 15.0}, "weighted"]),
                        label="router"),
         "prefill": {"num_gpu_blocks": blocks("prefill_blocks")},
         "decode": {"num_gpu_blocks": blocks("decode_blocks"),

@@ -142,3 +142,73 @@ def test_a_positive_temperature_samples_reproducibly_from_the_seed():
     assert cold != hot
     # at temperature 0 the shares stay within one request of each other
     assert abs(cold.count(0) - cold.count(1)) <= 1
+
+
+# ------------------------------------------------------------ KV event lag
+
+
+def _lag_rows(q_at):
+    # x (pinned to r0) decodes for long; its 4 full prompt blocks [1,2,3,4]
+    # are cached on r0 when its prefill is scheduled at t=0 (stored events
+    # at 0); q [1,2,3,9] arrives at `q_at`, unpinned.
+    return [dict(id="x", t=0, P=64, O=100, hash_ids=[1, 2, 3, 4], dp_rank=0),
+            dict(id="q", t=q_at, P=64, O=1, hash_ids=[1, 2, 3, 9])]
+
+
+@pytest.mark.parametrize("lag, q_at, q_rank, q_cached", [
+    (0, 12, 0, 48),   # no lag: r0's prefix is seen at once
+    (20, 12, 1, 0),   # r0's blocks, stored at 0, reach the router at 20: not yet
+    (20, 25, 0, 48),  # after the lag they have
+])
+def test_a_prefix_cached_on_a_rank_is_seen_by_the_router_only_after_the_kv_event_lag(
+        lag, q_at, q_rank, q_cached):
+    # 1 worker x 2 ranks, weight 1. x's first token at 10: its prefill tokens
+    # leave r0's book, its 4 blocks stay (it runs on).
+    # q: r0's decode blocks 4 + 1 new ([9]) = 5; r1's 0 + 4 = 4.
+    #   prefix seen (3 blocks): r0 (64 - 48) / 16 + 5 = 6 against r1 64 / 16 + 4 = 8 -> r0.
+    #   not seen:               r0 64 / 16 + 5 = 9 against 8 -> r1.
+    router = dict(kv_router(), kv_event_lag_ms=lag)
+    cfg = cluster_config(1, 2, router=router, num_gpu_blocks=256)
+    rec = sim(cfg, workload(_lag_rows(q_at))).records
+    assert placement(rec)["q"] == (0, q_rank)
+    assert req(rec, "q")["first_admission_cached_tokens"] == q_cached
+
+
+def _queue(capacity=4, lag=20.0):
+    from servesim.kvcache import block_pool as bp
+
+    ev = np.zeros(bp.EV_HEADER + capacity, dtype=np.int64)
+    ev[bp.EV_ON] = 1
+    ev_t = np.zeros(bp.EV_T0 + capacity)
+    ev_t[bp.EV_LAG] = lag
+    return ev, ev_t, np.zeros(16, dtype=np.uint8)
+
+
+def test_a_removed_identity_stays_in_the_routers_view_until_the_lag_has_passed():
+    # identity 5 stored at 0 and removed at 30, identity 6 stored at 30; lag 20.
+    from servesim.kvcache import block_pool as bp
+
+    events = _queue()
+    bp._queue_event(events, 5, bp.STORED)
+    bp.stamp_events(events, 0.0)
+    bp._queue_event(events, 5, bp.REMOVED)
+    bp._queue_event(events, 6, bp.STORED)
+    bp.stamp_events(events, 30.0)  # takes what happened by 10: 5 stored
+    view = events[2]
+    assert (view[5], view[6]) == (1, 0)
+    bp.see_events(events, 49.0 - 20.0)  # a router asking at 49: the cache at 29
+    assert (view[5], view[6]) == (1, 0)
+    bp.see_events(events, 50.0 - 20.0)  # at 50: the cache at 30, both events in
+    assert (view[5], view[6]) == (0, 1)
+    assert events[0][bp.EV_COUNT] == 0 and events[0][bp.EV_EARLY] == 0
+
+
+def test_a_full_event_ring_lets_its_oldest_event_through_early_and_counts_it():
+    from servesim.kvcache import block_pool as bp
+
+    events = _queue(capacity=2)
+    for ident in (1, 2, 3):  # the third finds the ring full: 1's event goes first
+        bp._queue_event(events, ident, bp.STORED)
+    ev, _, view = events
+    assert (view[1], view[2], view[3]) == (1, 0, 0)
+    assert (ev[bp.EV_COUNT], ev[bp.EV_EARLY]) == (2, 1)

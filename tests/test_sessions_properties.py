@@ -81,7 +81,7 @@ def build(rows, workers, router, async_scheduling, concurrency, num_blocks=4096,
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows=session_rows(), workers=st.integers(1, 3),
-       router=st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", "weighted", "session_affinity"]),
+       router=st.sampled_from(["round_robin", "least_loaded", "least_prefill", "kv_router", {"policy": "kv_router", "kv_event_lag_ms": 15.0}, "weighted", "session_affinity"]),
        async_scheduling=st.booleans(), concurrency=st.sampled_from([None, 1, 2]))
 def test_session_arrivals_prompts_and_paths(rows, workers, router, async_scheduling, concurrency):
     config, w = build(rows, workers, router, async_scheduling, concurrency)

@@ -29,6 +29,8 @@ from servesim.errors import InputError
 # Bytes, from the arrays a run allocates (rounded up).
 GPU_BLOCK_BYTES = 48  # kvcache/block_pool.py: 6 int64 fields per block, per rank
 IDENTITY_BYTES = 4  # the block pool's identity -> block map (int32), per rank
+VIEW_BYTES = 1  # with a KV event lag, the router's view of each identity (uint8), per rank
+EVENT_BYTES = 16  # and each queued KV event (int64 event, float64 time)
 # kvcache/cpu_tier.py `TierArrays`, per rank with a CPU tier (its job
 # arrays grow with the jobs in flight, not with a config key):
 CPU_SLOT_BYTES = 48  # per slot held: the tier's NUM_TIER_ROWS (5) int64 rows + a free-slot entry (int64)
@@ -61,6 +63,7 @@ class PoolSize:
     num_gpu_blocks: int
     num_cpu_blocks: int
     block_size: int
+    kv_events: bool = False  # its ranks queue KV events for a lagging router
 
 
 def pool_sizes(cfg) -> list:
@@ -75,7 +78,8 @@ def pool_sizes(cfg) -> list:
     for key, engine, ranks in pools:
         off = engine.kv_offloading
         out.append(PoolSize(key, ranks, engine.kv_cache.num_gpu_blocks,
-                            off.num_cpu_blocks if off is not None else 0, engine.kv_cache.block_size))
+                            off.num_cpu_blocks if off is not None else 0, engine.kv_cache.block_size,
+                            c.router.kv_event_lag_ms > 0 and key != "cluster.decode"))
     return out
 
 
@@ -131,6 +135,11 @@ def estimate_memory(pools, requests: int, request_blocks: int, output_tokens: in
         parts[f"{p.key}.num_gpu_blocks"] = (
             p.ranks * (p.num_gpu_blocks * GPU_BLOCK_BYTES + identities * IDENTITY_BYTES),
             f"{p.ranks} rank(s) x {p.num_gpu_blocks} blocks")
+        if p.kv_events:  # block_pool.event_queue: the router's view, the ring of events
+            ring = max(4 * p.num_gpu_blocks, 4096)
+            parts["cluster.router.kv_event_lag_ms"] = (
+                p.ranks * (identities * VIEW_BYTES + ring * EVENT_BYTES),
+                f"{p.ranks} rank(s) x a view of {identities} identities and {ring} events")
         if p.num_cpu_blocks:
             held = min(p.num_cpu_blocks, identities)  # TierArrays' slots: it never holds more
             parts[f"{p.key}.kv_offloading.num_cpu_blocks"] = (

@@ -5,7 +5,7 @@ mapping of `policy` and that policy's knobs (README.md, "Routing")."""
 import attrs
 
 from servesim.config.config_types import RouterConfig, router_config
-from servesim.config.validation import INT, NUMBER, Section, check, enum, ge, show
+from servesim.config.validation import INT, NUMBER, Section, check, enum, ge
 
 POLICIES = ("round_robin", "least_loaded", "least_prefill", "kv_router", "kv_aware",
             "weighted", "session_affinity")  # kv_aware: read as kv_router (`router_config`)
@@ -37,10 +37,6 @@ def parse_router(ctx, data, path="cluster.router") -> RouterConfig:
     if policy != "kv_router":
         return RouterConfig(policy=policy)
     lag = s.get("kv_event_lag_ms", NUMBER, d["kv_event_lag_ms"], ge(0))
-    if lag:
-        ctx.fail(s.sub("kv_event_lag_ms"), f"must be 0, got {show(data['kv_event_lag_ms'])}: "
-                 "KV event lag is not modelled (the router sees each rank's prefix cache as "
-                 "it is at the arrival, as Dynamo's replay does by default)")
     return RouterConfig(
         policy=policy,
         overlap_score_weight=s.get("overlap_score_weight", NUMBER, d["overlap_score_weight"],

@@ -92,8 +92,8 @@ class RouterConfig:
     its name or as a mapping with `policy` and the policy's knobs —
     `kv_router`'s under NVIDIA Dynamo's names: `overlap_score_weight`,
     `router_temperature`, `seed` (the router's generator: ties and the
-    softmax draw) and `kv_event_lag_ms` (0: the router sees the prefix
-    caches as they are); `weighted`'s under `scorers` (`prefix_cache`,
+    softmax draw) and `kv_event_lag_ms` (how late the ranks' KV events
+    reach the router; 0: it sees the prefix caches as they are); `weighted`'s under `scorers` (`prefix_cache`,
     `queue_depth`, `kv_usage`: the weights of the gateways' scorers) and
     `seed`. `kv_aware` reads as `kv_router` with its defaults
     (servesim/config/router_config.py)."""

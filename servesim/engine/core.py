@@ -48,10 +48,11 @@ class Rank:
     disaggregated mode the rank's side of the KV handoffs."""
 
     def __init__(self, worker: int, index: int, config: EngineConfig, num_identities: int,
-                 make_scheduler, data_parallel_size: int = 1, usage=None, counters=None):
+                 make_scheduler, data_parallel_size: int = 1, usage=None, counters=None,
+                 kv_event_lag_ms: float = 0.0):
         self.worker = worker
         self.index = index
-        self.pool = BlockPool(config.kv_cache, num_identities)
+        self.pool = BlockPool(config.kv_cache, num_identities, kv_event_lag_ms)
         self.scheduler = make_scheduler(config.scheduler, self.pool)
         self.connector = None
         if config.kv_offloading is not None:
@@ -89,11 +90,12 @@ class EngineCore:
     pool)` builds each rank's compiled scheduler. `pass_log` is the
     `PassLogBuffer` compiled runs write their passes into (None: no pass log).
     `pool` names the worker's pool in disaggregated mode ("prefill" or
-    "decode"; None for an aggregated worker)."""
+    "decode"; None for an aggregated worker). `kv_event_lag_ms` > 0: its
+    ranks queue their KV events for a router that sees them that late."""
 
     def __init__(self, index: int, config: EngineConfig, data_parallel_size: int,
                  loop: EventLoop, num_identities: int, observer, make_scheduler,
-                 pool: str | None = None, pass_log=None):
+                 pool: str | None = None, pass_log=None, kv_event_lag_ms: float = 0.0):
         self.index = index
         self.pool = pool
         self.config = config
@@ -104,7 +106,7 @@ class EngineCore:
         usage = np.zeros((data_parallel_size, 4), dtype=np.float64)
         counters = np.zeros((data_parallel_size, 2), dtype=np.int64)
         self.ranks = [Rank(index, r, config, num_identities, make_scheduler, data_parallel_size,
-                           usage[r], counters[r])
+                           usage[r], counters[r], kv_event_lag_ms)
                       for r in range(data_parallel_size)]
         self.pass_log = pass_log
         # the compiled pass loop (engine/pass_loop.py); a disaggregated pool's

@@ -125,7 +125,7 @@ def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_
             ps[P_DONE] += 1
             continue
         prompt = P[i].num_prompt_tokens
-        j = _route(pool_b, D, i, prompt + 1, rp[R_PINNED][i])
+        j = _route(pool_b, D, i, prompt + 1, rp[R_PINNED][i], now)
         rp[R_WORKER][i] = j // dp
         rp[R_RANK][i] = j % dp
         hand_off(P, D, i, now)

@@ -87,6 +87,7 @@ from servesim.engine.pricing import price_features
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
 # change; edit this line with them. Table layout 3.)
 from servesim.jit import njit
+from servesim.kvcache.block_pool import stamp_events
 from servesim.scheduler import output, scheduler
 from servesim.scheduler.kv_cache_manager import can_ever_fit
 from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
@@ -309,6 +310,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                     n_fin += n
                     finished_here += n
                     track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
+                    stamp_events(w.sched_t[r].events, t)
                 ws[W_HEAD] = following
                 ws[W_COUNT] = count - 1
                 ws[W_ENDED] = w.pidx[head, 0]
@@ -385,6 +387,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                                                 w.link_of, w.xparams, t, w.pulls, n_pulls)
             for r in range(ranks):
                 track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
+                stamp_events(w.sched_t[r].events, t)
             if n_taken or n_pulls:
                 ws[W_PHASE] = PH_SETTLE
                 ws[W_NOUT] = n_taken

@@ -28,7 +28,9 @@ index only.
   routing until their first token, + this prompt - this prompt's cached
   prefix on the rank) / block size, and decode blocks = the distinct full
   prompt blocks of its requests with this prompt's added. The cached prefix
-  is the rank's prefix cache as it is now (Dynamo's KV events with no lag).
+  is the rank's prefix cache as the router's index of it holds it: as it
+  was `kv_event_lag_ms` ago (Dynamo's KV events reach its indexer that
+  late; kvcache/block_pool.py `see_events`), as it is now without a lag.
   Ties go to one of the tied ranks uniformly at random; with
   `router_temperature` > 0 the rank is drawn with probability proportional
   to `exp(-(logit - min) / ((max - min) * temperature))` (every rank alike
@@ -181,11 +183,26 @@ def kv_router_book(kvr, j, i, idents, num_full, prefill_tokens):
 
 
 @njit
+def cached_prefix_seen(s, idents, num_full, scratch, now):
+    """The leading full blocks of a prompt the router believes rank `s`
+    (its scheduler arrays) has cached at `now`: with a KV event lag, those
+    of the view its KV events built, taken up to `now - lag` (the cache as
+    it was then; kvcache/block_pool.py `see_events`); without, the cache as
+    it is."""
+    events = s.events
+    if events[0][bp.EV_ON]:
+        bp.see_events(events, now - events[1][bp.EV_LAG])
+        return bp.viewed_prefix(events[2], idents, num_full)
+    return bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch)
+
+
+@njit
 def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt_tokens,
-              block_size, enable_caching, i, admit):
-    """`kv_router`'s choice (module docstring) for request i; the request
-    enters the chosen rank's book unless it is rejected there (`admit`
-    False: it can never fit elsewhere; or it can never fit the rank)."""
+              block_size, enable_caching, i, admit, now):
+    """`kv_router`'s choice (module docstring) for request i arriving at
+    `now`; the request enters the chosen rank's book unless it is rejected
+    there (`admit` False: it can never fit elsewhere; or it can never fit
+    the rank)."""
     weights, ints = kvr[0], kvr[1]
     temperature = weights[KW_TEMPERATURE]
     num_full = num_prompt_tokens // block_size
@@ -202,7 +219,7 @@ def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt
         forget_finished(kvr, s.R, s.idents, j)
         hit = 0
         if enable_caching and not ints[KI_LOAD_ONLY]:
-            hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch)
+            hit = cached_prefix_seen(s, idents, num_full, scratch, now)
         x = kv_router_logit(kvr, j, idents, num_full, hit, num_prompt_tokens, block_size)
         logits[j] = x
         kvr[6][j] = hit
@@ -329,12 +346,12 @@ def weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scra
 
 @njit
 def route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
-          num_prompt_tokens, block_size, enable_caching, kvr, i, admit):
-    """The rank `j` (module docstring) `policy` sends request i to (`admit`
-    False: it is rejected whichever rank it goes to)."""
+          num_prompt_tokens, block_size, enable_caching, kvr, i, admit, now):
+    """The rank `j` (module docstring) `policy` sends request i, arriving at
+    `now`, to (`admit` False: it is rejected whichever rank it goes to)."""
     if policy == RoutePolicy.KV_ROUTER:
         return kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch,
-                         num_prompt_tokens, block_size, enable_caching, i, admit)
+                         num_prompt_tokens, block_size, enable_caching, i, admit, now)
     if policy == RoutePolicy.WEIGHTED:
         return weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
                         num_prompt_tokens, block_size, enable_caching)

@@ -178,17 +178,17 @@ def run_reporting(loop, cores, state, SEQ, FROM, CONT, call):
 
 
 @njit
-def _route(pool, R, i, num_prompt_tokens, pinned, admit=True):
+def _route(pool, R, i, num_prompt_tokens, pinned, now, admit=True):
     """The rank `j` of `pool` (`pool_arrays`) that request i
-    (row i of `R`), with `num_prompt_tokens`, goes to (engine/routing.py
-    `route`; `admit` False: rejected wherever it goes), counted as routed
-    there."""
+    (row i of `R`), with `num_prompt_tokens`, goes to at `now`
+    (engine/routing.py `route`; `admit` False: rejected wherever it goes),
+    counted as routed there."""
     (policy, rr, sched_t, routed, num_gpu_blocks, num_workers, dp, block_size, enable_caching,
      idents, scratch, kvr) = pool
     off = R[i].block_offset
     j = routing.route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned,
                       idents[off:off + R[i].block_capacity], scratch, num_prompt_tokens,
-                      block_size, enable_caching, kvr, i, admit)
+                      block_size, enable_caching, kvr, i, admit, now)
     routed[j] += 1  # routed here, rejected or not
     return j
 
@@ -221,7 +221,7 @@ def arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinn
     i = next_arrival(R, st, arrival_ms, P_ANEXT, P_AEND, P_ASEQ, P_SEQ)
     now = arrival_ms[i]
     dp = pool[POOL_DP]
-    j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i], not never_fits[i])
+    j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i], now, not never_fits[i])
     k = j // dp
     worker_of[i] = k
     rank_of[i] = j % dp

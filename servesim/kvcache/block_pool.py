@@ -32,6 +32,20 @@ REF, IDENT, PREV, NEXT, DPREV, DNEXT = range(6)
 NUM_FREE = 0
 NONE = -1
 
+# The KV events (vLLM's `BlockStored` / `BlockRemoved`, BlockPool's
+# `kv_event_queue`) as the router's indexer sees them: `events` is a tuple
+# (`ev`, `ev_t`, `view`) — a ring of events (`ev[EV_HEADER:]`, identity * 2 +
+# kind) with their times (`ev_t[EV_T0:]`), the header (queue on, head,
+# count, how many are stamped with their time, how many reached the view
+# early because the ring was full) and the lag (`ev_t[EV_LAG]`); `view[ident]`
+# is 1 where the router believes the identity cached. Events concern
+# identities: one is stored when its first cached block is registered,
+# removed when its last cached block is evicted.
+EV_ON, EV_HEAD, EV_COUNT, EV_STAMPED, EV_EARLY = range(5)
+EV_HEADER = 5
+EV_LAG, EV_T0 = 0, 1
+STORED, REMOVED = 0, 1
+
 
 @njit(inline="always")
 def usable_blocks(num_gpu_blocks):
@@ -59,8 +73,83 @@ def _queue_insert_after(blocks, p, b):
 
 
 @njit
-def _uncache(blocks, idmap, b):
-    """Drop block b from its identity's list of cached blocks."""
+def _see_oldest(ev, ev_t, view):
+    """The oldest event reaches the router's view."""
+    cap = ev.shape[0] - EV_HEADER
+    code = ev[EV_HEADER + ev[EV_HEAD]]
+    view[code >> 1] = 1 - (code & 1)
+    ev[EV_HEAD] = (ev[EV_HEAD] + 1) % cap
+    ev[EV_COUNT] -= 1
+    if ev[EV_STAMPED] > 0:
+        ev[EV_STAMPED] -= 1
+
+
+@njit
+def _queue_event(events, ident, kind):
+    """`kv_event_queue.append`: identity `ident` stored or removed (the ring
+    full: its oldest event reaches the view now, counted in EV_EARLY)."""
+    ev, ev_t, view = events
+    if not ev[EV_ON]:
+        return
+    cap = ev.shape[0] - EV_HEADER
+    if ev[EV_COUNT] == cap:
+        _see_oldest(ev, ev_t, view)
+        ev[EV_EARLY] += 1
+    ev[EV_HEADER + (ev[EV_HEAD] + ev[EV_COUNT]) % cap] = ident * 2 + kind
+    ev[EV_COUNT] += 1
+
+
+@njit
+def stamp_events(events, now):
+    """The events queued since the last call happened at `now` (the pass
+    loop calls this after every decision and every pass end); those `lag`
+    old or more reach the view (`see_events`: whoever asks later asks at
+    `now` or after)."""
+    ev, ev_t, view = events
+    if not ev[EV_ON]:
+        return
+    cap = ev.shape[0] - EV_HEADER
+    for k in range(ev[EV_STAMPED], ev[EV_COUNT]):
+        ev_t[EV_T0 + (ev[EV_HEAD] + k) % cap] = now
+    ev[EV_STAMPED] = ev[EV_COUNT]
+    see_events(events, now - ev_t[EV_LAG])
+
+
+@njit
+def see_events(events, until):
+    """The router's indexer takes the events that happened at or before
+    `until`, in order: its view is the cache as it was then."""
+    ev, ev_t, view = events
+    while ev[EV_STAMPED] > 0 and ev_t[EV_T0 + ev[EV_HEAD]] <= until:
+        _see_oldest(ev, ev_t, view)
+
+
+@njit
+def viewed_prefix(view, idents, max_blocks):
+    """Longest run of leading identities the view holds cached."""
+    n = 0
+    while n < max_blocks and view[idents[n]]:
+        n += 1
+    return n
+
+
+def event_queue(num_identities: int, num_gpu_blocks: int, lag_ms: float):
+    """The `events` tuple of a pool: with `lag_ms` > 0 a ring of
+    max(4 * num_gpu_blocks, 4096) events and a view of every identity;
+    otherwise off, of size 1."""
+    on = lag_ms > 0
+    cap = max(4 * num_gpu_blocks, 4096) if on else 1
+    ev = np.zeros(EV_HEADER + cap, dtype=np.int64)
+    ev[EV_ON] = int(on)
+    ev_t = np.zeros(EV_T0 + cap, dtype=np.float64)
+    ev_t[EV_LAG] = lag_ms
+    return ev, ev_t, np.zeros(max(num_identities, 1) if on else 1, dtype=np.uint8)
+
+
+@njit
+def _uncache(blocks, idmap, b, events):
+    """Drop block b from its identity's list of cached blocks (the last:
+    the identity is removed)."""
     ident = blocks[IDENT, b]
     p = blocks[DPREV, b]
     n = blocks[DNEXT, b]
@@ -73,6 +162,8 @@ def _uncache(blocks, idmap, b):
     blocks[IDENT, b] = NONE
     blocks[DPREV, b] = NONE
     blocks[DNEXT, b] = NONE
+    if events is not None and idmap[ident] == NONE:
+        _queue_event(events, ident, REMOVED)
 
 
 @njit
@@ -125,7 +216,7 @@ def count_evictable(blocks, hit_blocks, num_hit):
 
 @njit
 def allocate_slots(blocks, idmap, scalars, table, num_held, hit_blocks, num_hit,
-                   num_blocks_needed, num_blocks_checked):
+                   num_blocks_needed, num_blocks_checked, events=None):
     """Touch `num_hit` hit blocks and pop new blocks so that `table` holds
     `num_blocks_needed` blocks; fail (return -1) unless `num_blocks_checked`
     blocks beyond those already held and hit, plus the evictable hits, fit in
@@ -152,7 +243,7 @@ def allocate_slots(blocks, idmap, scalars, table, num_held, hit_blocks, num_hit,
         _queue_remove(blocks, b)
         scalars[NUM_FREE] -= 1
         if blocks[IDENT, b] != NONE:
-            _uncache(blocks, idmap, b)
+            _uncache(blocks, idmap, b, events)
         blocks[REF, b] = 1
         table[num_held] = b
         num_held += 1
@@ -160,9 +251,10 @@ def allocate_slots(blocks, idmap, scalars, table, num_held, hit_blocks, num_hit,
 
 
 @njit
-def cache_full_blocks(blocks, idmap, table, idents, num_cached, num_full):
+def cache_full_blocks(blocks, idmap, table, idents, num_cached, num_full, events=None):
     """Register table[num_cached:num_full] under their identities (appended
-    after any block already cached with the same identity)."""
+    after any block already cached with the same identity; the first: the
+    identity is stored)."""
     for i in range(num_cached, num_full):
         b = table[i]
         ident = idents[i]
@@ -171,6 +263,8 @@ def cache_full_blocks(blocks, idmap, table, idents, num_cached, num_full):
         blocks[DNEXT, b] = NONE
         if last == NONE:
             idmap[ident] = b
+            if events is not None:
+                _queue_event(events, ident, STORED)
         else:
             while blocks[DNEXT, last] != NONE:
                 last = blocks[DNEXT, last]
@@ -202,10 +296,11 @@ class BlockPool:
     """One rank's G1 pool: the arrays the kernels above work on.
 
     `num_identities` bounds the dense block identities the prefix cache can
-    hold (see `servesim.workload.prefix`).
+    hold (see `servesim.workload.prefix`); `kv_event_lag_ms` > 0 queues the
+    pool's KV events for a router that sees them that late (`events`).
     """
 
-    def __init__(self, config: KVCacheConfig, num_identities: int):
+    def __init__(self, config: KVCacheConfig, num_identities: int, kv_event_lag_ms: float = 0.0):
         self.config = config
         self.block_size = config.block_size
         self.num_gpu_blocks = config.num_gpu_blocks
@@ -215,6 +310,8 @@ class BlockPool:
         self.idmap = np.empty(max(num_identities, 1), dtype=np.int32)
         self.scalars = np.zeros(1, dtype=np.int64)
         init_pool(self.blocks, self.idmap, self.scalars)
+        # the KV events the router sees `kv_event_lag_ms` late (off at 0)
+        self.events = event_queue(num_identities, config.num_gpu_blocks, kv_event_lag_ms)
 
     @property
     def num_free_blocks(self) -> int:

@@ -181,7 +181,8 @@ class DisaggregatedReplay(Replay):
         self.prefill_workers = [
             EngineCore(w, cluster.prefill, prefill_dp, self.loop, num_identities,
                        _PrefillObserver(self), sides.make_scheduler(cluster.prefill, "prefill"),
-                       pool="prefill", pass_log=buffer)
+                       pool="prefill", pass_log=buffer,
+                       kv_event_lag_ms=cluster.router.kv_event_lag_ms)
             for w in range(cluster.prefill_workers)]
         self.decode_workers = [
             EngineCore(w, cluster.decode, decode_dp, self.loop, num_identities, self,
@@ -304,7 +305,7 @@ class DisaggregatedReplay(Replay):
         decode_fits = (max_tokens <= 1 or self.decode_workers[0].ranks[0]
                        .scheduler.can_ever_fit(prompt + 1))
         worker, rank = self.router.route(w.request_ids[i], i, prompt, self._idents(i),
-                                         int(w.dp_rank[i]), admit=decode_fits)
+                                         int(w.dp_rank[i]), self.loop.now, admit=decode_fits)
         self.prefill_worker_of[i] = worker
         self.prefill_rank_of[i] = rank
         request = self.sides.create_prefill(i)
@@ -324,7 +325,7 @@ class DisaggregatedReplay(Replay):
         w = self.workload
         prompt = int(w.input_length[i])
         worker, rank = self.decode_router.route(w.request_ids[i], i, prompt + 1, self._idents(i),
-                                                int(w.dp_rank[i]))
+                                                int(w.dp_rank[i]), self.loop.now)
         self.worker_of[i] = worker
         self.rank_of[i] = rank
         self.sides.handoff(i, self.prefill_workers[self.prefill_worker_of[i]],

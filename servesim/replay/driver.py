@@ -133,7 +133,7 @@ class Replay:
         buffer = self._pass_log_buffer()
         self.workers = [EngineCore(w, config.engine, cluster.data_parallel_size, self.loop,
                                    num_identities, self, self.store.make_scheduler,
-                                   pass_log=buffer)
+                                   pass_log=buffer, kv_event_lag_ms=cluster.router.kv_event_lag_ms)
                         for w in range(cluster.workers)]
         self._use_compiled_log(buffer)
         self.router = Router(cluster.router, self.workers, cluster.data_parallel_size)
@@ -271,7 +271,7 @@ class Replay:
         session = int(w.sessions.session[i]) if w.sessions is not None else -1
         worker, rank = self.router.route(
             w.request_ids[i], i, prompt, self.idents[self.ident_offsets[i]:self.ident_offsets[i + 1]],
-            int(w.dp_rank[i]), session)
+            int(w.dp_rank[i]), self.loop.now, session)
         self.worker_of[i] = worker
         self.rank_of[i] = rank
         if not self.workers[worker].add_request(rank, self.store.create(i), prompt):
@@ -367,7 +367,7 @@ class Replay:
                                  f"(simulated time {now:.3f} ms)") from exc
         # the run ends at its last event, on the event loop or in a compiled run
         self.loop.now = max([self.loop.now] + [core.clock_ms for core in self.workers])
-        result_warnings = self._close_unfinished()
+        result_warnings = self._close_unfinished() + self._early_events()
         launch_warning = launch_double_count_warning(self.config.engine)
         if launch_warning is not None:
             result_warnings.insert(0, launch_warning)
@@ -399,6 +399,21 @@ class Replay:
         for message in messages:
             warnings.warn(message, stacklevel=2)
         return messages
+
+    def _early_events(self):
+        """A warning when a rank's ring of KV events filled up (more events
+        within the lag than it holds, kvcache/block_pool.py `event_queue`):
+        its oldest then reached the router before their lag."""
+        from servesim.kvcache.block_pool import EV_EARLY
+
+        early = sum(int(rank.pool.events[0][EV_EARLY]) for core in self.workers
+                    for rank in core.ranks)
+        if not early:
+            return []
+        message = (f"cluster.router.kv_event_lag_ms: {early} KV events reached the router "
+                   "before their lag (more events within the lag than a rank's queue holds)")
+        warnings.warn(message, stacklevel=2)
+        return [message]
 
     def _records(self) -> RequestRecords:
         return self._make_records(self.store.results(), self.worker_of, self.rank_of)

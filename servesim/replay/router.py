@@ -62,11 +62,11 @@ class Router:
                 f"({self.width_key} is {self.dp})")
 
     def route(self, request_id: str, i: int, num_prompt_tokens: int, idents, pinned_rank: int,
-              session: int = -1, admit: bool = True):
+              now: float, session: int = -1, admit: bool = True):
         """The (worker, rank) for request i (its row in the pool's request
-        table) with these prompt block identities (`session`: its session's
-        index, -1 outside sessions; `admit` False: it is rejected wherever
-        it goes)."""
+        table), arriving at `now`, with these prompt block identities
+        (`session`: its session's index, -1 outside sessions; `admit` False:
+        it is rejected wherever it goes)."""
         self._check_pinned(request_id, pinned_rank)
         if self.policy == "session_affinity":
             target = self._session_target.get(session)
@@ -83,7 +83,7 @@ class Router:
         return a.target(self._call(routing.route, int(self.code), a.rr, a.sched_t,
                                    a.num_gpu_blocks, a.num_workers, a.dp, pinned_rank, idents,
                                    self._scratch, num_prompt_tokens, a.block_size,
-                                   a.enable_caching, a.router, i, admit))
+                                   a.enable_caching, a.router, i, admit, float(now)))
 
     def _call(self, kernel, *args):
         """`kernel(*args)`, through its compiled function for these types

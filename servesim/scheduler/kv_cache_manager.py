@@ -45,7 +45,7 @@ def _allocate(s, i, num_new, hits, num_hit, reserve_tokens, extra_blocks, delay_
     checked = max(needed, -(-reserve_tokens // bs)) + extra_blocks
     if num_hit > 0 or checked > R[i].num_held_blocks:
         held = bp.allocate_slots(s.blocks, s.idmap, s.pscal, s.tables[off:end],
-                                 R[i].num_held_blocks, hits, num_hit, needed, checked)
+                                 R[i].num_held_blocks, hits, num_hit, needed, checked, s.events)
         if held < 0:
             return False
         R[i].num_held_blocks = held
@@ -81,7 +81,7 @@ def _cache_full_blocks(s, i, num_full):
     off = R[i].block_offset
     end = off + R[i].block_capacity
     bp.cache_full_blocks(s.blocks, s.idmap, s.tables[off:end], s.idents[off:end],
-                         R[i].num_cached_blocks, num_full)
+                         R[i].num_cached_blocks, num_full, s.events)
     R[i].num_cached_blocks = num_full
 
 

@@ -88,7 +88,7 @@ class RankScheduler:
         self.arrays = new_scheduler_arrays(
             table.R, table.idents, table.tables, pool.blocks, pool.idmap, pool.scalars,
             self.cfg, self.S, self.running, self.wq, self.spec, self.held, tokens.client_ms,
-            tokens.offsets, tokens.last_client, float(tokens.detokenize_ms))
+            tokens.offsets, tokens.last_client, float(tokens.detokenize_ms), pool.events)
         if check.enabled():
             # the debug mode; the whole table is checked while this is the only
             # scheduler on it (other ranks' requests are in their own queues)

@@ -79,7 +79,7 @@ STATE_DTYPE = np.dtype([
 
 
 FIELDS = ("R", "idents", "tables", "blocks", "idmap", "pscal", "cfg", "S", "running", "wq",
-          "spec", "held", "client_ms", "token_offsets", "last_client", "detokenize_ms")
+          "spec", "held", "client_ms", "token_offsets", "last_client", "detokenize_ms", "events")
 
 
 class SchedulerArraysType(BundleType):
