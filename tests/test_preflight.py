@@ -126,6 +126,24 @@ def test_num_cpu_blocks_counts_the_blocks_the_tier_can_hold():
     check_memory(parts, limit=10 * GiB)
 
 
+def test_a_kv_event_lag_counts_the_routers_view_and_event_ring_of_each_rank():
+    # 3 ranks of 2000 blocks: a view byte for each of 10000 identities and a
+    # ring of max(4 * 2000, 4096) = 8000 events of 16 bytes, on each rank;
+    # without a lag, none
+    lagged = estimate_memory([PoolSize("engine", 3, 2000, 0, 16, kv_events=True)], 10, 10000, 100)
+    assert lagged["cluster.router.kv_event_lag_ms"][0] == 3 * (10000 * 1 + 8000 * 16)
+    plain = estimate_memory([PoolSize("engine", 3, 2000, 0, 16)], 10, 10000, 100)
+    assert "cluster.router.kv_event_lag_ms" not in plain
+
+
+def test_the_kv_event_queue_is_what_the_estimate_counts():
+    from servesim.kvcache.block_pool import event_queue
+
+    ev, ev_t, view = event_queue(10000, 2000, 5.0)
+    assert view.nbytes == 10000 * 1 and ev.nbytes + ev_t.nbytes - 6 * 8 == 8000 * 16
+    assert [a.size for a in event_queue(10000, 2000, 0.0)] == [6, 2, 1]  # off: no room
+
+
 def test_the_cpu_tier_estimate_is_what_its_arrays_take():
     # TierArrays measured: what grows with the slots held, the identities and
     # the G1 blocks is the estimate's per-unit bytes exactly; the rest (two
