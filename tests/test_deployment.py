@@ -491,25 +491,63 @@ def test_max_model_len_above_the_context_length_is_refused_unless_vllms_override
         engine_config(engine)
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     assert engine_config(engine).engine.scheduler.max_model_len == 65536
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", " True ")  # vllm/envs.py: 1 or true
+    assert engine_config(engine).engine.scheduler.max_model_len == 65536
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "yes")
+    with pytest.raises(InputError, match="VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+        engine_config(engine)
 
 
 def test_a_kv_cache_that_cannot_hold_one_max_model_len_request_is_refused(tmp_path):
     # As test_num_gpu_blocks_qwen3_32b_h200_tp2_by_hand, gpu_memory_utilization 0.3:
     # budget int(0.3 x 151397597184) = 45419279155; weights 32762101760,
     # activations 1288044544, runtime 4116709376 -> 7252423475 bytes left, blocks of
-    # 2 MiB -> 3458 blocks (6.75 GiB), 3458 x 16 = 55328 tokens. The default
-    # max_model_len 131072 needs 8192 blocks (16.00 GiB): refused.
+    # 2 MiB -> 3458 blocks, of which 3457 (6.75 GiB) a request can use (the block
+    # pool holds the null block back; vLLM's check reserves it too), 3457 x 16 =
+    # 55312 tokens. The default max_model_len 131072 needs 8192 blocks (16.00 GiB).
     folder = model_dir(tmp_path, QWEN3_32B)
     engine = {"model": folder, "gpu": "h200_sxm", "tensor_parallel_size": 2,
               "gpu_memory_utilization": 0.3}
     with pytest.raises(InputError, match=r"engine.max_model_len: one request of max_model_len "
                                          r"131072 needs 16.00 GiB of KV cache \(8192 blocks\), "
-                                         r"more than the 6.75 GiB \(3458 blocks\).*the largest "
-                                         r"max_model_len that fits is 55328"):
+                                         r"more than the 6.75 GiB \(3457 blocks, the null block "
+                                         r"aside\).*the largest max_model_len that fits is 55312"):
         engine_config(engine)
-    assert engine_config({**engine, "max_model_len": 55328}).engine.kv_cache.num_gpu_blocks == 3458
-    with pytest.raises(InputError, match=r"max_model_len 55329 needs .*\(3459 blocks\)"):
-        engine_config({**engine, "max_model_len": 55329})
+    assert engine_config({**engine, "max_model_len": 55312}).engine.kv_cache.num_gpu_blocks == 3458
+    # 55313 tokens need 3458 blocks: all of them, the null block included
+    with pytest.raises(InputError, match=r"max_model_len 55313 needs .*\(3458 blocks\)"):
+        engine_config({**engine, "max_model_len": 55313})
+
+
+@pytest.mark.parametrize("extra, length", [
+    ({"max_position_embeddings": 40960}, 40960),
+    # a yarn scaling: original_max_position_embeddings x factor
+    ({"max_position_embeddings": 40960, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 131072),
+    # llama3's factor is already in max_position_embeddings
+    ({"max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}, 131072),
+    ({"max_position_embeddings": 8192, "rope_scaling": {"type": "linear", "factor": 2.0}}, 16384),
+    ({"max_position_embeddings": 8192, "seq_length": 4096}, 4096),  # the smallest key
+    ({"max_position_embeddings": 8192, "model_max_length": 16384}, 16384),  # Command-R's key wins
+])
+def test_the_context_length_is_derived_from_config_json_as_vllm_does(tmp_path, extra, length):
+    from servesim.deployment.specs import derived_max_model_len
+
+    assert derived_max_model_len({**QWEN3_32B, **extra}) == length
+
+
+
+def test_a_malformed_context_length_or_rope_factor_is_named():
+    from servesim.deployment.specs import derived_max_model_len
+
+    with pytest.raises(InputError, match=r"config.json: max_position_embeddings: must be a whole "
+                                         r'number, not "40k"'):
+        derived_max_model_len({"max_position_embeddings": "40k"})
+    with pytest.raises(InputError, match=r"config.json: rope_scaling: factor: must be a positive "
+                                         r"number, not -2"):
+        derived_max_model_len({"max_position_embeddings": 8192,
+                               "rope_scaling": {"type": "linear", "factor": -2}})
 
 
 @pytest.mark.parametrize("heads, kv_heads, tp, message", [

@@ -30,11 +30,11 @@ def cache_dir() -> str:
 
 def _limits(engine) -> dict:
     """The engine limits that bound the axes; without `max_model_len`, the
-    model's `max_position_embeddings` (vLLM's default for it)."""
+    model's context length (vLLM's default for it, `derived_max_model_len`)."""
     from servesim.deployment.specs import load_model_spec
 
     s = engine.scheduler
-    top = s.max_model_len or load_model_spec(engine.deployment.model).max_position_embeddings
+    top = s.max_model_len or load_model_spec(engine.deployment.model).derived_max_model_len
     return {"max_num_batched_tokens": s.max_num_batched_tokens, "max_num_seqs": s.max_num_seqs,
             "max_model_len": top}
 

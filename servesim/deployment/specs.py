@@ -38,7 +38,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     sliding_window: int = 0
     config_quantization: str | None = None  # quantization named in config.json
-    max_position_embeddings: int = 131072  # vLLM's default max_model_len
+    derived_max_model_len: int = 131072  # the context length; derived_max_model_len()
 
     @property
     def is_mla(self) -> bool:
@@ -218,5 +218,42 @@ def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> Mode
         qk_rope_head_dim=count("qk_rope_head_dim"),
         sliding_window=window,
         config_quantization=quant,
-        max_position_embeddings=count("max_position_embeddings", minimum=1) or 131072,
+        derived_max_model_len=derived_max_model_len(cfg, path),
     )
+
+
+# the config.json keys vLLM reads a context length from (the smallest wins)
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "model_max_length", "max_target_positions", "max_sequence_length",
+                "max_seq_length", "seq_len")
+
+
+def derived_max_model_len(cfg: dict, path: str = "config.json") -> int:
+    """vLLM's `_get_and_verify_max_len` (vllm/config/model.py) before the
+    user's value: the smallest of the length keys, `model_max_length` if the
+    config has one, times the RoPE scaling factor unless the rope type
+    (`su`, `longrope`, `llama3`) or a Gemma 3 model already counts it, a
+    `yarn` rope scaling its `original_max_position_embeddings`. A config
+    with none of the keys gets 131072 here (vLLM assumes 2048 with a
+    warning; no Hugging Face config of a served model lacks them). Every
+    length read is checked by `_count` (an InputError naming the file and key)."""
+    lengths = {k: _count(cfg, k, path) for k in _LENGTH_KEYS}
+    lengths = {k: v for k, v in lengths.items() if v is not None}
+    if not lengths:
+        return 131072
+    length = lengths.get("model_max_length") or min(lengths.values())
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if isinstance(rope, dict) and "rope_type" not in rope and "type" not in rope:  # per layer type
+        rope = next(iter(rope.values()), None)
+    if isinstance(rope, dict) and "gemma3" not in str(cfg.get("model_type", "")):
+        kind = rope.get("rope_type") or rope.get("type")
+        if kind not in ("su", "longrope", "llama3"):
+            where = f"{path}: rope_scaling"
+            if kind == "yarn":
+                length = _count(rope, "original_max_position_embeddings", where) or length
+            factor = rope.get("factor", 1.0)
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+                    or not 0 < factor < float("inf"):
+                raise InputError(f"{where}: factor: must be a positive number, not {json.dumps(factor)}")
+            length *= factor
+    return int(length)

@@ -32,15 +32,18 @@ def verify_with_parallel_config(model: ModelSpec, tensor_parallel_size: int) -> 
 
 def get_and_verify_max_len(model: ModelSpec, max_model_len: int | None) -> int:
     """vLLM's `_get_and_verify_max_len`: without `max_model_len` the engine
-    serves the model's context length (`max_position_embeddings` of its
-    config.json); a larger `max_model_len` is refused unless
-    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set (then taken as given). Messages name no key: the caller does."""
-    top = model.max_position_embeddings
+    serves the model's context length (`ModelSpec.derived_max_model_len`,
+    from its config.json as vLLM derives it); a larger `max_model_len` is refused unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN is set to 1 or true (vllm/envs.py reads it
+    stripped and case-blind; then the value is taken as given). Messages name
+    no key: the caller does."""
+    top = model.derived_max_model_len
     if max_model_len is None:
         return top
-    if max_model_len > top and os.environ.get(ALLOW_LONG_MAX_MODEL_LEN) != "1":
+    allowed = os.environ.get(ALLOW_LONG_MAX_MODEL_LEN, "0").strip().lower() in ("1", "true")
+    if max_model_len > top and not allowed:
         raise InputError(f"{max_model_len} is greater than the model's context length "
-                         f"({top}, max_position_embeddings of {model.name}); vLLM refuses it "
+                         f"({top}, derived from the config.json of {model.name}); vLLM refuses it "
                          f"unless {ALLOW_LONG_MAX_MODEL_LEN}=1 is set")
     return max_model_len
 
@@ -49,17 +52,20 @@ def check_enough_kv_cache_memory(num_gpu_blocks: int, block_size: int, max_model
                                  bytes_per_token: int) -> None:
     """vLLM's `check_enough_kv_cache_memory` (vllm/v1/core/kv_cache_utils.py):
     the KV cache must hold one request of `max_model_len` tokens, i.e.
-    `ceil(max_model_len / block_size)` blocks; otherwise vLLM refuses to
-    start and names the largest length that fits, `num_gpu_blocks ×
-    block_size`."""
+    `ceil(max_model_len / block_size)` blocks, in the blocks a request can
+    use: `num_gpu_blocks - 1`, as the block pool holds its null block back
+    (vLLM checks against the memory less one block since vllm-project/vllm#47272).
+    Otherwise vLLM refuses to start and names the largest length that fits,
+    `(num_gpu_blocks - 1) × block_size`."""
     needed = -(-max_model_len // block_size)
-    if needed > num_gpu_blocks:
+    usable = num_gpu_blocks - 1
+    if needed > usable:
         gib = 1 << 30
         per_block = bytes_per_token * block_size
         raise InputError(
             f"one request of max_model_len {max_model_len} needs "
             f"{needed * per_block / gib:.2f} GiB of KV cache ({needed} blocks), more than the "
-            f"{num_gpu_blocks * per_block / gib:.2f} GiB ({num_gpu_blocks} blocks) the deployment "
-            f"leaves; the largest max_model_len that fits is {num_gpu_blocks * block_size} "
+            f"{usable * per_block / gib:.2f} GiB ({usable} blocks, the null block aside) the "
+            f"deployment leaves; the largest max_model_len that fits is {usable * block_size} "
             "(vLLM refuses to start: lower max_model_len, or raise gpu_memory_utilization or "
             "tensor_parallel_size)")
