@@ -309,3 +309,58 @@ def _subset(workload, rows, ranks):
         hash_offsets=np.concatenate([[0], np.cumsum([len(h) for h in hash_ids])]).astype(np.int64),
         trace_block_size=workload.trace_block_size,
     )
+
+
+# ------------------------------------------------------------ the frontend's delay
+
+
+@settings(max_examples=int(os.environ.get("CLUSTER_EXAMPLES", 15)), deadline=None,
+          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_frontend_delay_is_the_same_run_as_the_trace_sent_at_the_engine_arrivals(data):
+    # engine.frontend (docs/engine.md §8): a request sent at t reaches the engine
+    # at t + request_ms + tokenize_us_per_token * P / 1000. The run equals the run
+    # without a frontend of the trace whose requests are sent at those times, in
+    # their order (stable): same passes, same token times per request.
+    n = data.draw(st.integers(2, 8))
+    sent = sorted(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)))
+    prompts = data.draw(st.lists(st.integers(1, 96), min_size=n, max_size=n))
+    outputs = data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    request_ms = data.draw(st.sampled_from([0.0, 1.0, 3.0]))
+    per_token_us = data.draw(st.sampled_from([0.0, 125.0, 250.0]))
+    engine = {"block_size": BLOCK_SIZE, "num_gpu_blocks": 64, "max_num_seqs": 16,
+              "async_scheduling": data.draw(st.booleans()),
+              "timing": {"type": "linear", "base_ms": 10, "per_token_ms": 0}}
+    cluster = {"workers": data.draw(st.integers(1, 2)),
+               "router": data.draw(st.sampled_from(["round_robin", "least_loaded"]))}
+    ids, unique = [], 1000
+    for p in prompts:
+        ids.append(list(range(unique, unique + ceil_div(p, TRACE_BLOCK_SIZE))))
+        unique += len(ids[-1])
+
+    def config(frontend):
+        e = dict(engine, frontend=frontend) if frontend else engine
+        return config_from_dict({"workload": {"synthetic": {"requests": 1}}, "engine": e,
+                                 "cluster": cluster, "output": {"pass_log": True}})
+
+    names = [f"r{i}" for i in range(n)]
+    delayed = simulate(config({"request_ms": request_ms, "tokenize_us_per_token": per_token_us}),
+                       workload_of(sent, prompts, outputs, ids, ids=names))
+    at = np.array(sent, dtype=np.float64) + request_ms + per_token_us * np.array(prompts) / 1000.0
+    order = np.argsort(at, kind="stable").tolist()
+    plain = simulate(config(None), workload_of(at[order].tolist(), [prompts[i] for i in order],
+                                               [outputs[i] for i in order],
+                                               [ids[i] for i in order],
+                                               ids=[names[i] for i in order]))
+
+    def passes(result):
+        return [(p["worker"], p["start_ms"], p["end_ms"],
+                 [(e["id"], e["tokens"]) for e in p["scheduled"]]) for p in result.pass_log]
+
+    def token_times(result):
+        r = result.records
+        return {r.ids[i]: (float(r.first_token_ms[i]), float(r.finish_ms[i])) for i in range(n)}
+
+    assert passes(delayed) == passes(plain)
+    assert token_times(delayed) == token_times(plain)
+    assert delayed.records.arrival_ms.tolist() == [float(t) for t in sent]

@@ -359,6 +359,7 @@ engine:
   async_scheduling: true
   max_model_len: 8192
   launch: {decode_ms: 1, piecewise_ms: 2, eager_ms: 3, eager_queue_fraction: 0.5}
+  frontend: {request_ms: 4, tokenize_us_per_token: 3.5}
   kv_offloading: {num_cpu_blocks: 100, bytes_per_token: 2, d2h_gbps: 3, h2d_gbps: 4, connector: simple_cpu}
   timing: {type: fitted, model: m.yaml}
 cluster: {workers: 3, router: kv_aware}
@@ -372,6 +373,20 @@ output: {telemetry_interval_ms: 250}
         assert config_from_dict(data, source=cfg.source) == cfg
     assert config_to_dict(lognormal)["workload"]["synthetic"]["input_tokens"]["max"] is None
     assert config_to_dict(full)["engine"]["timing"] == {"type": "fitted", "model": str(tmp_path / "m.yaml")}
+
+
+def test_frontend_is_a_mapping_of_non_negative_delays_given_once_for_the_cluster(base):
+    assert load_config(base).engine.frontend is None  # no frontend: none in the resolved config
+    assert "frontend" not in config_to_dict(load_config(base))["engine"]
+    cfg = load_config(base, ["engine.frontend.request_ms=4"])
+    assert (cfg.engine.frontend.request_ms, cfg.engine.frontend.tokenize_us_per_token) == (4, 0)
+    assert _error(base, ["engine.frontend.request_ms=-1"]).endswith(
+        "engine.frontend.request_ms: must be a number >= 0, got -1")
+    assert "engine.frontend.tokenise_us_per_token: unknown key" in _error(
+        base, ["engine.frontend.tokenise_us_per_token=1"])
+    assert ("cluster.prefill.frontend: the API server is in front of the whole cluster: set "
+            "engine.frontend instead") in _error(
+        base, ["cluster.mode=disaggregated", "cluster.prefill.frontend.request_ms=1"])
 
 
 # ----------------------------------------------------------------------------- examples

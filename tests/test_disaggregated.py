@@ -587,3 +587,15 @@ def test_the_report_names_each_pools_dp_width_when_they_differ():
     assert "1 prefill worker(s) × 1 DP rank(s) + 1 decode worker(s) × 4" in _workload_text(data)
     same = config_to_dict(config_from_dict(disagg(data_parallel_size=2), source="test"))
     assert "1 prefill + 1 decode worker(s) × 2 DP rank(s)" in _workload_text(same)
+
+
+def test_the_frontend_delays_each_arrival_at_the_prefill_pool():
+    # engine.frontend request_ms 2, tokenize_us_per_token 250 (as in
+    # test_engine_rules): a, sent at 0 with P=32, reaches the prefill worker at
+    # 10; b, sent at 1 with P=16, at 7, first. Prefill pass [7,17]: b 16; a
+    # arrived during it: [17,27]: a 32. The records keep the send times.
+    data = disagg(frontend={"request_ms": 2, "tokenize_us_per_token": 250})
+    _, result = simulate(data, [dict(id="a", t=0, P=32, O=2), dict(id="b", t=1, P=16, O=2)])
+    assert [(p[0], p[1], [e[0] for e in p[2]]) for p in passes(result, "prefill")] == [
+        (7, 17, ["b"]), (17, 27, ["a"])]
+    assert result.records.arrival_ms.tolist() == [0, 1]

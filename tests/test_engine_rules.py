@@ -713,6 +713,42 @@ def test_requests_released_together_wake_an_idle_engine_into_one_pass():
     assert records.arrival_ms.tolist() == [0, 0, 10, 10]
 
 
+def test_frontend_delays_each_arrival_by_its_prompt_and_a_short_prompt_can_overtake():
+    # engine.frontend: request_ms 2, tokenize_us_per_token 250 (0.25 ms a token).
+    # a: sent t=0, P=32 -> reaches the engine at 0 + 2 + 8 = 10; b: sent t=1,
+    # P=16 -> 1 + 2 + 4 = 7, before a. Sync: b wakes the idle engine at 7:
+    # pass 0 [7,17] b 16; a arrives during it; pass 1 is decided at 17 (b done):
+    # a 32 [17,27]; pass 2 [27,37] a 1. TTFT counts from the send time, as a
+    # benchmark client measures it: a 27 - 0, b 17 - 1.
+    cfg = make_config(frontend={"request_ms": 2, "tokenize_us_per_token": 250})
+    w = make_workload([dict(id="a", t=0, P=32, O=2), dict(id="b", t=1, P=16, O=1)])
+    records, log = run(cfg, w)
+    assert tokens(log) == [{"b": 16}, {"a": 32}, {"a": 1}]
+    assert times(log) == [(7, 17), (17, 27), (27, 37)]
+    assert records.arrival_ms.tolist() == [0, 1]
+    assert (req(records, "a")["first_token_ms"], req(records, "b")["first_token_ms"]) == (27, 17)
+    # request_ms alone keeps the order (the compiled loop takes the arrivals):
+    # a reaches the engine at 5, b at 6; pass 0 [5,15] a 32; pass 1 [15,25] a 1,
+    # b 16 (b arrived during pass 0)
+    records, log = run(make_config(frontend={"request_ms": 5}), w)
+    assert tokens(log) == [{"a": 32}, {"a": 1, "b": 16}]
+    assert times(log) == [(5, 15), (15, 25)]
+    assert records.arrival_ms.tolist() == [0, 1]
+    assert req(records, "b")["first_token_ms"] == 25
+
+
+def test_frontend_delays_a_closed_loops_released_request_after_its_send():
+    # _closed_loop_of_two with request_ms 5: a and b are sent at 0 and reach the
+    # engine at 5: pass 0 [5,15] a 16, b 16. At 15 b finishes (a token 1); pass 1
+    # is decided at 15: a 1 [15,25]. c is sent at 15 and arrives at 20, during
+    # pass 1: pass 2 [25,35] a 1, c 16; pass 3 [35,45] a 1. c's TTFT: 35 - 15.
+    records, log = run(make_config(frontend={"request_ms": 5}), _closed_loop_of_two())
+    assert tokens(log) == [{"a": 16, "b": 16}, {"a": 1}, {"a": 1, "c": 16}, {"a": 1}]
+    assert times(log) == [(5, 15), (15, 25), (25, 35), (35, 45)]
+    assert records.arrival_ms.tolist() == [0, 0, 15]
+    assert req(records, "c")["first_token_ms"] == 35
+
+
 def test_async_empty_decision_waits_for_the_pass_in_flight_and_decides_again_at_its_end():
     # Async, 2 usable blocks. a: t=0 P=16 O=1; b: t=5 P=16 O=1; c: t=10 P=16 O=1.
     # decide 0 (t=0): a 16 (1 block, free 1) -> pass 0 [0,10].

@@ -136,6 +136,23 @@ def test_a_next_turn_without_delay_arrives_after_the_decision_at_its_release(tmp
     assert (s1["first_token_ms"], s1["first_admission_cached_tokens"]) == (30, 16)
 
 
+def test_a_next_turn_reaches_the_engine_after_the_frontends_delay(tmp_path):
+    # As above with engine.frontend tokenize_us_per_token 125 (16 tokens: 2 ms,
+    # 32: 4 ms): x and s0, sent at 0, reach the engine at 2: pass 0 [2,12]: x 16,
+    # s0 16. At 12 s0 is done; pass 1 [12,22]: x 1. s1 is sent at 12 and
+    # reaches the engine at 16, during pass 1: pass 2 [22,32]: x 1, s1 16 + 16
+    # cached.
+    rows = [row(16, 3, [7], request_id="x", timestamp=0),
+            row(16, 1, [1], session_id="s", timestamp=0, request_id="s0"),
+            row(32, 1, [1, 2], session_id="s", delay=0, request_id="s1")]
+    records, log = run(make_config(frontend={"tokenize_us_per_token": 125}),
+                       trace(tmp_path, rows))
+    assert records.arrival_ms.tolist() == [0, 0, 12]
+    assert [p["start_ms"] for p in log] == [2, 12, 22]
+    assert [[e["id"] for e in p["scheduled"]] for p in log] == [["x", "s0"], ["x"], ["x", "s1"]]
+    assert req(records, "s1")["first_token_ms"] == 32
+
+
 def test_closed_loop_of_two_sessions_holds_each_slot_through_all_turns(tmp_path):
     # concurrency 2, sessions A, B, C of two turns (P=16, O=1, delay 5):
     # A0, B0 at 0 -> [0,10]; A1, B1 at 15 -> [15,25]; A and B are done at 25,

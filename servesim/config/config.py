@@ -21,6 +21,7 @@ import attrs
 
 from servesim.engine.config import (
     EngineConfig,
+    FrontendConfig,
     KVOffloadingConfig,
     KVTransferConfig,
     LaunchConfig,
@@ -92,8 +93,8 @@ _DISTRIBUTION_PARAMS = {
 }
 _KV_CACHE_KEYS = tuple(f.name for f in attrs.fields(KVCacheConfig))
 _SCHEDULER_KEYS = tuple(f.name for f in attrs.fields(SchedulerConfig))
-_ENGINE_KEYS = ("backend", *_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "kv_offloading",
-                "speculative", "timing", *DEPLOYMENT_KEYS)
+_ENGINE_KEYS = ("backend", *_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "frontend",
+                "kv_offloading", "speculative", "timing", *DEPLOYMENT_KEYS)
 # `slo` is read by `servesim capacity` / `search` (servesim/config/slo.py); a replay ignores it
 _TOP_KEYS = ("workload", "engine", "cluster", "output", "slo")
 _AGGREGATED_KEYS = ("workers", "data_parallel_size", "router")
@@ -178,6 +179,7 @@ def _engine_to_data(engine: EngineConfig) -> dict:
         **attrs.asdict(engine.scheduler),
         "launch": None if engine.launch is None else attrs.asdict(engine.launch),
         "detokenize_ms": engine.detokenize_ms,
+        **({} if engine.frontend is None else {"frontend": attrs.asdict(engine.frontend)}),
         "kv_offloading": None if engine.kv_offloading is None else attrs.asdict(engine.kv_offloading),
         **({} if engine.speculative is None else {"speculative": speculative_to_data(engine.speculative)}),
         "timing": _timing_to_data(engine.timing),
@@ -197,7 +199,7 @@ def _cluster_to_data(cluster: ClusterConfig, engine: EngineConfig) -> dict:
     base = _engine_to_data(engine)
     for pool in _POOLS:
         resolved = _engine_to_data(getattr(cluster, pool))
-        data[pool] = {key: value for key, value in resolved.items() if base[key] != value}
+        data[pool] = {key: value for key, value in resolved.items() if base.get(key) != value}
         width = getattr(cluster, f"{pool}_data_parallel_size")
         if width is not None:
             data[pool]["data_parallel_size"] = width
@@ -506,6 +508,7 @@ def _engine(ctx: Ctx, data, path_of=None, data_parallel_size=1) -> EngineConfig:
         timing=timing,
         launch=launch,
         detokenize_ms=s.get("detokenize_ms", NUMBER, 0.0, ge(0)),
+        frontend=_frontend(ctx, s.data.get("frontend"), s.sub("frontend")),
         kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading"), s.sub("kv_offloading")),
         speculative=speculative,
     )
@@ -583,6 +586,16 @@ def _launch(ctx: Ctx, data, path="engine.launch") -> LaunchConfig | None:
         eager_queue_fraction=s.get("eager_queue_fraction", NUMBER, d["eager_queue_fraction"], ge(0), le(1)),
         max_cudagraph_capture_size=s.get("max_cudagraph_capture_size", INT, d["max_cudagraph_capture_size"], ge(1)),
     )
+
+
+def _frontend(ctx: Ctx, data, path="engine.frontend") -> FrontendConfig | None:
+    """`engine.frontend`: the API server's delay of each request (docs/engine.md
+    §8, "Frontend"), or None."""
+    if data is None:
+        return None
+    d = _defaults(FrontendConfig)
+    s = Section(ctx, data, path, list(d))
+    return FrontendConfig(**{key: s.get(key, NUMBER, d[key], ge(0)) for key in d})
 
 
 def _kv_offloading(ctx: Ctx, data, path="engine.kv_offloading") -> KVOffloadingConfig | None:
@@ -683,6 +696,9 @@ def _pool_engine(ctx: Ctx, s: Section, pool: str, engine_data, engine: EngineCon
         if key not in pool_keys:
             ctx.fail(join(path, key), "unknown key" + did_you_mean(key, pool_keys, list_all=True))
     overrides = {key: value for key, value in overrides.items() if key != "data_parallel_size"}
+    if "frontend" in overrides:
+        ctx.fail(join(path, "frontend"), "the API server is in front of the whole cluster: "
+                 "set engine.frontend instead")
     merged = {**(engine_data if isinstance(engine_data, dict) else {}), **overrides}
 
     def path_of(key):

@@ -55,12 +55,31 @@ class LaunchConfig:
 
 
 @attrs.frozen
+class FrontendConfig:
+    """`engine.frontend`: the API server in front of the engine core
+    (docs/engine.md §8, "Frontend"). A request the client sends at `t`
+    reaches the engine at `t + request_ms + tokenize_us_per_token · P / 1000`
+    (P: its prompt tokens): HTTP handling, the chat template and
+    tokenization, which vLLM's API server does before it hands the request
+    to the engine core."""
+
+    request_ms: float = 0.0
+    tokenize_us_per_token: float = 0.0
+
+    def delay_ms(self, num_prompt_tokens):
+        """The frontend's delay of each request (ms), by its prompt tokens
+        (an array or an int)."""
+        return self.request_ms + self.tokenize_us_per_token * num_prompt_tokens / 1000.0
+
+
+@attrs.frozen
 class EngineConfig:
     kv_cache: KVCacheConfig = attrs.Factory(KVCacheConfig)
     scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
     timing: TimingConfig = attrs.Factory(TimingConfig)
     launch: LaunchConfig | None = None
     detokenize_ms: float = 0.0
+    frontend: FrontendConfig | None = None  # None: requests reach the engine when sent
     kv_offloading: KVOffloadingConfig | None = None
     speculative: SpeculativeConfig | None = None
     deployment: DeploymentConfig | None = None  # engine.model, engine.gpu, ... (docs/deployment.md)

@@ -97,8 +97,9 @@ class _ArraySides:
         kv_handoff.connect(prefill_cores, decode_cores, self.transfers)
 
     def create_prefill(self, i):
-        """Request i arrives at the prefill pool: its arrival instant in the table."""
-        self.prefill.R["arrival_time"][i] = self.replay.arrival_ms[i]
+        """Request i arrives at the prefill pool: its arrival instant at the
+        engine (after the frontend's delay) in the table."""
+        self.prefill.R["arrival_time"][i] = self.replay.engine_arrival_ms(i)
         return i
 
     def remote_decode(self, i) -> bool:
@@ -240,14 +241,16 @@ class DisaggregatedReplay(Replay):
         # (`_on_arrival`)
         never_fits = (self._never_fit(self.decode_workers[0].ranks[0].scheduler, 1)
                       & (self.max_tokens > 1))
+        if w.concurrency is None:
+            self._engine_ms, self._open_order = self._open_arrivals()
         self.runner.attach(
             pool_arrays(self.router.arrays, self.router.code, prefill),
             pool_arrays(self.decode_router.arrays, self.decode_router.code, decode, 1),
-            (self.arrival_ms, np.ascontiguousarray(w.dp_rank, np.int64), never_fits,
+            (self._engine_ms, np.ascontiguousarray(w.dp_rank, np.int64), never_fits,
              self.prefill_worker_of, self.prefill_rank_of, self.worker_of, self.rank_of,
              self.sides.handed, self.status, int(STATUS_FINISHED), int(STATUS_REJECTED)))
-        if not self._loop_takes_arrivals():
-            return super()._schedule_arrivals()
+        if self._open_order is not None or not self._loop_takes_arrivals():
+            return super()._schedule_arrivals()  # (the compiled loop takes them in workload order)
         # an open loop: the workers' compiled loop routes the arrivals, hands
         # the requests off and marks them finished (a finish releases nothing)
         self.loop.seq += 1

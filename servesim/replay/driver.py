@@ -46,7 +46,7 @@ class RequestStore:
                                   w.accepted_offsets, w.accepted_values)
 
     def create(self, i):
-        self.table.R["arrival_time"][i] = self.replay.arrival_ms[i]
+        self.table.R["arrival_time"][i] = self.replay.engine_arrival_ms(i)
         return i
 
     def make_scheduler(self, config, pool):
@@ -94,7 +94,15 @@ class Replay:
             self.idents, num_identities = session_block_identities(
                 workload.sessions, self.idents, self.ident_offsets, num_identities,
                 prompt, self.max_tokens, block_size, hash_lookahead)
+        # when each request is sent (the client's clock: TTFT counts from it)
         self.arrival_ms = workload.arrival_ms.astype(np.float64).copy()
+        # the API server's delay of each, before it reaches the engine (None: none)
+        frontend = engine.frontend
+        self.frontend_ms = (None if frontend is None else
+                            frontend.delay_ms(workload.input_length.astype(np.float64)))
+        # an open loop's engine arrivals, and their order when the frontend
+        # reorders them (None: workload order; `_open_arrivals`)
+        self._engine_ms, self._open_order = self.arrival_ms, None
         self.tokens = TokenLog(self.max_tokens, engine.detokenize_ms)
         self.loop = EventLoop()
         n = len(workload)
@@ -123,7 +131,8 @@ class Replay:
             from servesim.workload.sessions import SessionArrivals
 
             self.sessions = SessionArrivals(workload.sessions, self.arrival_ms,
-                                            workload.concurrency, self.loop, self._on_arrival)
+                                            workload.concurrency, self.loop, self._on_arrival,
+                                            self.frontend_ms)
 
     def _build_workers(self, num_identities):
         """The request store, the workers and the router."""
@@ -164,27 +173,62 @@ class Replay:
 
     # -- arrivals ------------------------------------------------------------
 
+    def engine_arrival_ms(self, i) -> float:
+        """When request i reaches the engine: when it was sent, plus the
+        frontend's delay (`engine.frontend`)."""
+        t = float(self.arrival_ms[i])
+        return t if self.frontend_ms is None else t + float(self.frontend_ms[i])
+
+    def _send(self, i, t, order):
+        """Request i is sent at `t`: it arrives at the engine after the
+        frontend's delay, at order `order` if there is none (RELEASED for a
+        request sent at a release instant), else as an outside arrival
+        (ARRIVAL): it reaches the engine after the release instant."""
+        self.arrival_ms[i] = t
+        at = self.engine_arrival_ms(i)
+        self.loop.schedule(at, order if at == t else ARRIVAL, self._on_arrival, i)
+
+    def _open_arrivals(self):
+        """An open loop's engine arrival times (`engine_arrival_ms` of each)
+        and the order they come in: None when that is the workload order, else
+        their stable sort (a per-token tokenize delay can let a short prompt
+        sent later overtake a long one; equal times keep the workload order)."""
+        if self.frontend_ms is None:
+            return self.arrival_ms, None
+        at = self.arrival_ms + self.frontend_ms
+        if np.all(at[1:] >= at[:-1]):
+            return at, None
+        return at, np.argsort(at, kind="stable")
+
+    def _open(self, k) -> int:
+        """The k-th request to reach the engine in an open loop."""
+        return k if self._open_order is None else int(self._open_order[k])
+
     def _schedule_arrivals(self):
         if self.sessions is not None:
             return self.sessions.start()
         concurrency = self.workload.concurrency
         n = len(self.workload)
-        if concurrency is None and self._arrivals_in_loop():
+        if concurrency is None:
+            self._engine_ms, self._open_order = self._open_arrivals()
+        # the compiled loops admit arrivals in workload order only
+        in_order = self._open_order is None
+        if concurrency is None and in_order and self._arrivals_in_loop():
             # the worker's compiled loop admits them (sequence drawn as below)
             # rejected at arrival (`_sync_arrivals`)
             self._never_fits = self._never_fit(self.workers[0].ranks[0].scheduler)
             self.loop.seq += 1
-            self.workers[0].take_arrivals(self.arrival_ms, self.loop.seq)
+            self.workers[0].take_arrivals(self._engine_ms, self.loop.seq)
             self._own_arrivals = True
             self._next_release = n
-        elif concurrency is None and self._cluster_takes_arrivals():
+        elif concurrency is None and in_order and self._cluster_takes_arrivals():
             # the workers' compiled loop routes and admits them (aggregated_loop.py)
             from servesim.engine.aggregated_loop import AggregatedLoop
 
             w = self.workload
             self.cluster = AggregatedLoop(
                 self.workers, self.loop, self, self.workers[0].pass_log, self.router.arrays,
-                self.router.code, self.arrival_ms, np.ascontiguousarray(w.dp_rank, np.int64),
+                self.router.code, self._engine_ms, np.ascontiguousarray(w.dp_rank, np.int64),
                 self.worker_of, self.rank_of, self.status, STATUS_FINISHED, STATUS_REJECTED)
             self.loop.seq += 1
             self.cluster.take_arrivals(self.loop.seq)
@@ -192,15 +236,15 @@ class Replay:
             self._next_release = n
         elif concurrency is None:
             # one arrival in the heap at a time: each schedules the next (the
-            # heap stays small; arrivals keep their workload order)
+            # heap stays small; arrivals keep their order, `_open`)
             if n:
-                self.loop.schedule(float(self.arrival_ms[0]), ARRIVAL, self._on_open_arrival, 0)
+                self.loop.schedule(float(self._engine_ms[self._open(0)]), ARRIVAL,
+                                   self._on_open_arrival, 0)
             self._next_release = n
         else:
             first = min(concurrency, n)
             for i in range(first):
-                self.arrival_ms[i] = 0.0
-                self.loop.schedule(0.0, ARRIVAL, self._on_arrival, i)
+                self._send(i, 0.0, ARRIVAL)
             self._next_release = first
 
     def _never_fit(self, scheduler, extra_tokens=0):
@@ -258,10 +302,12 @@ class Replay:
         self.num_done += len(rejected)
         self._arrivals = new
 
-    def _on_open_arrival(self, i):
-        if i + 1 < len(self.workload):
-            self.loop.schedule(float(self.arrival_ms[i + 1]), ARRIVAL, self._on_open_arrival, i + 1)
-        self._on_arrival(i)
+    def _on_open_arrival(self, k):
+        """The k-th open-loop arrival at the engine (`_open`): it schedules the next."""
+        if k + 1 < len(self.workload):
+            self.loop.schedule(float(self._engine_ms[self._open(k + 1)]), ARRIVAL,
+                               self._on_open_arrival, k + 1)
+        self._on_arrival(self._open(k))
 
     def _on_arrival(self, i):
         w = self.workload
@@ -305,9 +351,7 @@ class Replay:
         if self._next_release < len(self.workload):
             j = self._next_release
             self._next_release += 1
-            t = self.loop.now if at is None else at
-            self.arrival_ms[j] = t
-            self.loop.schedule(t, RELEASED, self._on_arrival, j)
+            self._send(j, self.loop.now if at is None else at, RELEASED)
 
     def on_progress(self, core=None):
         """After a compiled run of `core`'s events: the debug mode's check
@@ -337,7 +381,7 @@ class Replay:
         elif self.workload.concurrency is not None:
             key = self.loop.next_key()
         elif self._arrivals < len(self.workload) and not self._own_arrivals:
-            key = (float(self.arrival_ms[self._arrivals]), ARRIVAL, 0)
+            key = (float(self._engine_ms[self._open(self._arrivals)]), ARRIVAL, 0)
         else:
             key = (math.inf, 0, 0)
         if self._log_in_order:

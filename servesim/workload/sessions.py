@@ -286,8 +286,11 @@ class SessionArrivals:
     done arrives at the latest of their finishes plus its delay; sent at a
     release instant (no delay, or a session started), it arrives after every
     decision at that instant (order RELEASED, engine/events.py).
-    `arrival_ms` (the driver's array) gets every arrival time when it is
-    fixed; `on_arrival(i)` is the driver's arrival handler.
+    `arrival_ms` (the driver's array) gets every send time when it is
+    fixed; `on_arrival(i)` is the driver's arrival handler. `frontend_ms`
+    (None: none) delays each request's arrival at the engine after it is sent
+    (`engine.frontend`); a delayed request arrives as an outside one (order
+    ARRIVAL), and roots arrive in the order of their engine arrival.
 
     `horizon()` bounds the compiled runs of passes (engine/pass_loop.py): no
     arrival can come before the earliest arrival already scheduled, nor
@@ -295,9 +298,11 @@ class SessionArrivals:
     the smallest delay a finish waits before it releases a request (0 in a
     closed loop: a session's end starts the next at once)."""
 
-    def __init__(self, plan: SessionPlan, arrival_ms, concurrency, loop, on_arrival):
+    def __init__(self, plan: SessionPlan, arrival_ms, concurrency, loop, on_arrival,
+                 frontend_ms=None):
         self.plan = plan
         self.arrival_ms = arrival_ms
+        self.frontend_ms = frontend_ms
         self.loop = loop
         self.on_arrival = on_arrival
         self.concurrency = concurrency
@@ -317,7 +322,8 @@ class SessionArrivals:
         self.left = np.bincount(plan.session, minlength=len(plan.session_ids)).astype(np.int64)
         roots = plan.roots()
         if concurrency is None:
-            self.roots = roots[np.argsort(arrival_ms[roots], kind="stable")]
+            at = arrival_ms[roots] if frontend_ms is None else arrival_ms[roots] + frontend_ms[roots]
+            self.roots = roots[np.argsort(at, kind="stable")]
         else:
             self.roots = roots  # workload order; grouped per session below
             first = np.full(len(plan.session_ids), n, dtype=np.int64)
@@ -344,13 +350,25 @@ class SessionArrivals:
         heapq.heappush(self.pending, t)
         self.loop.schedule(t, order, handler, arg)
 
+    def _engine_ms(self, i) -> float:
+        """When request i, sent at `arrival_ms[i]`, reaches the engine."""
+        t = float(self.arrival_ms[i])
+        return t if self.frontend_ms is None else t + float(self.frontend_ms[i])
+
+    def _send(self, i, t, order):
+        """Request i is sent at `t`: its arrival at the engine, at `order`
+        unless the frontend delays it past `t` (then ARRIVAL)."""
+        self.arrival_ms[i] = t
+        at = self._engine_ms(i)
+        self._schedule(at, self._on_request, i, order if at == t else ARRIVAL)
+
     def _on_request(self, i):
         heapq.heappop(self.pending)
         self.on_arrival(i)
 
     def _schedule_root(self, k):
         i = int(self.roots[k])
-        self._schedule(float(self.arrival_ms[i]), self._on_root, k)
+        self._schedule(self._engine_ms(i), self._on_root, k)
 
     def _on_root(self, k):
         heapq.heappop(self.pending)
@@ -365,8 +383,7 @@ class SessionArrivals:
         self.next_session += 1
         now = self.loop.now
         for i in self.session_roots[s]:
-            self.arrival_ms[i] = now
-            self._schedule(now, self._on_request, i, RELEASED)
+            self._send(i, now, RELEASED)
 
     def done(self, i, finish_ms):
         """Request i is done (finished at `finish_ms`, the client's last
@@ -379,9 +396,8 @@ class SessionArrivals:
             self.waiting[c] -= 1
             if self.waiting[c] == 0:
                 t = float(self.ready_ms[c] + plan.delay_ms[c])
-                self.arrival_ms[c] = t
                 # sent at the release instant: after every decision at it
-                self._schedule(t, self._on_request, c, RELEASED if t == finish_ms else ARRIVAL)
+                self._send(c, t, RELEASED if t == finish_ms else ARRIVAL)
         s = plan.session[i]
         self.left[s] -= 1
         if self.left[s] == 0 and self.concurrency is not None:
