@@ -389,6 +389,16 @@ def test_frontend_is_a_mapping_of_non_negative_delays_given_once_for_the_cluster
         base, ["cluster.mode=disaggregated", "cluster.prefill.frontend.request_ms=1"])
 
 
+def test_host_ms_per_pass_is_a_non_negative_number_kept_out_of_the_resolved_config_at_0(base):
+    assert load_config(base).engine.host_ms_per_pass == 0
+    assert "host_ms_per_pass" not in config_to_dict(load_config(base))["engine"]
+    cfg = load_config(base, ["engine.host_ms_per_pass=1.4"])
+    assert config_to_dict(cfg)["engine"]["host_ms_per_pass"] == 1.4
+    assert config_from_dict(config_to_dict(cfg), source=cfg.source) == cfg
+    assert _error(base, ["engine.host_ms_per_pass=-1"]).endswith(
+        "engine.host_ms_per_pass: must be a number >= 0, got -1")
+
+
 # ----------------------------------------------------------------------------- examples
 
 

@@ -749,6 +749,33 @@ def test_frontend_delays_a_closed_loops_released_request_after_its_send():
     assert req(records, "c")["first_token_ms"] == 35
 
 
+def _three_tokens():
+    return make_workload([dict(id="a", t=0, P=16, O=3)])
+
+
+def test_sync_host_time_runs_between_passes():
+    # host_ms_per_pass 2 (engine/launch.py): a pass starts on the GPU 2 ms after
+    # its decision. Sync: a (P=16, O=3) wakes the engine at 0: pass 0 [2,12];
+    # pass 1 is decided at 12 (pass 0's outputs): [14,24]; pass 2 [26,36].
+    records, log = run(make_config(host_ms_per_pass=2), _three_tokens())
+    assert times(log) == [(2, 12), (14, 24), (26, 36)]
+    assert req(records, "a")["finish_ms"] == 36
+
+
+def test_async_host_time_hides_under_the_pass_in_flight_and_shows_where_longer():
+    # Async, host 2 < 10 ms a pass: decide 0 at 0: pass 0 [2,12]; decide 1 at 0
+    # (a 1 on a placeholder): ready at 2, starts when pass 0 ends: [12,22];
+    # decide 2 at 12: ready at 14 < 22: [22,32]. Only the first pass waits.
+    records, log = run(make_config(host_ms_per_pass=2, **ASYNC), _three_tokens())
+    assert times(log) == [(2, 12), (12, 22), (22, 32)]
+    assert req(records, "a")["finish_ms"] == 32
+    # host 15 > 10: decide 0 at 0: [15,25]; decide 1 at 0: ready 15, after pass
+    # 0: [25,35]; decide 2 at 25 (pass 0's end): ready 40 > 35: [40,50], 5 ms
+    # of the host time shown.
+    records, log = run(make_config(host_ms_per_pass=15, **ASYNC), _three_tokens())
+    assert times(log) == [(15, 25), (25, 35), (40, 50)]
+
+
 def test_async_empty_decision_waits_for_the_pass_in_flight_and_decides_again_at_its_end():
     # Async, 2 usable blocks. a: t=0 P=16 O=1; b: t=5 P=16 O=1; c: t=10 P=16 O=1.
     # decide 0 (t=0): a 16 (1 block, free 1) -> pass 0 [0,10].

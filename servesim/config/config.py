@@ -94,7 +94,7 @@ _DISTRIBUTION_PARAMS = {
 _KV_CACHE_KEYS = tuple(f.name for f in attrs.fields(KVCacheConfig))
 _SCHEDULER_KEYS = tuple(f.name for f in attrs.fields(SchedulerConfig))
 _ENGINE_KEYS = ("backend", *_KV_CACHE_KEYS, *_SCHEDULER_KEYS, "launch", "detokenize_ms", "frontend",
-                "kv_offloading", "speculative", "timing", *DEPLOYMENT_KEYS)
+                "host_ms_per_pass", "kv_offloading", "speculative", "timing", *DEPLOYMENT_KEYS)
 # `slo` is read by `servesim capacity` / `search` (servesim/config/slo.py); a replay ignores it
 _TOP_KEYS = ("workload", "engine", "cluster", "output", "slo")
 _AGGREGATED_KEYS = ("workers", "data_parallel_size", "router")
@@ -180,6 +180,7 @@ def _engine_to_data(engine: EngineConfig) -> dict:
         "launch": None if engine.launch is None else attrs.asdict(engine.launch),
         "detokenize_ms": engine.detokenize_ms,
         **({} if engine.frontend is None else {"frontend": attrs.asdict(engine.frontend)}),
+        **({"host_ms_per_pass": engine.host_ms_per_pass} if engine.host_ms_per_pass else {}),
         "kv_offloading": None if engine.kv_offloading is None else attrs.asdict(engine.kv_offloading),
         **({} if engine.speculative is None else {"speculative": speculative_to_data(engine.speculative)}),
         "timing": _timing_to_data(engine.timing),
@@ -509,6 +510,7 @@ def _engine(ctx: Ctx, data, path_of=None, data_parallel_size=1) -> EngineConfig:
         launch=launch,
         detokenize_ms=s.get("detokenize_ms", NUMBER, 0.0, ge(0)),
         frontend=_frontend(ctx, s.data.get("frontend"), s.sub("frontend")),
+        host_ms_per_pass=s.get("host_ms_per_pass", NUMBER, 0.0, ge(0)),
         kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading"), s.sub("kv_offloading")),
         speculative=speculative,
     )

@@ -80,6 +80,7 @@ class EngineConfig:
     launch: LaunchConfig | None = None
     detokenize_ms: float = 0.0
     frontend: FrontendConfig | None = None  # None: requests reach the engine when sent
+    host_ms_per_pass: float = 0.0  # CPU work before each pass's GPU start (engine/launch.py)
     kv_offloading: KVOffloadingConfig | None = None
     speculative: SpeculativeConfig | None = None
     deployment: DeploymentConfig | None = None  # engine.model, engine.gpu, ... (docs/deployment.md)

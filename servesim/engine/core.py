@@ -113,7 +113,8 @@ class EngineCore:
         # handoffs are attached to it after this (`attach_transfers`)
         self.compiled = WorkerLoop(
             self.ranks, index, {None: -1, "prefill": 0, "decode": 1}[pool],
-            self.async_scheduling, launch_params(self.launch), usage, counters)
+            self.async_scheduling, launch_params(self.launch, config.host_ms_per_pass), usage,
+            counters)
         # the compiled loop's one live event on the event loop: its key and
         # token (an earlier wake replaces it; the one it replaced is ignored)
         self._resume_key = None

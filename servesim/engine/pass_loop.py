@@ -82,7 +82,7 @@ counts (servesim/jit.py); its callers hold every array it gets.
 
 
 from servesim.engine.events import ARRIVAL, DECIDE, PASS_END
-from servesim.engine.launch import launch_end_ms
+from servesim.engine.launch import host_ready_ms, launch_end_ms
 from servesim.engine.pricing import price_features
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
 # change; edit this line with them. Table layout 3.)
@@ -414,9 +414,11 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                         _wake_at(_next_completion_ms(kv_t, ranks), w.sched_t, ranks, ws, wt, w.xw_t,
                                  w.xw_s)
             continue  # else wait: for the pass in flight's end, or an arrival
-        # launch it: it starts when the pass in flight ends, and no earlier
-        # than the stores still reading the G1 blocks it writes
-        start = max(t, w.ptime[head, P_END]) if count == 1 else t
+        # launch it: it starts when the host is done with it and the pass in
+        # flight ends, and no earlier than the stores still reading the G1
+        # blocks it writes
+        ready = host_ready_ms(w.launch, t)
+        start = max(ready, w.ptime[head, P_END]) if count == 1 else ready
         if kv_t is not None:
             if cpu:
                 for r in range(ranks):
