@@ -364,3 +364,34 @@ def test_a_frontend_delay_is_the_same_run_as_the_trace_sent_at_the_engine_arriva
     assert passes(delayed) == passes(plain)
     assert token_times(delayed) == token_times(plain)
     assert delayed.records.arrival_ms.tolist() == [float(t) for t in sent]
+
+
+# ------------------------------------------------------------ host time per pass
+
+
+@settings(max_examples=int(os.environ.get("CLUSTER_EXAMPLES", 15)), deadline=None,
+          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_each_pass_starts_when_the_host_is_done_with_it_and_the_gpu_is_free(data):
+    # engine.host_ms_per_pass h (engine/launch.py): every pass starts on the GPU
+    # at max(its decision + h, the end of the pass before it on its worker) —
+    # sync and async, one or two workers (no CPU tier: nothing else delays a start)
+    n = data.draw(st.integers(1, 8))
+    sent = sorted(data.draw(st.lists(st.integers(0, 60), min_size=n, max_size=n)))
+    prompts = data.draw(st.lists(st.integers(1, 96), min_size=n, max_size=n))
+    outputs = data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    host = data.draw(st.sampled_from([0.5, 4.0, 15.0]))
+    engine = {"block_size": BLOCK_SIZE, "num_gpu_blocks": 64, "max_num_seqs": 16,
+              "async_scheduling": data.draw(st.booleans()), "host_ms_per_pass": host,
+              "timing": {"type": "linear", "base_ms": 10, "per_token_ms": 0}}
+    cfg = config_from_dict({"workload": {"synthetic": {"requests": 1}}, "engine": engine,
+                            "cluster": {"workers": data.draw(st.integers(1, 2))},
+                            "output": {"pass_log": True}})
+    ids = [list(range(1000 + 10 * i, 1000 + 10 * i + ceil_div(p, TRACE_BLOCK_SIZE)))
+           for i, p in enumerate(prompts)]
+    result = simulate(cfg, workload_of(sent, prompts, outputs, ids))
+    last_end = {}
+    for p in sorted(result.pass_log, key=lambda p: (p["worker"], p["start_ms"])):
+        free = last_end.get(p["worker"], -math.inf)
+        assert p["start_ms"] == max(p["decided_ms"] + host, free)
+        last_end[p["worker"]] = p["end_ms"]
