@@ -312,43 +312,57 @@ def _subset(workload, rows, ranks):
 
 
 # ------------------------------------------------------------ the frontend's delay
+# and the host time per pass: small open-loop runs of unique prompts on one or
+# two workers, linear 10 ms passes
 
 
-@settings(max_examples=int(os.environ.get("CLUSTER_EXAMPLES", 15)), deadline=None,
-          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+def _small_requests(data, min_n):
+    """`(sent, prompts, outputs, hash ids)` of 1-8 requests sent in 0-40 ms."""
+    n = data.draw(st.integers(min_n, 8))
+    sent = sorted(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)))
+    prompts = data.draw(st.lists(st.integers(1, 96), min_size=n, max_size=n))
+    outputs = data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    ids = [list(range(1000 + 10 * i, 1000 + 10 * i + ceil_div(p, TRACE_BLOCK_SIZE)))
+           for i, p in enumerate(prompts)]
+    return sent, prompts, outputs, ids
+
+
+def _small_config(data, **engine):
+    """A sync or async engine (`engine`'s keys added) on one or two workers."""
+    engine = {"block_size": BLOCK_SIZE, "num_gpu_blocks": 64, "max_num_seqs": 16,
+              "async_scheduling": data.draw(st.booleans()),
+              "timing": {"type": "linear", "base_ms": 10, "per_token_ms": 0}, **engine}
+    cluster = {"workers": data.draw(st.integers(1, 2)),
+               "router": data.draw(st.sampled_from(["round_robin", "least_loaded"]))}
+    return config_from_dict({"workload": {"synthetic": {"requests": 1}}, "engine": engine,
+                             "cluster": cluster, "output": {"pass_log": True}})
+
+
+SMALL_SETTINGS = settings(max_examples=int(os.environ.get("CLUSTER_EXAMPLES", 15)),
+                          deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+
+
+@SMALL_SETTINGS
 @given(st.data())
 def test_a_frontend_delay_is_the_same_run_as_the_trace_sent_at_the_engine_arrivals(data):
     # engine.frontend (docs/engine.md §8): a request sent at t reaches the engine
     # at t + request_ms + tokenize_us_per_token * P / 1000. The run equals the run
     # without a frontend of the trace whose requests are sent at those times, in
     # their order (stable): same passes, same token times per request.
-    n = data.draw(st.integers(2, 8))
-    sent = sorted(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)))
-    prompts = data.draw(st.lists(st.integers(1, 96), min_size=n, max_size=n))
-    outputs = data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    sent, prompts, outputs, ids = _small_requests(data, 2)
+    n = len(sent)
     request_ms = data.draw(st.sampled_from([0.0, 1.0, 3.0]))
     per_token_us = data.draw(st.sampled_from([0.0, 125.0, 250.0]))
-    engine = {"block_size": BLOCK_SIZE, "num_gpu_blocks": 64, "max_num_seqs": 16,
-              "async_scheduling": data.draw(st.booleans()),
-              "timing": {"type": "linear", "base_ms": 10, "per_token_ms": 0}}
-    cluster = {"workers": data.draw(st.integers(1, 2)),
-               "router": data.draw(st.sampled_from(["round_robin", "least_loaded"]))}
-    ids, unique = [], 1000
-    for p in prompts:
-        ids.append(list(range(unique, unique + ceil_div(p, TRACE_BLOCK_SIZE))))
-        unique += len(ids[-1])
-
-    def config(frontend):
-        e = dict(engine, frontend=frontend) if frontend else engine
-        return config_from_dict({"workload": {"synthetic": {"requests": 1}}, "engine": e,
-                                 "cluster": cluster, "output": {"pass_log": True}})
-
+    frontend = {"request_ms": request_ms, "tokenize_us_per_token": per_token_us}
+    delayed_config = _small_config(data, frontend=frontend)
+    plain_config = attrs.evolve(delayed_config,
+                                engine=attrs.evolve(delayed_config.engine, frontend=None))
     names = [f"r{i}" for i in range(n)]
-    delayed = simulate(config({"request_ms": request_ms, "tokenize_us_per_token": per_token_us}),
-                       workload_of(sent, prompts, outputs, ids, ids=names))
+    delayed = simulate(delayed_config, workload_of(sent, prompts, outputs, ids, ids=names))
     at = np.array(sent, dtype=np.float64) + request_ms + per_token_us * np.array(prompts) / 1000.0
     order = np.argsort(at, kind="stable").tolist()
-    plain = simulate(config(None), workload_of(at[order].tolist(), [prompts[i] for i in order],
+    plain = simulate(plain_config, workload_of(at[order].tolist(), [prompts[i] for i in order],
                                                [outputs[i] for i in order],
                                                [ids[i] for i in order],
                                                ids=[names[i] for i in order]))
@@ -366,30 +380,16 @@ def test_a_frontend_delay_is_the_same_run_as_the_trace_sent_at_the_engine_arriva
     assert delayed.records.arrival_ms.tolist() == [float(t) for t in sent]
 
 
-# ------------------------------------------------------------ host time per pass
-
-
-@settings(max_examples=int(os.environ.get("CLUSTER_EXAMPLES", 15)), deadline=None,
-          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@SMALL_SETTINGS
 @given(st.data())
 def test_each_pass_starts_when_the_host_is_done_with_it_and_the_gpu_is_free(data):
     # engine.host_ms_per_pass h (engine/launch.py): every pass starts on the GPU
     # at max(its decision + h, the end of the pass before it on its worker) —
     # sync and async, one or two workers (no CPU tier: nothing else delays a start)
-    n = data.draw(st.integers(1, 8))
-    sent = sorted(data.draw(st.lists(st.integers(0, 60), min_size=n, max_size=n)))
-    prompts = data.draw(st.lists(st.integers(1, 96), min_size=n, max_size=n))
-    outputs = data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    sent, prompts, outputs, ids = _small_requests(data, 1)
     host = data.draw(st.sampled_from([0.5, 4.0, 15.0]))
-    engine = {"block_size": BLOCK_SIZE, "num_gpu_blocks": 64, "max_num_seqs": 16,
-              "async_scheduling": data.draw(st.booleans()), "host_ms_per_pass": host,
-              "timing": {"type": "linear", "base_ms": 10, "per_token_ms": 0}}
-    cfg = config_from_dict({"workload": {"synthetic": {"requests": 1}}, "engine": engine,
-                            "cluster": {"workers": data.draw(st.integers(1, 2))},
-                            "output": {"pass_log": True}})
-    ids = [list(range(1000 + 10 * i, 1000 + 10 * i + ceil_div(p, TRACE_BLOCK_SIZE)))
-           for i, p in enumerate(prompts)]
-    result = simulate(cfg, workload_of(sent, prompts, outputs, ids))
+    result = simulate(_small_config(data, host_ms_per_pass=host),
+                      workload_of(sent, prompts, outputs, ids))
     last_end = {}
     for p in sorted(result.pass_log, key=lambda p: (p["worker"], p["start_ms"])):
         free = last_end.get(p["worker"], -math.inf)
