@@ -8,7 +8,12 @@ closed loop of CONC clients all starting at once, CONC*10 random prompts
 sharing nothing, prompt and output lengths uniform in [0.8 L, L], vLLM's
 defaults otherwise; a Dynamo node job's row as 8 / (TP x PP) replicas, see
 `replicas`) and compare its mean TTFT and TPOT over all requests with the
-measured means. `benchmarks/silicon_breakdown.py` reads the `--out` rows and
+measured means. Each source's documented server flags (`source`): InferenceX's
+(`INFERENCEX_SERVER`, max_num_seqs = CONC); NVIDIA's gap-analysis rows,
+whose client is not recorded, replayed with uniform and with fixed lengths
+(`protocols_of`). Rows whose measured TTFT says they waited for KV cache
+(`kv_bound`) are summarized apart, with the concurrency servesim's engine
+admitted (`admitted`). `benchmarks/silicon_breakdown.py` reads the `--out` rows and
 shows where the error comes from. Next to it, AIConfigurator's own static estimate
 (`aiconfigurator.cli.api.cli_estimate`, aggregated mode) for the same row,
 when the `aiconfigurator` package is installed. No constant is fitted to the
@@ -91,12 +96,49 @@ def vllm_default_max_num_seqs(system):
 
 # The Qwen3-32B, Qwen3-235B-A22B-FP8 and Llama-3.1-8B rows come from NVIDIA's
 # own gap analysis (`source_file=.../aic-auto-gap-analysis/...`), whose client
-# the package does not name; they are simulated like the others. `--protocol
-# genai_perf` replays them (or any row) the way the package's own
-# `aiconfigurator eval` harness measures (aiconfigurator/eval/benchmarks/
-# genai_perf_runner.py): genai-perf with fixed lengths (stddev 0),
-# --concurrency CONC --request-count CONC*10.
+# the package does not name: each is replayed both ways, with the lengths
+# uniform in [0.8 L, L] (benchmark_serving) and fixed (`genai_perf`, the way
+# the package's own `aiconfigurator eval` harness measures,
+# aiconfigurator/eval/benchmarks/genai_perf_runner.py: genai-perf with fixed
+# lengths (stddev 0), --concurrency CONC --request-count CONC*10), and the
+# measured TTFT is expected between the two. `--protocol` replays every row
+# one way.
 PROTOCOLS = ("benchmark_serving", "genai_perf")
+
+# Where a row was measured (`source`): InferenceX's runs (`source_file=
+# YYYY-MM-DD.csv; model=...`), NVIDIA's gap analysis, a Dynamo node job, or
+# another source (replayed as InferenceX's client, vLLM's server defaults).
+SOURCES = ("inferencex", "gap_analysis", "dynamo", "other")
+
+# InferenceX's vLLM server flags for its Llama-3.1-70B FP8 runs (issue 38,
+# item 6): async scheduling, an fp8 KV cache, max_num_seqs = CONC, prefix
+# caching off, 8192 batched tokens, gpu_memory_utilization 0.9 (vLLM's default).
+INFERENCEX_SERVER = {"async_scheduling": True, "kv_cache_dtype": "fp8"}
+
+# A row whose measured TTFT exceeds this at ISL <= 8192 queued for KV cache,
+# not for compute: it is judged by the concurrency its engine admitted and
+# reported apart.
+KV_BOUND_TTFT_MS = 5000.0
+KV_BOUND_MAX_ISL = 8192
+
+
+def source(row) -> str:
+    """Which of SOURCES measured the row (its `silicon_data_source`)."""
+    import re
+
+    text = row["silicon_data_source"]
+    if "gtl_job_id=" in text:
+        return "dynamo"
+    if "aic-auto-gap-analysis" in text:
+        return "gap_analysis"
+    if re.search(r"source_file=\d{4}-\d{2}-\d{2}\.csv", text) and "model=" in text:
+        return "inferencex"
+    return "other"
+
+
+def kv_bound(row) -> bool:
+    """Whether the row's measured TTFT says it waited for KV cache."""
+    return float(row["silicon_ttft_ms"]) > KV_BOUND_TTFT_MS and int(row["isl"]) <= KV_BOUND_MAX_ISL
 
 # The rows of NVIDIA's Dynamo node jobs (`gtl_job_id=... image=...ai-dynamo/
 # ...-runtime`) measure one 8-GPU node serving the row's deployment as
@@ -152,6 +194,8 @@ def row_config(row, protocol=None):
     }
     if row["precision"] == "fp8":
         engine["quantization"] = "fp8"
+    if source(row) == "inferencex":
+        engine.update(INFERENCEX_SERVER, max_num_seqs=conc)
     return {
         "workload": {"synthetic": {
             "requests": PROMPTS_PER_CLIENT * conc,
@@ -176,7 +220,64 @@ def simulate_row(row, protocol=None):
     ttft = rec.first_token_ms - rec.arrival_ms
     many = rec.output_tokens > 1
     tpot = (rec.finish_ms[many] - rec.first_token_ms[many]) / (rec.output_tokens[many] - 1)
-    return float(np.mean(ttft)), float(np.mean(tpot)), report.summary["passes"]
+    return float(np.mean(ttft)), float(np.mean(tpot)), report.summary["passes"], admitted(rec)
+
+
+def admitted(rec) -> float:
+    """The concurrency the engine admitted: the time-weighted mean number of
+    requests between their first scheduling and their finish."""
+    span = float(np.nanmax(rec.finish_ms) - np.nanmin(rec.arrival_ms))
+    held = np.nansum(rec.finish_ms - rec.first_scheduled_ms)
+    return float(held / span) if span > 0 else 0.0
+
+
+def protocols_of(row, protocol=None):
+    """The replays of a row: `protocol` if given, else both for a
+    gap-analysis row (uniform and fixed lengths), else InferenceX's client."""
+    if protocol is not None:
+        return [protocol]
+    return list(PROTOCOLS) if source(row) == "gap_analysis" else [PROTOCOLS[0]]
+
+
+def replay_row(row, protocol, static=True):
+    """One replay of a row against its measurement (a result line), or None
+    if the simulation failed."""
+    ttft_true, tpot_true = float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])
+    try:
+        ttft, tpot, passes, held = simulate_row(row, protocol)
+    except Exception as exc:
+        print(f"row {row['id']}: simulation failed: {exc}", file=sys.stderr)
+        return None
+    r = {"id": row["id"], "model": row["model_path"], "gpu": row["system"],
+         "tp": row["tp_size"], "ep": row["moe_ep_size"], "precision": row["precision"],
+         "protocol": protocol, "source": source(row), "kv_bound": kv_bound(row),
+         "replicas": replicas(row), "isl": int(row["isl"]), "osl": int(row["osl"]),
+         "concurrency": int(_num(row["batch_size"])), "admitted": held,
+         "silicon_ttft_ms": ttft_true, "silicon_tpot_ms": tpot_true,
+         "servesim_ttft_ms": ttft, "servesim_tpot_ms": tpot, "passes": passes,
+         "servesim_ttft_err": pct_err(ttft, ttft_true), "servesim_tpot_err": pct_err(tpot, tpot_true)}
+    estimate = static_estimate(row) if static else None
+    if estimate is not None:
+        r.update(aic_static_ttft_ms=estimate[0], aic_static_tpot_ms=estimate[1],
+                 aic_static_ttft_err=pct_err(estimate[0], ttft_true),
+                 aic_static_tpot_err=pct_err(estimate[1], tpot_true))
+    return r
+
+
+def ttft_between(results):
+    """`(rows, of)`: the gap-analysis rows whose measured TTFT lies between
+    their uniform- and fixed-length replays' (None: no row replayed both ways)."""
+    by_row = {}
+    for r in results:
+        if r["source"] == "gap_analysis":
+            by_row.setdefault(r["id"], {})[r["protocol"]] = r
+    pairs = [v for v in by_row.values() if len(v) == len(PROTOCOLS)]
+    if not pairs:
+        return None
+    inside = sum(1 for v in pairs
+                 if min(x["servesim_ttft_ms"] for x in v.values()) <= v[PROTOCOLS[0]]["silicon_ttft_ms"]
+                 <= max(x["servesim_ttft_ms"] for x in v.values()))
+    return inside, len(pairs)
 
 
 def static_estimate(row):
@@ -210,11 +311,16 @@ def pct_err(pred, true):
 
 
 def summarize(results):
-    """Per (model, GPU) and overall: n, median and p90 abs % error."""
+    """Per (model, GPU) and overall, and per source (KV-bound rows apart): n,
+    median and p90 abs % error."""
     groups = {}
-    for r in results:
+    first = [r for r in results if r["protocol"] == PROTOCOLS[0]] or results
+    for r in first:
         groups.setdefault((r["model"], r["gpu"]), []).append(r)
-    groups[("all", "")] = results
+    groups[("all", "")] = first
+    for r in results:
+        label = r["source"] + (", KV-bound" if r["kv_bound"] else "") + ", " + r["protocol"]
+        groups.setdefault((label, ""), []).append(r)
     table = []
     for (model, gpu), rows in groups.items():
         line = {"model": model, "gpu": gpu, "rows": len(rows)}
@@ -290,32 +396,24 @@ def main(argv=None):
     out = open(args.out, "w") if args.out else None
     start = time.perf_counter()
     for i, row in enumerate(chosen):
-        ttft_true, tpot_true = float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])
-        try:
-            ttft, tpot, passes = simulate_row(row, args.protocol)
-        except Exception as exc:
-            print(f"row {row['id']}: simulation failed: {exc}", file=sys.stderr)
-            continue
-        r = {"id": row["id"], "model": row["model_path"], "gpu": row["system"],
-             "tp": row["tp_size"], "ep": row["moe_ep_size"], "precision": row["precision"],
-             "protocol": args.protocol or "benchmark_serving", "replicas": replicas(row),
-             "isl": int(row["isl"]), "osl": int(row["osl"]), "concurrency": int(_num(row["batch_size"])),
-             "silicon_ttft_ms": ttft_true, "silicon_tpot_ms": tpot_true,
-             "servesim_ttft_ms": ttft, "servesim_tpot_ms": tpot, "passes": passes,
-             "servesim_ttft_err": pct_err(ttft, ttft_true), "servesim_tpot_err": pct_err(tpot, tpot_true)}
-        static = None if args.no_static else static_estimate(row)
-        if static is not None:
-            r.update(aic_static_ttft_ms=static[0], aic_static_tpot_ms=static[1],
-                     aic_static_ttft_err=pct_err(static[0], ttft_true),
-                     aic_static_tpot_err=pct_err(static[1], tpot_true))
-        results.append(r)
-        if out:
-            out.write(json.dumps(r) + "\n")
-            out.flush()
-        print(f"[{i + 1}/{len(chosen)} {time.perf_counter() - start:.0f}s] {row['id']}: TTFT "
-              f"{ttft:.1f} vs {ttft_true:.1f}, TPOT {tpot:.2f} vs {tpot_true:.2f}"
-              + (f" (static {static[0]:.1f}, {static[1]:.2f})" if static else ""), file=sys.stderr)
+        for protocol in protocols_of(row, args.protocol):
+            r = replay_row(row, protocol, static=not args.no_static and protocol == PROTOCOLS[0])
+            if r is None:
+                continue
+            results.append(r)
+            if out:
+                out.write(json.dumps(r) + "\n")
+                out.flush()
+            print(f"[{i + 1}/{len(chosen)} {time.perf_counter() - start:.0f}s] {row['id']} "
+                  f"({protocol}): TTFT {r['servesim_ttft_ms']:.1f} vs {r['silicon_ttft_ms']:.1f}, "
+                  f"TPOT {r['servesim_tpot_ms']:.2f} vs {r['silicon_tpot_ms']:.2f}"
+                  + (f" (static {r['aic_static_ttft_ms']:.1f}, {r['aic_static_tpot_ms']:.2f})"
+                     if "aic_static_ttft_ms" in r else ""), file=sys.stderr)
     print(markdown(summarize(results)))
+    between = ttft_between(results)
+    if between is not None:
+        print(f"\nGap-analysis rows whose measured TTFT lies between the uniform- and the "
+              f"fixed-length replay: {between[0]} of {between[1]}")
 
 
 if __name__ == "__main__":

@@ -57,3 +57,41 @@ def test_max_num_seqs_is_vllms_default_for_the_gpu(silicon):
     assert silicon.row_config(_row(system="a100_sxm"))["engine"]["max_num_seqs"] == 256
     assert silicon.row_config(_row(system="l40s"))["engine"]["max_num_seqs"] == 256
     assert silicon.row_config(_row(system="l40s", batch_size="512"))["engine"]["max_num_seqs"] == 512
+
+
+_INFERENCEX = "source_file=2026-04-06.csv; model=Llama-3.1-70B; silicon_concurrency=16"
+
+
+def test_an_inferencex_row_runs_its_servers_flags_and_a_gap_row_both_ways(silicon):
+    llama = _row(model_path="meta-llama/Llama-3.1-70B", precision="fp8", batch_size="16",
+                 silicon_data_source=_INFERENCEX)
+    assert silicon.source(llama) == "inferencex"
+    engine = silicon.row_config(llama)["engine"]
+    # async scheduling, an fp8 KV cache, as many sequences as clients, no prefix caching
+    assert (engine["async_scheduling"], engine["kv_cache_dtype"], engine["max_num_seqs"],
+            engine["enable_prefix_caching"], engine["max_num_batched_tokens"]) == (
+        True, "fp8", 16, False, 8192)
+    assert silicon.protocols_of(llama) == ["benchmark_serving"]
+    gap = _row(silicon_data_source="source_file=/x/aic-auto-gap-analysis/data/h100_sxm/vllm/"
+                                   "0.12.0/Qwen_Qwen3-32B.csv; silicon_concurrency=8")
+    assert silicon.source(gap) == "gap_analysis"
+    assert silicon.source(_row()) == "other"
+    assert "async_scheduling" not in silicon.row_config(gap)["engine"]
+    assert silicon.protocols_of(gap) == ["benchmark_serving", "genai_perf"]
+    assert silicon.protocols_of(gap, "genai_perf") == ["genai_perf"]
+    assert silicon.source(_row(silicon_data_source=_DYNAMO)) == "dynamo"
+
+
+def test_kv_bound_rows_and_the_gap_rows_between_their_two_replays(silicon):
+    assert silicon.kv_bound(_row(isl="8192", silicon_ttft_ms="6518.3"))
+    assert not silicon.kv_bound(_row(isl="8192", silicon_ttft_ms="4999"))
+    assert not silicon.kv_bound(_row(isl="16384", silicon_ttft_ms="9000"))
+
+    def line(protocol, ttft, measured=100.0, row="a"):
+        return {"id": row, "source": "gap_analysis", "protocol": protocol,
+                "servesim_ttft_ms": ttft, "silicon_ttft_ms": measured}
+
+    results = [line("benchmark_serving", 90), line("genai_perf", 120),
+               line("benchmark_serving", 90, row="b"), line("genai_perf", 95, row="b")]
+    assert silicon.ttft_between(results) == (1, 2)
+    assert silicon.ttft_between(results[:1]) is None  # a row replayed one way only
