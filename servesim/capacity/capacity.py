@@ -256,6 +256,7 @@ def capacity(config, slos, *, overrides=(), limit=None, precision=DEFAULT_PRECIS
         "status": outcome.status,
         "capacity": outcome.answer,
         "above": outcome.above,
+        "capacity_is_lower_bound": outcome.answer is not None and outcome.above is None,
         "binding_slo": bind,
         "request_rate": sustained,
         "gpus": gpus,
@@ -271,28 +272,34 @@ def capacity(config, slos, *, overrides=(), limit=None, precision=DEFAULT_PRECIS
     return doc
 
 
+def is_lower_bound(doc: dict) -> bool:
+    """A capacity with no probe above it that misses the SLOs (every probe
+    met up to --max-rate, or the probe budget ran out): the true capacity
+    is at least this, maybe more."""
+    return doc["capacity"] is not None and doc["above"] is None
+
+
 def message(doc: dict) -> str:
     """The one-paragraph answer of a capacity document."""
+    from servesim.config.slo import miss_text
+
     load, status = doc["load"], doc["status"]
     key, unit = load["key"], load["unit"]
-    targets = doc["slo"]
     if status == FOUND:
         bind = doc["binding_slo"]
+        text = (f"capacity: {key}={doc['capacity']} ({unit}), {doc['request_rate']} req/s sustained on "
+                f"{doc['gpus']} GPU(s)")
+        if doc["above"] is None:
+            return f"{text}; a lower bound: no probe above it missed the SLOs before the probe budget ran out"
         above = next(p for p in doc["probes"] if p["rate"] == doc["above"])
-        return (f"capacity: {key}={doc['capacity']} ({unit}), {doc['request_rate']} req/s sustained on "
-                f"{doc['gpus']} GPU(s); at {doc['above']} {bind} is {_fig(above['metrics'][bind])} "
-                f"(target {_fig(targets[bind])})")
+        return f"{text}; at {doc['above']} {miss_text(bind, above, doc['slo'])}"
     if status == MAX_MET:
         return (f"every probe meets the SLOs up to the maximum {key}={doc['max_rate']} ({unit}); "
                 f"the capacity is at least that (raise --max-rate to look further)")
     bind = doc["binding_slo"]
     lowest = min(doc["probes"], key=lambda p: p["rate"])
     return (f"no load meets the SLOs: even at {key}={lowest['rate']} (the lowest probed, --min-rate "
-            f"{doc['min_rate']}) {bind} is {_fig(lowest['metrics'][bind])} (target {_fig(targets[bind])})")
-
-
-def _fig(value) -> str:
-    return "none (no finished request)" if value is None else f"{value:g}"
+            f"{doc['min_rate']}) {miss_text(bind, lowest, doc['slo'])}")
 
 
 def write_capacity(doc: dict, out_dir) -> Path:
@@ -306,16 +313,22 @@ def write_capacity(doc: dict, out_dir) -> Path:
 
 
 def probe_table(doc: dict) -> str:
-    """The probes as a text table: load, meets, each SLO's figure / target."""
+    """The probes as a text table: load, meets, each SLO's figure / target,
+    and the rejected + unfinished requests against their allowance."""
+    from servesim.config.slo import ALLOW_REJECTED, COMPLETED
+
     names = list(doc["slo"])
     names = [n for n in names if n in (doc["probes"][0]["metrics"] if doc["probes"] else {})]
-    head = f"{'probe':>5} {'phase':<8} {'load':>12} {'meets':<5}" + " ".join(f"{n} ".rjust(15) for n in names)
+    head = (f"{'probe':>5} {'phase':<8} {'load':>12} {'meets':<5}" + " ".join(f"{n} ".rjust(15) for n in names)
+            + " rejected+unfinished")
     bounds = " ".join((f"{'>=' if n == 'goodput' else '<='} {doc['slo'][n]:g}" + " ").rjust(15) for n in names)
-    lines = [head, " " * 33 + bounds]
+    allowed = doc["slo"].get(ALLOW_REJECTED, 0)
+    lines = [head, " " * 33 + bounds + f" <= {allowed:g} of requests".rjust(20)]
     for p in sorted(doc["probes"], key=lambda p: p["rate"]):
         cells = " ".join(
             (("-" if p["metrics"][n] is None else f"{p['metrics'][n]:.6g}")
              + ("*" if n in p["violated"] else " ")).rjust(15) for n in names)
+        lost = (f"{p['rejected']}+{p['unfinished']}" + ("*" if COMPLETED in p["violated"] else " ")).rjust(20)
         mark = "yes" if p["meets"] else "no"
-        lines.append(f"{p['probe']:>5} {p['phase']:<8} {p['rate']:>12g} {mark:<5}{cells}")
+        lines.append(f"{p['probe']:>5} {p['phase']:<8} {p['rate']:>12g} {mark:<5}{cells} {lost}")
     return "\n".join(lines)

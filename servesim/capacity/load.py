@@ -3,10 +3,13 @@
 - a trace replayed open loop: `workload.speedup` (arrivals divided by it);
 - a synthetic workload with `arrival: poisson | constant`:
   `workload.synthetic.rate` (requests per second);
+- synthetic sessions started at a rate:
+  `workload.synthetic.sessions.sessions_per_second` (sessions per second);
 - a closed loop (`workload.concurrency` or `workload.synthetic.concurrency`):
   that number of requests in flight (an integer).
 
-A burst (every request at 0) has no load to vary and is an input error.
+A burst (every request, or every session, at 0) has no load to vary and is
+an input error.
 """
 
 import attrs
@@ -17,13 +20,14 @@ from servesim.errors import InputError
 @attrs.frozen
 class Load:
     key: str  # the dotted config key a probe sets
-    kind: str  # speedup | rate | concurrency
+    kind: str  # speedup | rate | sessions | concurrency
     start: float | int  # the config's own value
     integer: bool
 
     @property
     def unit(self) -> str:
-        return {"speedup": "x trace speed", "rate": "req/s", "concurrency": "requests in flight"}[self.kind]
+        return {"speedup": "x trace speed", "rate": "req/s", "sessions": "sessions/s",
+                "concurrency": "requests in flight"}[self.kind]
 
     def value(self, x):
         """A load value as the config takes it: an int for a concurrency,
@@ -48,6 +52,13 @@ def load_of(cfg) -> Load:
         return Load("workload.synthetic.concurrency", "concurrency", s.concurrency, True)
     if s is None:
         return Load("workload.speedup", "speedup", w.speedup, False)
+    if s.sessions is not None:
+        if s.sessions.sessions_per_second is None:
+            raise InputError(f"{cfg.source or 'config'}: workload.synthetic.sessions: sessions that all "
+                             "start at 0 have no load to vary; give sessions_per_second, or a closed loop "
+                             "with workload.concurrency")
+        return Load("workload.synthetic.sessions.sessions_per_second", "sessions",
+                    s.sessions.sessions_per_second, False)
     if s.arrival == "burst":
         raise InputError(f"{cfg.source or 'config'}: workload.synthetic.arrival: a burst (every request "
                          "at 0) has no load to vary; use arrival: poisson or constant with a rate, or a "

@@ -138,7 +138,9 @@ def _pareto_plot(plots, doc: dict, name: str) -> str:
 
 def search_page(directory: Path, plots) -> str:
     doc = base._read_json(directory / SEARCH_JSON)
-    names = [n for n in doc["slo"] if n not in ("ttft_ms", "tpot_ms", "e2e_ms")]
+    from servesim.config.slo import ALLOW_REJECTED, checked_names
+
+    names = checked_names(doc["slo"])
     capacity_mode = doc["mode"] == "capacity"
     points = doc["points"]
     body = [_cards([("points", len(points)), ("meet the SLOs", len(doc["ranking"])),
@@ -153,7 +155,7 @@ def search_page(directory: Path, plots) -> str:
                               "every SLO, hollow: misses one; the star is the winner."))
     header = ["rank", "point", *map(base._esc, doc["keys"]), "GPUs", "status",
               *(["capacity", "req/s per GPU"] if capacity_mode else []), "margin",
-              *map(base._esc, names), "folder"]
+              *map(base._esc, names), "rejected", "unfinished", "folder"]
     rows, classes = [], []
     order = doc["ranking"] + [p["point"] for p in points if p["point"] not in doc["ranking"]]
     for i in order:
@@ -162,18 +164,22 @@ def search_page(directory: Path, plots) -> str:
                  p["gpus"], base._esc(p["status"] if p["status"] != "ok" else ("meets" if p["meets"] else "misses"))]
         if p["status"] == "ok":
             if capacity_mode:
-                cells += [base._fmt(p["capacity"]), base._fmt(p["request_rate_per_gpu"])]
+                bound = "≥ " if p.get("capacity_is_lower_bound") else ""
+                cells += [bound + base._fmt(p["capacity"]), base._fmt(p["request_rate_per_gpu"])]
             metrics = p.get("metrics") or {}
-            cells += [base._fmt(p["margin"]), *[_figure_text(n, metrics.get(n)) for n in names]]
+            cells += [base._fmt(p["margin"]), *[_figure_text(n, metrics.get(n)) for n in names],
+                      base._fmt(p.get("rejected")), base._fmt(p.get("unfinished"))]
         else:
-            span = len(names) + 1 + (2 if capacity_mode else 0)
+            span = len(names) + 3 + (2 if capacity_mode else 0)
             cells.append((f'class="err" colspan="{span}"', base._esc(p["error"] or "")))
         cells.append(f'<a href="{base._esc(p["dir"])}">{base._esc(p["dir"])}</a>')
         rows.append(cells)
         classes.append("" if p["meets"] else "failed")
     body += ["<h2>Points</h2>", f'<div class="scroll">{base._table(header, rows, classes)}</div>']
     mode = "capacity per point" if capacity_mode else f"at {doc['load']['key']}={doc['rate']}"
+    allowed = doc["slo"].get(ALLOW_REJECTED, 0)
     subtitle = base._esc(f"{mode} · SLOs: {', '.join(f'{k}={v:g}' for k, v in doc['slo'].items())} · "
+                         f"at most {allowed:g} of the requests rejected or unfinished · "
                          f"grid {os.path.basename(doc['grid'])}")
     return base._page(f"servesim search: {directory.resolve().name}", subtitle, body)
 

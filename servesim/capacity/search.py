@@ -14,8 +14,15 @@ router, ...); it may not set the load itself, which the search sets.
   them all, e.g. for a full Pareto front).
 - `--capacity`: every point gets its own capacity search (`capacity.py`),
   and points rank by sustained request rate per GPU at their capacity
-  (highest first), then fewer GPUs, then grid order. No point can be ruled
+  (highest first), then exact capacities before lower bounds (a point whose
+  every probe met up to `--max-rate` may sustain more: it is marked
+  `capacity_is_lower_bound` and ranks after an exact capacity of the same
+  rate per GPU), then fewer GPUs, then grid order. No point can be ruled
   out before it runs, so none is skipped.
+
+A point meets the SLOs only if it also passes the gate on rejected and
+unfinished requests (`config/slo.py`); each point's counts of both are in
+search.csv.
 
 Each point's files go to `DIR/points/NNN-<slug>/` (rate: the replay's report
 and `slo.json`; capacity: `capacity.json`). A point whose file records the
@@ -283,7 +290,9 @@ def _rate_key(p: SearchPoint):
 
 
 def _capacity_key(p: SearchPoint):
-    return (-p.row["request_rate_per_gpu"], p.gpus, p.index)
+    from servesim.capacity.capacity import is_lower_bound
+
+    return (-p.row["request_rate_per_gpu"], is_lower_bound(p.row), p.gpus, p.index)
 
 
 def _point_doc(p: SearchPoint, capacity_mode: bool) -> dict:
@@ -291,16 +300,21 @@ def _point_doc(p: SearchPoint, capacity_mode: bool) -> dict:
            "error": p.error, "resumed": p.resumed, "rank": p.rank, "meets": _meets(p)}
     row = p.row or {}
     if capacity_mode:
+        from servesim.capacity.capacity import is_lower_bound
+
         at = next((q for q in row.get("probes", ()) if q["rate"] == row.get("capacity")), {})
         doc.update({"capacity": row.get("capacity"), "capacity_status": row.get("status"),
+                    "capacity_is_lower_bound": is_lower_bound(row) if row else None,
                     "binding_slo": row.get("binding_slo"), "margin": row.get("margin"),
                     "metrics": at.get("metrics"), "request_rate": row.get("request_rate"),
+                    "rejected": at.get("rejected"), "unfinished": at.get("unfinished"),
                     "probes": len(row.get("probes", ()))})
     else:
         from servesim.config.slo import binding
 
         doc.update({"margin": row.get("margin"), "binding_slo": binding(row) if row else None,
                     "metrics": row.get("metrics"), "violated": row.get("violated"),
+                    "rejected": row.get("rejected"), "unfinished": row.get("unfinished"),
                     "request_rate": row.get("request_rate")})
     rr = doc["request_rate"]
     doc["request_rate_per_gpu"] = None if rr is None else round(rr / p.gpus, 6)
@@ -312,9 +326,12 @@ def _document(config_path, grid, slos, load, rate, capacity_mode, settings, poin
     if winner is None:
         message = ("no point meets the SLOs" + ("" if capacity_mode else f" at {load.key}={rate}"))
     elif capacity_mode:
+        from servesim.capacity.capacity import is_lower_bound
+
+        bound = " (a lower bound: every probe met up to --max-rate)" if is_lower_bound(winner.row) else ""
         message = (f"best: point {winner.index} ({_values_text(winner.values)}): capacity "
-                   f"{load.key}={winner.row['capacity']}, {winner.row['request_rate_per_gpu']} req/s per GPU "
-                   f"on {winner.gpus} GPU(s)")
+                   f"{load.key}={winner.row['capacity']}{bound}, {winner.row['request_rate_per_gpu']} "
+                   f"req/s per GPU on {winner.gpus} GPU(s)")
     else:
         message = (f"winner: point {winner.index} ({_values_text(winner.values)}) meets the SLOs at "
                    f"{load.key}={rate} with {winner.gpus} GPU(s), margin {winner.row['margin']}")
@@ -340,23 +357,20 @@ def _values_text(values: dict) -> str:
     return ", ".join(f"{k}={cell_text(v)}" for k, v in values.items())
 
 
-def _per_request():
-    from servesim.config.slo import PER_REQUEST
-
-    return PER_REQUEST
-
-
 def write_search_files(doc: dict, out_dir) -> None:
     """search.csv (one row per point, grid order) and search.json."""
     from servesim.sweep.sweep import cell_text
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    names = [n for n in doc["slo"] if n not in _per_request()]
+    from servesim.config.slo import checked_names
+
+    names = checked_names(doc["slo"])
     columns = ["point", *doc["keys"], "gpus", "status", "error", "meets", "rank"]
     if doc["mode"] == "capacity":
-        columns += ["capacity", "capacity_status"]
-    columns += ["margin", "binding_slo", *names, "request_rate", "request_rate_per_gpu", "dir"]
+        columns += ["capacity", "capacity_status", "capacity_is_lower_bound"]
+    columns += ["margin", "binding_slo", *names, "rejected", "unfinished", "request_rate",
+                "request_rate_per_gpu", "dir"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -364,8 +378,8 @@ def write_search_files(doc: dict, out_dir) -> None:
         row = {"point": p["point"], "gpus": p["gpus"], "status": p["status"], "error": p["error"] or "",
                "meets": "true" if p["meets"] else "false", "dir": p["dir"]}
         row.update({k: cell_text(p["values"][k]) if k in p["values"] else "" for k in doc["keys"]})
-        for key in ("rank", "capacity", "capacity_status", "margin", "binding_slo", "request_rate",
-                    "request_rate_per_gpu"):
+        for key in ("rank", "capacity", "capacity_status", "capacity_is_lower_bound", "margin", "binding_slo",
+                    "rejected", "unfinished", "request_rate", "request_rate_per_gpu"):
             if key in columns:
                 row[key] = "" if p.get(key) is None else cell_text(p[key])
         metrics = p.get("metrics") or {}

@@ -8,10 +8,12 @@ import click
 
 from servesim.cli.debug import check_option
 
-SLO_HELP = ("An SLO, METRIC=VALUE: ttft|tpot|itl|e2e _p50|_p90|_p95|_p99 _ms (e.g. ttft_p90_ms=2000), "
+SLO_HELP = ("An SLO, METRIC=VALUE: ttft|tpot|itl|e2e _mean|_p50|_p90|_p95|_p99 _ms (e.g. ttft_p90_ms=2000), "
             "or goodput=FRACTION with per-request ttft_ms / tpot_ms / e2e_ms targets. Repeatable; "
             "adds to or replaces the config's slo: block.")
 PRECISION_HELP = "Relative precision of the answer (bisect until the bracket is this narrow)."
+ALLOW_REJECTED_HELP = ("Fraction of the requests that may be rejected or unfinished in a run that meets the "
+                       "SLOs (default 0: a run that loses any request misses).")
 
 
 def _html(html_report) -> tuple:
@@ -30,6 +32,7 @@ def _write_html(out_dir):
 @click.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--slo", "slo_options", multiple=True, metavar="METRIC=VALUE", help=SLO_HELP)
+@click.option("--allow-rejected", type=float, metavar="FRACTION", help=ALLOW_REJECTED_HELP)
 @click.option("-o", "--output-dir", default="capacity-out", show_default=True, type=click.Path(file_okay=False),
               help="Directory for capacity.json (and report.html).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -43,7 +46,7 @@ def _write_html(out_dir):
 @click.option("-q", "--quiet", is_flag=True, help="Print only the answer.")
 @click.option("--report", "html_report", is_flag=True, help="Also write report.html (needs servesim[report]).")
 @check_option
-def capacity_command(config, slo_options, output_dir, overrides, limit, precision, start, min_rate, max_rate,
+def capacity_command(config, slo_options, allow_rejected, output_dir, overrides, limit, precision, start, min_rate, max_rate,
                      fmt, quiet, html_report):
     """The highest load of CONFIG at which the SLOs hold.
 
@@ -59,7 +62,7 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
         from servesim.results.report import require_matplotlib
 
         require_matplotlib()
-    slos = load_slos(config, slo_options, overrides)
+    slos = load_slos(config, slo_options, overrides, allow_rejected)
 
     def as_int(x):
         return int(x) if x is not None and float(x).is_integer() else x
@@ -112,6 +115,7 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
 @click.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--slo", "slo_options", multiple=True, metavar="METRIC=VALUE", help=SLO_HELP)
+@click.option("--allow-rejected", type=float, metavar="FRACTION", help=ALLOW_REJECTED_HELP)
 @click.option("--grid", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Grid of deployments (a sweep grid file); it may not set the load.")
 @click.option("--rate", type=float, help="The load every point must sustain (speedup, req/s or concurrency).")
@@ -129,7 +133,7 @@ def capacity_command(config, slo_options, output_dir, overrides, limit, precisio
 @click.option("--ray-address", metavar="ADDR", help="Ray cluster to use, e.g. auto.")
 @click.option("--report", "html_report", is_flag=True, help="Also write report.html (needs servesim[report]).")
 @check_option
-def search_command(config, slo_options, grid, rate, capacity_mode, output_dir, limit, precision, min_rate,
+def search_command(config, slo_options, allow_rejected, grid, rate, capacity_mode, output_dir, limit, precision, min_rate,
                    max_rate, no_skip, jobs, executor, ray_address, html_report):
     """The deployments of a grid that meet the SLOs, fewest GPUs first.
 
@@ -152,7 +156,7 @@ def search_command(config, slo_options, grid, rate, capacity_mode, output_dir, l
         raise InputError("--ray-address applies only to --executor ray")
     if not capacity_mode and (min_rate is not None or max_rate is not None):
         raise InputError("--min-rate / --max-rate apply only to --capacity")
-    slos = load_slos(config, slo_options)
+    slos = load_slos(config, slo_options, allow_rejected=allow_rejected)
     if rate is not None and float(rate).is_integer():
         rate = int(rate)
     from servesim.results.outdir import claim
@@ -179,7 +183,8 @@ def search_command(config, slo_options, grid, rate, capacity_mode, output_dir, l
     for place, index in enumerate(doc["ranking"][:5], 1):
         p = points[index]
         values = ", ".join(f"{k}={v}" for k, v in p["values"].items())
-        figure = (f"capacity {p['capacity']}, {p['request_rate_per_gpu']} req/s per GPU" if capacity_mode
+        bound = " (lower bound)" if p.get("capacity_is_lower_bound") else ""
+        figure = (f"capacity {p['capacity']}{bound}, {p['request_rate_per_gpu']} req/s per GPU" if capacity_mode
                   else f"margin {p['margin']}")
         click.echo(f"  {place}. point {index} ({values}): {p['gpus']} GPU(s), {figure}")
     click.echo(doc["message"])

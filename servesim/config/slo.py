@@ -2,16 +2,22 @@
 
 Two kinds of target, checked against one replay:
 
-- a latency percentile, `<metric>_<stat>_ms` with metric one of ttft, tpot,
-  itl, e2e and stat one of p50, p90, p95, p99 (e.g. `ttft_p90_ms: 2000`):
-  met when the run's figure in summary.json (docs: README "Metrics") is at
-  most the target;
+- a latency statistic, `<metric>_<stat>_ms` with metric one of ttft, tpot,
+  itl, e2e and stat one of mean, p50, p90, p95, p99 (e.g. `ttft_p90_ms:
+  2000`, `tpot_mean_ms: 50`): met when the run's figure in summary.json
+  (docs: README "Metrics") is at most the target;
 - a goodput floor, `goodput: FRACTION` with per-request targets `ttft_ms`,
   `tpot_ms`, `e2e_ms` (at least one): a request is good when it finished and
   meets every per-request target (DistServe's goodput); the floor is met
   when the good requests are at least FRACTION of all requests (rejected and
   unfinished requests are never good). A request with one output token has
   no TPOT and meets a TPOT target.
+
+And one gate every run passes as well (`completed`): its rejected plus
+unfinished requests are at most `allow_rejected` (default 0) of all its
+requests. A percentile is taken over the finished requests only, so without
+the gate a deployment that rejects a fifth of its load could meet a latency
+target by shedding it.
 
 Each target's `ratio` is how close the run is to it: observed / target for a
 latency, floor / observed for goodput; <= 1 meets. The `margin` of a run is
@@ -27,26 +33,36 @@ import numpy as np
 from servesim.errors import InputError
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
-STATS = ("p50", "p90", "p95", "p99")
+STATS = ("mean", "p50", "p90", "p95", "p99")
 PER_REQUEST = ("ttft_ms", "tpot_ms", "e2e_ms")
 GOODPUT = "goodput"
+ALLOW_REJECTED = "allow_rejected"  # the gate's allowance, a fraction of the requests
+COMPLETED = "completed"  # the gate's name among a run's violated SLOs
 _PERCENTILE_RE = re.compile(r"^([a-z0-9]+)_([a-z0-9]+)_ms$")
-EXAMPLES = "e.g. ttft_p90_ms=2000, itl_p99_ms=100, or goodput=0.9 with ttft_ms=2000"
+EXAMPLES = "e.g. ttft_p90_ms=2000, tpot_mean_ms=50, or goodput=0.9 with ttft_ms=2000"
 
 
 def _all_names() -> list:
-    return [f"{m}_{s}_ms" for m in METRICS for s in STATS] + [GOODPUT, *PER_REQUEST]
+    return [f"{m}_{s}_ms" for m in METRICS for s in STATS] + [GOODPUT, *PER_REQUEST, ALLOW_REJECTED]
+
+
+def checked_names(slo: dict) -> list:
+    """The names of an `slo:` dict that a run has a figure for (the
+    percentiles and goodput, not the per-request targets or the allowance)."""
+    return [n for n in slo if n not in PER_REQUEST and n != ALLOW_REJECTED]
 
 
 @attrs.frozen
 class SLOs:
     """The targets, in the order given: `percentiles` ((name, metric key of
     summary.json, stat, value) ...), `goodput` (the floor or None) and
-    `per_request` ((name, value) ...)."""
+    `per_request` ((name, value) ...), and `allow_rejected`, the fraction
+    of the requests that may be rejected or unfinished (the gate)."""
 
     percentiles: tuple = ()
     goodput: float | None = None
     per_request: tuple = ()
+    allow_rejected: float = 0.0
 
     @property
     def names(self) -> list:
@@ -61,15 +77,23 @@ class SLOs:
         return out
 
     def to_dict(self) -> dict:
-        """The SLOs as an `slo:` block (percentiles, goodput, per-request targets)."""
+        """The SLOs as an `slo:` block (percentiles, goodput, per-request
+        targets, and `allow_rejected` when it is not 0)."""
         out = {name: value for name, _, _, value in self.percentiles}
         if self.goodput is not None:
             out[GOODPUT] = self.goodput
             out.update(dict(self.per_request))
+        if self.allow_rejected:
+            out[ALLOW_REJECTED] = self.allow_rejected
         return out
 
     def describe(self) -> str:
-        return ", ".join(f"{k}={_num(v)}" for k, v in self.to_dict().items())
+        """The SLOs in one line, the gate on rejected and unfinished requests included."""
+        text = ", ".join(f"{k}={_num(v)}" for k, v in self.to_dict().items() if k != ALLOW_REJECTED)
+        if self.allow_rejected:
+            return (f"{text}; at most {_num(self.allow_rejected)} of the requests rejected or unfinished "
+                    f"(--allow-rejected)")
+        return f"{text}; no request rejected or unfinished (--allow-rejected FRACTION allows some)"
 
 
 def _num(value) -> str:
@@ -101,6 +125,10 @@ def _check_name(name: str, where: str) -> None:
 def _check_value(name: str, value, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InputError(f"{where}{name}: the target must be a number, got {value!r}")
+    if name == ALLOW_REJECTED:
+        if not 0 <= value <= 1:
+            raise InputError(f"{where}{name}: must be a fraction of the requests in [0, 1], got {value!r}")
+        return float(value)
     if value <= 0:
         what = "a fraction in (0, 1]" if name == GOODPUT else "a number > 0 (milliseconds)"
         raise InputError(f"{where}{name}: the target must be {what}, got {value!r}")
@@ -117,6 +145,7 @@ def build_slos(items, where_of=lambda name: "") -> SLOs:
     for name, value in items:
         _check_name(name, where_of(name))
         seen[name] = _check_value(name, value, where_of(name))
+    allow_rejected = seen.pop(ALLOW_REJECTED, 0.0)
     if not seen:
         raise InputError(f"no SLO given; give at least one with --slo METRIC=VALUE or a slo: block ({EXAMPLES})")
     per_request = tuple((n, v) for n, v in seen.items() if n in PER_REQUEST)
@@ -134,7 +163,8 @@ def build_slos(items, where_of=lambda name: "") -> SLOs:
         m = _PERCENTILE_RE.match(name)
         if m and name not in PER_REQUEST:
             percentiles.append((name, f"{m.group(1)}_ms", m.group(2), value))
-    return SLOs(percentiles=tuple(percentiles), goodput=goodput, per_request=per_request)
+    return SLOs(percentiles=tuple(percentiles), goodput=goodput, per_request=per_request,
+                allow_rejected=allow_rejected)
 
 
 def parse_slo_option(text: str) -> tuple:
@@ -177,9 +207,10 @@ def config_slo_block(config_path, overrides=()) -> tuple:
     return tuple(block.items()), where_of
 
 
-def load_slos(config_path, options=(), overrides=()) -> SLOs:
+def load_slos(config_path, options=(), overrides=(), allow_rejected=None) -> SLOs:
     """The SLOs of a run: the config's `slo:` block (with its `--set slo.*`
-    overrides), with each `--slo` option added or replacing the same metric."""
+    overrides), with each `--slo` option added or replacing the same metric,
+    and `--allow-rejected` (when given) replacing the block's allowance."""
     items, where_of = config_slo_block(config_path, overrides)
     merged = dict(items)
     from_cli = set()
@@ -189,6 +220,11 @@ def load_slos(config_path, options=(), overrides=()) -> SLOs:
             raise InputError(f"--slo {name}: given twice")
         from_cli.add(name)
         merged[name] = value
+    if allow_rejected is not None:
+        if not isinstance(allow_rejected, (int, float)) or not 0 <= allow_rejected <= 1:
+            raise InputError(f"--allow-rejected: must be a fraction of the requests in [0, 1], "
+                             f"got {allow_rejected!r}")
+        merged[ALLOW_REJECTED] = allow_rejected
     return build_slos(merged.items(), lambda n: "--slo " if n in from_cli else where_of(n))
 
 
@@ -244,10 +280,32 @@ def evaluate(slos: SLOs, summary: dict, records=None) -> dict:
         ratios[GOODPUT] = None if value <= 0 else round(slos.goodput / value, 6)
     targets = slos.targets()
     violated = [n for n in slos.names if metrics[n] is None or not _meets(n, metrics[n], targets[n])]
+    if not completed(slos, summary):
+        violated.append(COMPLETED)
     finite = [r for r in ratios.values() if r is not None]
     margin = None if len(finite) < len(ratios) else round(1.0 - max(finite), 6)
     return {"meets": not violated, "metrics": metrics, "ratios": ratios,
             "violated": violated, "margin": margin}
+
+
+def completed(slos: SLOs, summary: dict) -> bool:
+    """The gate: the run's rejected plus unfinished requests are at most
+    `slos.allow_rejected` of its requests (summary.json's counts)."""
+    lost = summary["rejected"] + summary["unfinished"]
+    return lost <= slos.allow_rejected * summary["requests"]
+
+
+def miss_text(name: str, row: dict, slo: dict) -> str:
+    """How a run (a probe or search row: its metrics and request counts)
+    stands against one SLO of the `slo:` dict, e.g. "ttft_p90_ms is 2310
+    (target 2000)" or "12 of 150 requests rejected and 4 unfinished (allowed 0)"."""
+    if name == COMPLETED:
+        allowed = slo.get(ALLOW_REJECTED, 0)
+        return (f"{row['rejected']} of {row['requests']} requests rejected and {row['unfinished']} "
+                f"unfinished (allowed: {_num(allowed)} of the requests, --allow-rejected)")
+    value = row["metrics"][name]
+    shown = "none (no finished request)" if value is None else f"{value:g}"
+    return f"{name} is {shown} (target {slo[name]:g})"
 
 
 def _meets(name: str, value: float, target: float) -> bool:
@@ -261,7 +319,7 @@ def binding(evaluation: dict) -> str | None:
     if not violated:
         return None
     ratios = evaluation["ratios"]
-    return max(violated, key=lambda n: math.inf if ratios[n] is None else ratios[n])
+    return max(violated, key=lambda n: math.inf if ratios.get(n) is None else ratios[n])
 
 
 def check_config_slos(config_path, overrides=()) -> SLOs | None:
