@@ -307,6 +307,120 @@ def test_search_bad_input(tmp_path):
     assert result.exit_code == 1 and "no point meets the SLOs" in result.output
 
 
+# --------------------------------------------------------------------------- rejected and unfinished requests
+
+# MIXED with max_model_len 128 rejects the prompts of 128 tokens or more at
+# arrival (93 of its 150): the rest see a lighter load and lower latency.
+SHEDDING_GRID = "engine.max_model_len: [4096, 128]\n"
+
+
+def test_a_point_that_rejects_requests_never_wins(tmp_path):
+    config = write(tmp_path, MIXED)
+    grid = write(tmp_path, SHEDDING_GRID, "g.yaml")
+    out = tmp_path / "s"
+    result = CliRunner().invoke(main, ["search", config, "--grid", grid, "--slo", "ttft_p90_ms=60",
+                                       "--rate", "40", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "no request rejected or unfinished (--allow-rejected FRACTION allows some)" in result.output
+    doc = json.loads((out / "search.json").read_text())
+    keeps, sheds = doc["points"]
+    assert (keeps["rejected"], keeps["unfinished"], sheds["rejected"], sheds["unfinished"]) == (0, 0, 93, 0)
+    # the shedding point's latency is lower (its margin larger), yet it misses: the gate binds
+    assert sheds["margin"] > keeps["margin"] and sheds["metrics"]["ttft_p90_ms"] <= 60
+    assert not sheds["meets"] and sheds["binding_slo"] == "completed" and "completed" in sheds["violated"]
+    assert doc["winner"] == 0 and doc["ranking"] == [0]
+    with open(out / "search.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["rejected"], r["unfinished"], r["meets"]) for r in rows] == [("0", "0", "true"), ("93", "0", "false")]
+    # allowed up to 60% of the requests: 93/150 = 62% still misses; 65% lets it win on margin
+    assert search(config, grid, build_slos([("ttft_p90_ms", 60), ("allow_rejected", 0.6)]), tmp_path / "a",
+                  rate=40)["ranking"] == [0]
+    allowed = search(config, grid, build_slos([("ttft_p90_ms", 60), ("allow_rejected", 0.65)]),
+                     tmp_path / "b", rate=40)
+    assert allowed["ranking"] == [1, 0] and allowed["slo"]["allow_rejected"] == 0.65
+
+
+def test_capacity_names_the_rejected_requests_when_they_bind(tmp_path):
+    config = write(tmp_path, MIXED)
+    result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p90_ms=60", "--set",
+                                       "engine.max_model_len=128", "--max-rate", "10", "-o", str(tmp_path / "o")])
+    # rejections at arrival do not go away at a lower load: no load meets
+    assert result.exit_code == 1, result.output
+    assert "93 of 150 requests rejected and 0 unfinished (allowed: 0 of the requests" in result.output
+    assert "93+0*" in result.output
+    result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p90_ms=60", "--set",
+                                       "engine.max_model_len=128", "--allow-rejected", "nan",
+                                       "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "--allow-rejected: must be a fraction of the requests in [0, 1]" in result.output
+
+
+# --------------------------------------------------------------------------- lower bounds
+
+
+def test_search_by_capacity_marks_a_lower_bound(tmp_path):
+    # one worker sustains ~TRUE_RATE; two would sustain twice that, but
+    # --max-rate stops them first: their capacity is only a lower bound
+    config = write(tmp_path, ONE_PER_PASS)
+    grid = write(tmp_path, "cluster.workers: [1, 2]\n", "g.yaml")
+    out = tmp_path / "s"
+    doc = search(config, grid, build_slos([("ttft_p99_ms", 15)]), out, capacity_mode=True,
+                 max_rate=1.5 * TRUE_RATE)
+    one, two = doc["points"]
+    assert (one["capacity_status"], one["capacity_is_lower_bound"]) == (FOUND, False)
+    assert (two["capacity_status"], two["capacity_is_lower_bound"]) == (MAX_MET, True)
+    with open(out / "search.csv") as f:
+        assert [r["capacity_is_lower_bound"] for r in csv.DictReader(f)] == ["false", "true"]
+    assert doc["ranking"] == [0, 1]  # 1 GPU at ~TRUE_RATE beats 2 at >= 0.75 TRUE_RATE per GPU
+
+
+def test_a_lower_bound_ranks_after_an_exact_capacity_of_equal_value():
+    from servesim.capacity.search import SearchPoint, _capacity_key
+
+    def point(index, gpus, above):
+        row = {"request_rate_per_gpu": 5.0, "capacity": 10.0, "above": above}
+        return SearchPoint(index, {}, "", gpus, {}, row=row)
+
+    bound, exact, exact_more_gpus = point(0, 1, None), point(1, 2, 10.2), point(2, 4, 10.2)
+    ranked = sorted([bound, exact, exact_more_gpus], key=_capacity_key)
+    assert [p.index for p in ranked] == [1, 2, 0]
+
+
+# --------------------------------------------------------------------------- sessions
+
+SESSIONS = """\
+workload:
+  synthetic:
+    sessions:
+      count: 20
+      turns: 2
+      new_input_tokens: {distribution: uniform, min: 50, max: 200}
+      output_tokens: {distribution: uniform, min: 5, max: 30}
+      think_time: 100
+      sessions_per_second: 5
+    seed: 3
+engine:
+  block_size: 16
+  num_gpu_blocks: 2048
+  max_num_seqs: 16
+  max_num_batched_tokens: 512
+  timing: {type: linear, base_ms: 5, per_token_ms: 0.01}
+"""
+
+
+def test_capacity_varies_the_session_rate(tmp_path):
+    config = write(tmp_path, SESSIONS)
+    load = load_of(resolve_config(config))
+    assert (load.key, load.unit, load.start) == ("workload.synthetic.sessions.sessions_per_second", "sessions/s", 5)
+    assert resolve_config(config, (load.override(40),)).workload.synthetic.sessions.sessions_per_second == 40
+    doc = capacity(config, build_slos([("ttft_p90_ms", 20)]), max_rate=640)
+    assert doc["status"] == FOUND and doc["load"]["key"] == load.key
+    assert meets(config, build_slos([("ttft_p90_ms", 20)]), None, doc["capacity"])
+    assert not meets(config, build_slos([("ttft_p90_ms", 20)]), None, doc["above"])
+    at_0 = write(tmp_path, SESSIONS.replace("      sessions_per_second: 5\n", ""), "burst.yaml")
+    result = CliRunner().invoke(main, ["capacity", at_0, "--slo", "ttft_p90_ms=20"])
+    assert result.exit_code == 2 and "sessions that all start at 0 have no load to vary" in result.output
+
+
 def test_cli_an_unwritable_output_folder_fails_before_any_probe(tmp_path):
     config = write(tmp_path, ONE_PER_PASS)
     (tmp_path / "afile").write_text("")
@@ -352,8 +466,9 @@ def _warning_lines(text):
 
 def test_capacity_prints_each_warning_once_as_a_warning_line(tmp_path):
     config = write(tmp_path, NEVER_FINISH)
-    result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p99_ms=50", "-q",
-                                       "-o", str(tmp_path / "o")])
+    # (the requests that never finish are allowed: the test is about the warnings)
+    result = CliRunner().invoke(main, ["capacity", config, "--slo", "ttft_p99_ms=50", "--allow-rejected", "1",
+                                       "-q", "-o", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output
     _warning_lines(result.output)
 
@@ -369,7 +484,8 @@ def test_search_points_print_each_warning_once_as_a_warning_line(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     # the points run in worker processes: their stderr is the command's
     result = subprocess.run([sys.executable, "-m", "servesim", "search", config, "--grid", grid,
-                             "--slo", "ttft_p99_ms=50", "--rate", "10", "-o", str(tmp_path / "s")],
+                             "--slo", "ttft_p99_ms=50", "--allow-rejected", "1", "--rate", "10",
+                             "-o", str(tmp_path / "s")],
                             env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert len(_warning_lines(result.stderr)) == 1  # both points warn the same text

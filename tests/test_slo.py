@@ -24,6 +24,13 @@ def test_options_and_block_merge(tmp_path):
     assert slos.targets() == {"ttft_p90_ms": 1500.0, "e2e_p50_ms": 900.0, "itl_p99_ms": 100.0}
     assert [p[1:3] for p in slos.percentiles] == [("ttft_ms", "p90"), ("e2e_ms", "p50"), ("itl_ms", "p99")]
     assert slos_from_dict(slos.to_dict()) == slos
+    assert slos.allow_rejected == 0 and "allow_rejected" not in slos.to_dict()
+    assert "no request rejected or unfinished" in slos.describe()
+    allowing = load_slos(path, ["ttft_p90_ms=1500"], allow_rejected=0.05)
+    assert allowing.allow_rejected == 0.05 and slos_from_dict(allowing.to_dict()) == allowing
+    assert "at most 0.05 of the requests rejected or unfinished" in allowing.describe()
+    with pytest.raises(InputError, match=r"--allow-rejected: must be a fraction of the requests in \[0, 1\], got 2"):
+        load_slos(path, allow_rejected=2)
 
 
 def test_goodput_with_per_request_targets():
@@ -33,8 +40,11 @@ def test_goodput_with_per_request_targets():
 
 
 @pytest.mark.parametrize("items, needle", [
-    ([("ttft_p75_ms", 10)], "statistic 'p75' is not offered; offered: p50, p90, p95, p99"),
-    ([("ttft_mean_ms", 10)], "'mean' is not offered"),
+    ([("ttft_p75_ms", 10)], "statistic 'p75' is not offered; offered: mean, p50, p90, p95, p99"),
+    ([("ttft_max_ms", 10)], "'max' is not offered"),
+    ([("ttft_p90_ms", 10), ("allow_rejected", 1.5)], "allow_rejected: must be a fraction of the requests in [0, 1]"),
+    ([("ttft_p90_ms", 10), ("allow_rejected", -0.1)], "allow_rejected: must be a fraction"),
+    ([("allow_rejected", 0.1)], "no SLO given"),
     ([("tfft_p90_ms", 10)], "unknown SLO metric (did you mean 'ttft_p90_ms'?)"),
     ([("latency", 10)], "unknown SLO metric"),
     ([("ttft_p90_ms", 0)], "must be a number > 0"),
@@ -94,6 +104,12 @@ def test_evaluate_against_the_closed_form(tmp_path):
     assert ev["meets"] is True and ev["violated"] == []
     assert ev["ratios"]["ttft_p90_ms"] == pytest.approx(p90 / 320, abs=1e-6)
     assert ev["margin"] == pytest.approx(1 - p90 / 320, abs=1e-6)
+    # the mean: 10 + 49.5 d over i = 0..99; a mean target beside a percentile
+    mean = build_slos([("ttft_mean_ms", 10 + 49.5 * d + 0.01), ("ttft_p90_ms", 320.0)])
+    ev = evaluate(mean, report.summary, report.records)
+    assert ev["meets"] is True and ev["metrics"]["ttft_mean_ms"] == pytest.approx(10 + 49.5 * d, abs=1e-5)
+    ev = evaluate(build_slos([("ttft_mean_ms", 10 + 49.5 * d - 0.01)]), report.summary, report.records)
+    assert ev["violated"] == ["ttft_mean_ms"]
     tight = build_slos([("ttft_p90_ms", 250.0), ("e2e_p50_ms", 100.0)])
     ev = evaluate(tight, report.summary, report.records)
     assert ev["meets"] is False and ev["violated"] == ["ttft_p90_ms", "e2e_p50_ms"]
