@@ -53,7 +53,9 @@ def capacity_command(config, slo_options, allow_rejected, output_dir, overrides,
     The load is a trace's speedup, a synthetic workload's rate, or a closed
     loop's concurrency. It brackets by doubling (or halving), bisects to
     --precision, and confirms with a probe just above the answer; every probe
-    is a full replay. Exits 1 when no load down to --min-rate meets the SLOs.
+    is a full replay; a probe with rejected or unfinished requests misses
+    unless --allow-rejected allows them. Exits 1 when no load down to
+    --min-rate meets the SLOs.
     """
     from servesim.capacity.capacity import CAPACITY_JSON, UNMET, capacity, probe_table, write_capacity
     from servesim.config.slo import load_slos
@@ -140,8 +142,11 @@ def search_command(config, slo_options, allow_rejected, grid, rate, capacity_mod
     With --rate R every point replays at load R; points meeting the SLOs
     rank by GPUs, then margin, and points with more GPUs than one that
     meets are skipped. With --capacity each point gets its own capacity
-    search and points rank by request rate per GPU. Points already done in
-    OUTPUT_DIR are not run again. Exits 1 if no point meets the SLOs or a
+    search and points rank by request rate per GPU (a capacity that is only
+    a lower bound, every probe met up to --max-rate, after an exact one of
+    the same rate). A point with rejected or unfinished requests misses
+    unless --allow-rejected allows them. Points already done in OUTPUT_DIR
+    are not run again. Exits 1 if no point meets the SLOs or a
     point failed.
     """
     from servesim.capacity.search import FAILED, SEARCH_CSV, search
