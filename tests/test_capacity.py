@@ -338,6 +338,14 @@ def test_a_point_that_rejects_requests_never_wins(tmp_path):
     allowed = search(config, grid, build_slos([("ttft_p90_ms", 60), ("allow_rejected", 0.65)]),
                      tmp_path / "b", rate=40)
     assert allowed["ranking"] == [1, 0] and allowed["slo"]["allow_rejected"] == 0.65
+    result = CliRunner().invoke(main, ["search", config, "--grid", grid, "--slo", "ttft_p90_ms=60", "--rate", "40",
+                                       "--allow-rejected", "0.65", "-o", str(tmp_path / "b"), "--report"])
+    assert result.exit_code == 0, result.output
+    assert "at most 0.65 of the requests rejected or unfinished" in result.output
+    assert "1. point 1 (engine.max_model_len=128): 1 GPU(s), margin" in result.output
+    assert "93 rejected + 0 unfinished" in result.output
+    page = (tmp_path / "b" / "report.html").read_text()
+    assert "<th>rejected</th><th>unfinished</th>" in page and "<td>93</td>" in page
 
 
 def test_capacity_names_the_rejected_requests_when_they_bind(tmp_path):

@@ -191,7 +191,8 @@ def search_command(config, slo_options, allow_rejected, grid, rate, capacity_mod
         bound = " (lower bound)" if p.get("capacity_is_lower_bound") else ""
         figure = (f"capacity {p['capacity']}{bound}, {p['request_rate_per_gpu']} req/s per GPU" if capacity_mode
                   else f"margin {p['margin']}")
-        click.echo(f"  {place}. point {index} ({values}): {p['gpus']} GPU(s), {figure}")
+        lost = f", {p['rejected']} rejected + {p['unfinished']} unfinished" if p["rejected"] or p["unfinished"] else ""
+        click.echo(f"  {place}. point {index} ({values}): {p['gpus']} GPU(s), {figure}{lost}")
     click.echo(doc["message"])
     click.echo(f"results in {output_dir}/{SEARCH_CSV}")
     for p in points:
