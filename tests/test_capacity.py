@@ -395,28 +395,17 @@ def test_a_lower_bound_ranks_after_an_exact_capacity_of_equal_value():
 
 # --------------------------------------------------------------------------- sessions
 
-SESSIONS = """\
-workload:
-  synthetic:
-    sessions:
-      count: 20
-      turns: 2
-      new_input_tokens: {distribution: uniform, min: 50, max: 200}
-      output_tokens: {distribution: uniform, min: 5, max: 30}
-      think_time: 100
-      sessions_per_second: 5
-    seed: 3
-engine:
-  block_size: 16
-  num_gpu_blocks: 2048
-  max_num_seqs: 16
-  max_num_batched_tokens: 512
-  timing: {type: linear, base_ms: 5, per_token_ms: 0.01}
-"""
+def sessions_config(tmp_path, name="sessions.yaml", **sessions):
+    """test_sessions' synthetic sessions (its compiled engine), 20 of 2 turns, as a config file."""
+    from test_sessions import synthetic_sessions
+
+    keys = dict(count=20, turns=2, new_input_tokens={"distribution": "uniform", "min": 50, "max": 200},
+                output_tokens={"distribution": "uniform", "min": 5, "max": 30}, think_time=100)
+    return write(tmp_path, json.dumps(synthetic_sessions(**keys, **sessions)), name)
 
 
 def test_capacity_varies_the_session_rate(tmp_path):
-    config = write(tmp_path, SESSIONS)
+    config = sessions_config(tmp_path, sessions_per_second=5)
     load = load_of(resolve_config(config))
     assert (load.key, load.unit, load.start) == ("workload.synthetic.sessions.sessions_per_second", "sessions/s", 5)
     assert resolve_config(config, (load.override(40),)).workload.synthetic.sessions.sessions_per_second == 40
@@ -424,7 +413,7 @@ def test_capacity_varies_the_session_rate(tmp_path):
     assert doc["status"] == FOUND and doc["load"]["key"] == load.key
     assert meets(config, build_slos([("ttft_p90_ms", 20)]), None, doc["capacity"])
     assert not meets(config, build_slos([("ttft_p90_ms", 20)]), None, doc["above"])
-    at_0 = write(tmp_path, SESSIONS.replace("      sessions_per_second: 5\n", ""), "burst.yaml")
+    at_0 = sessions_config(tmp_path, "burst.yaml")
     result = CliRunner().invoke(main, ["capacity", at_0, "--slo", "ttft_p90_ms=20"])
     assert result.exit_code == 2 and "sessions that all start at 0 have no load to vary" in result.output
 
