@@ -338,6 +338,13 @@ def test_a_point_that_rejects_requests_never_wins(tmp_path):
     allowed = search(config, grid, build_slos([("ttft_p90_ms", 60), ("allow_rejected", 0.65)]),
                      tmp_path / "b", rate=40)
     assert allowed["ranking"] == [1, 0] and allowed["slo"]["allow_rejected"] == 0.65
+    # a result recorded before the gate existed (no allowance in its file) is not resumed
+    old = out / keeps["dir"] / "slo.json"
+    recorded = json.loads(old.read_text())
+    del recorded["allow_rejected"]
+    old.write_text(json.dumps(recorded))
+    again = search(config, grid, build_slos([("ttft_p90_ms", 60)]), out, rate=40)
+    assert [p["resumed"] for p in again["points"]] == [False, True]
     result = CliRunner().invoke(main, ["search", config, "--grid", grid, "--slo", "ttft_p90_ms=60", "--rate", "40",
                                        "--allow-rejected", "0.65", "-o", str(tmp_path / "b"), "--report"])
     assert result.exit_code == 0, result.output

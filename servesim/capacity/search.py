@@ -176,6 +176,8 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
 
     check_replaceable(out, SEARCH_OUTPUTS)  # before any point: nothing of the user's in the way
     slo = slos.to_dict()
+    # the allowance always recorded: a result from before the gate (no such key) is run again
+    gate = {"allow_rejected": slos.allow_rejected}
     settings = {"limit": limit, "precision": precision or DEFAULT_PRECISION,
                 "min_rate": min_rate, "max_rate": max_rate}
 
@@ -191,13 +193,13 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
         points.append(p)
         point_dir = str((out / p.dir).absolute())
         if capacity_mode:
-            fingerprint = {"point_config": resolved, "slo": slo, "settings": settings}
+            fingerprint = {"point_config": resolved, "slo": slo, **gate, "settings": settings}
             args = (config_path, tuple(o for o in overrides if o not in extra), point_dir, slo,
                     settings, fingerprint)
             done = _resumed(out / p.dir / "capacity.json", fingerprint)
             tasks[i] = (capacity_point, args, done)
         else:
-            fingerprint = {"point_config": resolved, "slo": slo, "rate": rate}
+            fingerprint = {"point_config": resolved, "slo": slo, **gate, "rate": rate}
             args = (config_path, overrides, point_dir, slo, load.key, rate, fingerprint)
             done = _resumed(out / p.dir / SLO_JSON, fingerprint)
             tasks[i] = (rate_point, args, done and done.get("result"))
