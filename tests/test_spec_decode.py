@@ -365,6 +365,51 @@ def test_a_fitted_model_prices_padding_drafts_once_as_draft_tokens(tmp_path):
         c[0] + c[1] * 1 + c[2] * 1 + c[3] * 1 + c[4] * 41 + c[5] * 4)
 
 
+def test_polynomial_and_linear_price_a_decodes_drafts_and_padding_once():
+    # docs/engine.md §12. Pass: one decode (context 100, 3 drafts), one prefill of
+    # 1 token padded with 3 drafts (prefill_tokens 4, 3 of them padding); draft
+    # tokens 6 in all, tokens 1 + 3 + 4 = 8, KV capacity 1000 (u = 0.1).
+    from servesim.engine.pricing import LINEAR, POLYNOMIAL, price_pass
+
+    a, b, c = 4.209989e-07, 1.518344e-02, 16.50142
+    decode = max(1.0, -25.74 * 0.01 + 54.01 * 0.1 + 5.74)
+    none = np.zeros(6)
+    # polynomial: the 3 decode drafts join the 4 prefill tokens (padding once)
+    assert price_pass(POLYNOMIAL, none, 4, 1, 1, 100, 8, 2, 1000.0, 6, 0, 3) == pytest.approx(
+        a * 49 + b * 7 + c + decode)
+    # without a prompt token the drafts cost the quadratic without its constant
+    assert price_pass(POLYNOMIAL, none, 0, 0, 1, 100, 4, 1, 1000.0, 3) == pytest.approx(
+        a * 9 + b * 3 + decode)
+    # no drafts: the plain pass's price
+    assert price_pass(POLYNOMIAL, none, 0, 0, 1, 100, 1, 1, 1000.0) == pytest.approx(decode)
+    # linear: every token once, drafts and padding included: 2 + 0.5 * 8 + 1 * 2 + 0.01 * 100
+    lin = np.array([2.0, 0.5, 1.0, 0.01, 0.0, 0.0])
+    assert price_pass(LINEAR, lin, 4, 1, 1, 100, 8, 2, 1000.0, 6, 0, 3) == pytest.approx(9.0)
+
+
+@pytest.mark.parametrize("timing", [
+    {"type": "linear", "base_ms": 1.0, "per_token_ms": 0.05, "per_context_token_ms": 0.001},
+    {"type": "polynomial"}])
+def test_with_no_draft_accepted_every_method_is_slower_than_the_plain_run(timing):
+    # Target of issue 40: 0% acceptance, so a pass yields what a plain pass does
+    # and pays for its drafts: TPOT speedup (--baseline) < 1 for every method,
+    # at a low and a high concurrency.
+    from servesim.replay.api import run as api_run
+
+    for method in ("mtp", "eagle", "ngram"):
+        for seqs in (2, 32):
+            cfg = {"workload": {"synthetic": {
+                       "requests": 32, "input_tokens": 64, "output_tokens": 24,
+                       "arrival": "burst", "seed": 1}},
+                   "engine": {"block_size": 16, "num_gpu_blocks": 1024, "max_num_seqs": seqs,
+                              "async_scheduling": False, "timing": timing,
+                              "speculative": {"method": method, "num_speculative_tokens": 3,
+                                              "acceptance_rates": [0.0, 0.0, 0.0]}}}
+            block = api_run(cfg, baseline=True).summary["speculative"]
+            assert block["accepted_tokens"] == 0 and block["draft_tokens"] > 0
+            assert block["tpot_speedup"] < 1, (method, seqs)
+
+
 def test_launch_classifies_a_pass_by_its_tokens_drafts_included():
     # async, k = 3, capture size 8; a, b, c: P=4, O=3, accepted [0].
     # pass 0, decided at 0: three prompts of 4 (12 tokens > 8): eager, so its launch
@@ -456,6 +501,26 @@ def test_bad_speculative_config_exits_2_naming_the_keys(tmp_path, overrides, mes
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert re.search(message, result.output), result.output
+
+
+def test_a_timing_that_would_price_drafts_at_0_is_refused_with_speculative_decoding(tmp_path):
+    # fixed prices a pass by its kind; a five-feature fitted model has no draft
+    # coefficient: both would make drafts free, so both are refused naming the key
+    from servesim.fitting import write_model
+
+    with pytest.raises(InputError, match=r"engine.timing: type fixed prices a pass by its kind, "
+                       r"not by its tokens, so engine.speculative's draft tokens would cost "
+                       r"nothing; use linear or polynomial timing"):
+        spec_config(2, timing={"type": "fixed", "prefill_ms": 1.0, "decode_ms": 1.0})
+    model = tmp_path / "m5.yaml"
+    write_model(model, [1.0, 2.0, 0.5, 3.0, 0.01], 10, 0.9, 0.1,
+                {"source": ["r.jsonl"], "launch_stall": None, "window": None})
+    with pytest.raises(InputError, match=r"engine.timing.model: .*m5.yaml has no sum_draft_tokens "
+                       r"coefficient .* refit on records with scheduled_requests.sum_draft_tokens"):
+        spec_config(2, timing={"type": "fitted", "model": str(model)})
+    # the same model and fixed timing run without speculative decoding
+    make_config(timing={"type": "fitted", "model": str(model)})
+    make_config(timing={"type": "fixed", "prefill_ms": 1.0, "decode_ms": 1.0})
 
 
 def test_ngram_with_launch_and_speculative_with_the_cpu_tier_or_disaggregated_mode_are_rejected():

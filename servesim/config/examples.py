@@ -158,7 +158,7 @@ engine:
     num_speculative_tokens: 3
     acceptance_rates: [0.8, 0.6, 0.5]  # P(draft i accepted | drafts before it were)
     seed: 42
-  timing: {type: polynomial}  # prices every scheduled token, drafts included
+  timing: {type: polynomial}  # drafts priced as query tokens (docs/engine.md §12)
 """,
     "disaggregated": """\
 # The Mooncake example on disaggregated prefill and decode workers (vLLM with a

@@ -10,7 +10,7 @@ scheduled tokens, draft tokens included), `requests` (scheduled requests),
 `prefill_context` (computed tokens of the prefill requests before the pass;
 the `aic` tables use it), `prefill_draft_tokens` (the draft tokens of prefill
 requests, an admission's padding: counted in both `prefill_tokens` and
-`draft_tokens`).
+`draft_tokens`). How each model prices drafts: docs/engine.md §12.
 """
 
 import numpy as np
@@ -39,6 +39,8 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
         return table_pass_ms(params, prefill_tokens, num_prefill_requests, prefill_context,
                              decode_requests, decode_context)
     if model == FIXED:
+        # no price per token: refused with speculative decoding at config load
+        # (servesim/config/speculative_config.py check_drafts_priced)
         t = 0.0
         if prefill_tokens > 0:
             t += params[0]
@@ -46,14 +48,25 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
             t += params[1]
         return t
     if model == LINEAR:
+        # `tokens` holds every draft once, padding included: a draft costs
+        # per_token_ms like a decode's token
         return (params[0] + params[1] * tokens + params[2] * requests
                 + params[3] * decode_context)
     if model == POLYNOMIAL:
-        # NVIDIA Dynamo's fallback vLLM pass-time polynomials.
+        # NVIDIA Dynamo's fallback vLLM pass-time polynomials. Its decode term
+        # prices the batch by KV occupancy, not by token, so a decode's drafts
+        # (query tokens beyond its one) join the prefill quadratic, the
+        # polynomial's price of query tokens, without its per-pass constant
+        # when the pass has no prompt token; prefill entries' padding drafts
+        # are already in `prefill_tokens` (counted once). docs/engine.md §12.
         t = 0.0
+        decode_drafts = draft_tokens - prefill_draft_tokens
         if prefill_tokens > 0:
-            x = float(prefill_tokens)
+            x = float(prefill_tokens + decode_drafts)
             t += 4.209989e-07 * x * x + 1.518344e-02 * x + 16.50142
+        elif decode_drafts > 0:
+            x = float(decode_drafts)
+            t += 4.209989e-07 * x * x + 1.518344e-02 * x
         if decode_requests > 0:
             u = min(1.0, decode_context / kv_capacity_tokens)
             t += max(1.0, -25.74 * u * u + 54.01 * u + 5.74)
