@@ -100,7 +100,8 @@ def test_zero_acceptance_schedules_like_a_plain_run_but_for_drafts(data):
     engine = data.draw(engine_configs(chunked=True))
     engine.update(enable_prefix_caching=False, num_gpu_blocks=4096, max_num_batched_tokens=8192,
                   long_prefill_token_threshold=0, watermark=0.0,
-                  timing={"type": "linear", "base_ms": 1.0, "per_request_ms": 1.0})
+                  timing={"type": "linear", "base_ms": 1.0, "per_token_ms": 0.0,
+                          "per_request_ms": 1.0})
     workload = data.draw(workloads(engine))
     k = data.draw(st.integers(1, 4), label="k")
     _, plain = simulate(engine, workload)
@@ -168,7 +169,7 @@ def test_mean_accepted_drafts_converge_to_the_closed_form(rates):
                            [[10 * i + 1, 10 * i + 2] for i in range(n)])
     engine = {"num_gpu_blocks": 60000, "max_num_seqs": 64, "max_num_batched_tokens": 8192,
               "enable_prefix_caching": False,
-              "timing": {"type": "linear", "base_ms": 1.0},
+              "timing": {"type": "linear", "base_ms": 1.0, "per_token_ms": 0.0},
               "speculative": spec_block(k, rates)}
     _, result = simulate(engine, workload, pass_log=False)
     verifications = int(result.stats.spec_positions[0, 0])
@@ -183,7 +184,7 @@ def test_a_requests_draws_do_not_depend_on_the_other_requests():
     # "x" alone, and "x" behind five other requests: the same verifications
     # (ample budget and KV: it always schedules 1 + k)
     engine = {"num_gpu_blocks": 4096, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
-              "timing": {"type": "linear", "base_ms": 1.0},
+              "timing": {"type": "linear", "base_ms": 1.0, "per_token_ms": 0.0},
               "speculative": spec_block(3, [0.6, 0.6, 0.6])}
     alone = workload_of([0.0], [40], [60], [[1, 2, 3]], ids=["x"])
     crowd = workload_of([0.0] * 6, [40] * 6, [60] * 6,
