@@ -652,3 +652,29 @@ def test_models_lists_the_aliases():
 
     out = CliRunner().invoke(main, ["models"]).output
     assert "meta-llama/Llama-3.1-70B -> meta-llama/Meta-Llama-3.1-70B" in out
+
+
+def test_mtp_needs_the_models_mtp_layers_and_k_a_multiple_of_them(tmp_path):
+    # Qwen3-32B's config.json has no MTP layers: method mtp is refused naming the
+    # key; eagle (a separate head) and ngram are not. With 2 MTP layers
+    # (num_nextn_predict_layers) vLLM accepts k <= 2 or a multiple of 2.
+    def config(model, method="mtp", k=3):
+        return engine_config({"model": model, "gpu": "h200_sxm", "tensor_parallel_size": 2,
+                              "num_gpu_blocks": 1000, "async_scheduling": method != "ngram",
+                              "timing": {"type": "polynomial"},
+                              "speculative": {"method": method, "num_speculative_tokens": k}})
+
+    plain = model_dir(tmp_path, QWEN3_32B)
+    with pytest.raises(InputError, match=r"^engine.speculative.method: mtp drafts with the model's "
+                       r"MTP layers, and .*'s config.json has none \(no num_nextn_predict_layers"):
+        config(plain)
+    config(plain, "eagle")
+    config(plain, "ngram")
+    mtp = model_dir(tmp_path, {**QWEN3_32B, "num_nextn_predict_layers": 2}, "mtp")
+    for k in (1, 2, 4, 8):
+        assert config(mtp, k=k).engine.speculative.num_speculative_tokens == k
+    with pytest.raises(InputError, match=r"^engine.speculative.num_speculative_tokens: must be a "
+                       r"multiple of the model's 2 MTP layers .* got 3"):
+        config(mtp, k=3)
+    qwen35 = model_dir(tmp_path, {**QWEN3_32B, "mtp_num_hidden_layers": 1}, "q35")
+    config(qwen35, k=3)

@@ -521,6 +521,10 @@ def test_a_timing_that_would_price_drafts_at_0_is_refused_with_speculative_decod
     # the same model and fixed timing run without speculative decoding
     make_config(timing={"type": "fitted", "model": str(model)})
     make_config(timing={"type": "fixed", "prefill_ms": 1.0, "decode_ms": 1.0})
+    # on the command line: exit 2, the key named, no traceback
+    result = _cli(tmp_path, extra=["--set", "engine.timing={type: fixed, prefill_ms: 1, decode_ms: 1}"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "engine.timing: type fixed prices a pass by its kind" in result.output, result.output
 
 
 def test_ngram_with_launch_and_speculative_with_the_cpu_tier_or_disaggregated_mode_are_rejected():

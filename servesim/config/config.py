@@ -65,7 +65,8 @@ from servesim.config.router_config import parse_router
 from servesim.config.sglang_config import (BACKENDS, SGLANG_ROUTERS, check_backend_keys,
                                            parse_sglang_engine, sglang_engine_to_data)
 from servesim.config.router_config import to_data as router_to_data
-from servesim.config.speculative_config import check_drafts_priced, parse_speculative
+from servesim.config.speculative_config import (check_drafter, check_drafts_priced,
+                                                parse_speculative)
 from servesim.config.speculative_config import to_data as speculative_to_data
 from servesim.config.yaml_input import apply_override, plain_data, read_yaml
 from servesim.engine.fitted_formula import FITTED_FEATURES, FITTED_SPEC_FEATURE
@@ -500,6 +501,7 @@ def _engine(ctx: Ctx, data, path_of=None, data_parallel_size=1) -> EngineConfig:
     if timing.type == "aic" and deployment is None:
         ctx.fail(s.sub("timing"), f"type aic requires a deployment: {s.sub('model')} and {s.sub('gpu')}")
     check_drafts_priced(ctx, timing, speculative, s.sub("timing"))
+    check_drafter(ctx, speculative, deployment, s.sub("speculative"))
     engine = EngineConfig(
         kv_cache=kv_cache,
         scheduler=scheduler,

@@ -65,6 +65,29 @@ def check_drafts_priced(ctx, timing, speculative, path):
                  "linear or polynomial timing")
 
 
+def check_drafter(ctx, speculative, deployment, path):
+    """`method: mtp` drafts with the model's own MTP layers: with a deployment
+    (`engine.model`) whose config.json has none (no `num_nextn_predict_layers`,
+    no `mtp_num_hidden_layers`) it is refused naming `path`.method, and with n
+    layers a k above n must be a multiple of n (vLLM's SpeculativeConfig reuses
+    the layers: "num_speculative_tokens must be divisible by n_predict").
+    EAGLE's head is a separate checkpoint and ngram needs none: a target's
+    config.json says nothing about them."""
+    if speculative is None or deployment is None or speculative.method != "mtp":
+        return
+    from servesim.deployment.specs import load_model_spec
+
+    n = load_model_spec(deployment.model).mtp_layers
+    if not n:
+        ctx.fail(f"{path}.method", f"mtp drafts with the model's MTP layers, and "
+                 f"{deployment.model}'s config.json has none (no num_nextn_predict_layers or "
+                 "mtp_num_hidden_layers); use method eagle or ngram")
+    k = speculative.num_speculative_tokens
+    if k > n and k % n:
+        ctx.fail(f"{path}.num_speculative_tokens", f"must be a multiple of the model's {n} MTP "
+                 f"layers (num_nextn_predict_layers) when above {n}: vLLM reuses them, got {k}")
+
+
 def to_data(spec: SpeculativeConfig) -> dict:
     """The YAML layout of `engine.speculative`."""
     return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,

@@ -39,6 +39,9 @@ class ModelSpec:
     sliding_window: int = 0
     config_quantization: str | None = None  # quantization named in config.json
     derived_max_model_len: int = 131072  # the context length; derived_max_model_len()
+    # MTP layers (vLLM's `n_predict` for `method: mtp`): num_nextn_predict_layers,
+    # or Qwen3.5's mtp_num_hidden_layers; 0: the model has none
+    mtp_layers: int = 0
 
     @property
     def is_mla(self) -> bool:
@@ -219,6 +222,7 @@ def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> Mode
         sliding_window=window,
         config_quantization=quant,
         derived_max_model_len=derived_max_model_len(cfg, path),
+        mtp_layers=count("num_nextn_predict_layers", "mtp_num_hidden_layers"),
     )
 
 
