@@ -445,7 +445,7 @@ engine:
   num_gpu_blocks: 48
   async_scheduling: true
   speculative: {method: mtp, num_speculative_tokens: 2, acceptance_rates: [0.7, 0.5]}
-  timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}
+  timing: {type: linear, base_ms: 5.0, per_token_ms: 0.1}
 """
     paths = []
     two_workers = workload(9) + """\
