@@ -49,6 +49,7 @@ index only.
   the router's generator (the gateways' max-score picker draws among ties).
 """
 
+import collections
 from enum import IntEnum
 
 import numpy as np
@@ -89,8 +90,8 @@ def round_robin(rr, num_workers, dp, pinned):
     return (t % num_workers) * dp + t // num_workers
 
 
-# `RouterArrays`: the knobs (float64), the generator and the pool's kind
-# (int64), per rank (`KR_*` rows) and per request (`KQ_*` rows)
+# `RouterState` slots: the knobs (`weights`, float64), the generator and the pool's kind
+# (`ints`, int64), per rank (`ranks`, `KR_*` rows) and per request (`reqs`, `KQ_*` rows)
 KW_WEIGHT, KW_TEMPERATURE, KW_PREFIX, KW_QUEUE, KW_KV = range(5)
 KI_RNG, KI_LOAD_ONLY = 0, 1
 KR_HEAD, KR_BLOCKS, KR_PREFILL = 0, 1, 2  # first of its book, distinct blocks, prefill tokens
@@ -120,7 +121,7 @@ def forget_finished(kvr, R, idents, j):
     out leaves it (its prompt blocks and prefill tokens with it), one that
     has its first token no longer counts prefill tokens (Dynamo frees a
     request at its completion and its prompt load at its first token)."""
-    ints, ranks, reqs, refs = kvr[1], kvr[2], kvr[3], kvr[4]
+    ints, ranks, reqs, refs = kvr.ints, kvr.ranks, kvr.reqs, kvr.refs
     prev = NONE
     i = ranks[KR_HEAD, j]
     while i != NONE:
@@ -152,7 +153,7 @@ def forget_finished(kvr, R, idents, j):
 def kv_router_logit(kvr, j, idents, num_full, hit, num_prompt_tokens, block_size):
     """Rank j's logit for a prompt of `num_prompt_tokens` whose first `hit`
     full blocks (of `num_full`) are in its prefix cache (module docstring)."""
-    weights, ints, ranks, refs = kvr[0], kvr[1], kvr[2], kvr[4]
+    weights, ints, ranks, refs = kvr.weights, kvr.ints, kvr.ranks, kvr.refs
     if ints[KI_LOAD_ONLY]:
         return float(ranks[KR_BLOCKS, j] + num_full)
     new = 0
@@ -167,7 +168,7 @@ def kv_router_logit(kvr, j, idents, num_full, hit, num_prompt_tokens, block_size
 def kv_router_book(kvr, j, i, idents, num_full, prefill_tokens):
     """Request i, sent to rank j, enters its book with its full prompt blocks
     and (but on a load-only pool) its uncached prompt tokens."""
-    ints, ranks, reqs, refs = kvr[1], kvr[2], kvr[3], kvr[4]
+    ints, ranks, reqs, refs = kvr.ints, kvr.ranks, kvr.reqs, kvr.refs
     reqs[KQ_NEXT, i] = ranks[KR_HEAD, j]
     ranks[KR_HEAD, j] = i
     reqs[KQ_BLOCKS, i] = num_full
@@ -203,14 +204,14 @@ def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt
     `now`; the request enters the chosen rank's book unless it is rejected
     there (`admit` False: it can never fit elsewhere; or it can never fit
     the rank)."""
-    weights, ints = kvr[0], kvr[1]
+    weights, ints = kvr.weights, kvr.ints
     temperature = weights[KW_TEMPERATURE]
     num_full = num_prompt_tokens // block_size
     lo = hi = 0.0
     best = -1
     ties = 0
     n = num_workers * dp
-    logits = kvr[5]
+    logits = kvr.logits
     for j in range(n):
         logits[j] = np.inf
         if pinned >= 0 and j % dp != pinned:
@@ -222,7 +223,7 @@ def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt
             hit = cached_prefix_seen(s, idents, num_full, scratch, now)
         x = kv_router_logit(kvr, j, idents, num_full, hit, num_prompt_tokens, block_size)
         logits[j] = x
-        kvr[6][j] = hit
+        kvr.hits[j] = hit
         if best < 0 or x > hi:
             hi = x
         if best < 0 or x < lo:
@@ -234,7 +235,7 @@ def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt
     if temperature > 0.0:
         best = softmax_sample(logits, n, lo, hi, temperature, uniform(ints))
     if admit and can_ever_fit(sched_t[best].cfg, num_prompt_tokens):
-        hit = kvr[6][best]
+        hit = kvr.hits[best]
         kv_router_book(kvr, best, i, idents, num_full, num_prompt_tokens - hit * block_size)
     return best
 
@@ -311,7 +312,7 @@ def weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scra
     `prefix_cache * hit blocks / prompt blocks + queue_depth * (max - waiting)
     / (max - min) (1 when all wait alike) + kv_usage * (1 - KV usage)`, ties
     drawn from the router's generator."""
-    weights, ints = kvr[0], kvr[1]
+    weights, ints = kvr.weights, kvr.ints
     num_full = num_prompt_tokens // block_size
     lo, hi = 1 << 62, -1
     for j in range(num_workers * dp):
@@ -364,10 +365,17 @@ def route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned, idents, 
     return round_robin(rr, num_workers, dp, pinned)
 
 
+# What the `kv_router` and `weighted` rules read and keep, by name (a named tuple,
+# which Numba reads field by field as it does a tuple): `weights` (`KW_*`), `ints`
+# (`KI_*`), `ranks[KR_*, j]`, `reqs[KQ_*, i]`, `refs[j, identity]` (each rank's
+# count of requests holding each identity), and a choice's scratch `logits`, `hits`.
+RouterState = collections.namedtuple("RouterState", "weights ints ranks reqs refs logits hits")
+
+
 class RouterArrays:
     """The knobs and state of `kv_router` and `weighted` for a pool of
     `num_ranks` ranks over a request table of `num_requests` rows and
-    `num_identities` block identities, as the tuple `arrays` the rules take:
+    `num_identities` block identities, as the `RouterState` `arrays` the rules take:
     the knobs (`options`, a RouterConfig: `overlap_score_weight`,
     `router_temperature`, the scorers' weights), the generator (seeded by
     `seed`) and whether the pool is load-only (a disaggregated decode pool),
@@ -386,12 +394,13 @@ class RouterArrays:
         ranks = np.zeros((3, num_ranks), dtype=np.int64)
         ranks[KR_HEAD] = NONE
         refs_shape = (1, 1) if load_only or not book else (num_ranks, max(1, num_identities))
-        self.arrays = (np.array([o.overlap_score_weight, o.router_temperature, o.prefix_cache,
-                                 o.queue_depth, o.kv_usage]),
-                       np.array([first_state(o.seed), int(load_only)], dtype=np.int64),
-                       ranks, np.zeros((3, max(1, num_requests)), dtype=np.int64),
-                       np.zeros(refs_shape, dtype=np.int32), np.zeros(num_ranks),
-                       np.zeros(num_ranks, dtype=np.int64))
+        self.arrays = RouterState(
+            weights=np.array([o.overlap_score_weight, o.router_temperature, o.prefix_cache,
+                              o.queue_depth, o.kv_usage]),
+            ints=np.array([first_state(o.seed), int(load_only)], dtype=np.int64),
+            ranks=ranks, reqs=np.zeros((3, max(1, num_requests)), dtype=np.int64),
+            refs=np.zeros(refs_shape, dtype=np.int32), logits=np.zeros(num_ranks),
+            hits=np.zeros(num_ranks, dtype=np.int64))
 
 
 class RankArrays:
