@@ -26,7 +26,6 @@ without reference counts (servesim/jit.py); `_schedule_waiting` and the debug
 mode's `_check_after` / `_check_holders` allocate, so they count their own.
 """
 
-
 import numpy as np
 
 from servesim.jit import njit
@@ -214,11 +213,12 @@ def _schedule_waiting(s, out, feats, budget, threshold, kv=None):
     priority = cfg[0].priority_scheduling
     bs = cfg[0].block_size
     num_skipped = 0
-    skipped = s.running[:0]  # (a view: no allocation, in every pass without `kv`)
+    skipped = s.running[:0]  # (a view: no allocation, but with a CPU tier)
     if kv is not None:
         if S[0].num_waiting_for_kv > 0:
             budget = _schedule_loaded(s, out, feats, budget, threshold, kv)
-        skipped = np.empty(S[0].num_waiting, dtype=np.int64)
+        if cfg[0].kv_source == KV_SOURCE_CPU:  # (only the tier's lookups skip a request)
+            skipped = np.empty(S[0].num_waiting, dtype=np.int64)
     while S[0].num_waiting > 0 and budget > 0 and S[0].num_running < cfg[0].max_num_seqs:
         i = wq_peek(S, wq, priority)
         num_tokens = R[i].num_tokens
