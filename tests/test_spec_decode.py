@@ -510,7 +510,7 @@ def test_a_timing_that_would_price_drafts_at_0_is_refused_with_speculative_decod
 
     with pytest.raises(InputError, match=r"engine.timing: type fixed prices a pass by its kind, "
                        r"not by its tokens, so engine.speculative's draft tokens would cost "
-                       r"nothing; use linear or polynomial timing"):
+                       r"nothing; use aic, linear or polynomial timing"):
         spec_config(2, timing={"type": "fixed", "prefill_ms": 1.0, "decode_ms": 1.0})
     model = tmp_path / "m5.yaml"
     write_model(model, [1.0, 2.0, 0.5, 3.0, 0.01], 10, 0.9, 0.1,

@@ -46,15 +46,14 @@ def parse_speculative(ctx, data, path, scheduler, launch):
 def check_drafts_priced(ctx, timing, speculative, path):
     """With `engine.speculative`, `timing` (at `path`) must put a price on
     draft tokens: `linear` and `polynomial` do (docs/engine.md §12), a fitted
-    model does with its sixth coefficient `sum_draft_tokens`; `fixed` (a price
-    per pass kind) and a five-feature fitted model would price them at 0 ms,
-    and `aic` does not price them yet, so those are refused naming `path`."""
+    model does with its sixth coefficient `sum_draft_tokens`, `aic` prices the
+    verification and the drafter from the database (docs/deployment.md);
+    `fixed` (a price per pass kind) and a five-feature fitted model would price
+    them at 0 ms, so those are refused naming `path`."""
     if speculative is None:
         return
     spec = path.rpartition(".")[0] + ".speculative"
-    fallback = "use linear or polynomial timing, or a fitted model with sum_draft_tokens"
-    if timing.type == "aic":
-        ctx.fail(path, f"type aic does not price draft tokens yet; with {spec} {fallback}")
+    fallback = "use aic, linear or polynomial timing, or a fitted model with sum_draft_tokens"
     if timing.type == "fixed":
         ctx.fail(path, f"type fixed prices a pass by its kind, not by its tokens, so {spec}'s "
                  f"draft tokens would cost nothing; {fallback}")
@@ -62,7 +61,7 @@ def check_drafts_priced(ctx, timing, speculative, path):
         ctx.fail(f"{path}.model", f"{timing.model} has no sum_draft_tokens coefficient (fitted "
                  f"on records without speculative decoding), so {spec}'s draft tokens would cost "
                  "nothing; refit on records with scheduled_requests.sum_draft_tokens, or use "
-                 "linear or polynomial timing")
+                 "aic, linear or polynomial timing")
 
 
 def check_drafter(ctx, speculative, deployment, path):

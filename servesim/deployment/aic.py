@@ -153,6 +153,53 @@ class DirectModel:
         return float(self.model.estimate_forward_pass_time_ms(json.loads(metrics)) or 0.0)
 
 
+def _quant_modes(dep: DeploymentConfig) -> dict:
+    """The package's quantization modes for `compile_engine`, as
+    engine_config chooses them (None: the model's own precision)."""
+    from servesim.deployment.specs import load_model_spec
+
+    modes = {}
+    if dep.quantization == "fp8" and load_model_spec(dep.model).config_quantization is None:
+        modes["gemm_quant_mode"] = modes["moe_quant_mode"] = "fp8"
+    if dep.kv_cache_dtype == "fp8":
+        modes["kvcache_quant_mode"] = "fp8"
+    return modes
+
+
+HEAD_OP = "generation_logits_gemm"
+
+
+def head_times(dep: DeploymentConfig, rows, data_parallel_size: int = 1) -> list:
+    """Milliseconds of the model's LM head (the database's logits GEMM, one
+    op of its decode step: aiconfigurator-core's `decode_step_per_op`) over
+    each count of logit rows in `rows`."""
+    require()
+    import logging
+
+    logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    tp = dep.tensor_parallel_size
+    try:
+        handle = EngineHandle.compile(
+            dep.model, dep.gpu, BACKEND, backend_version=backend_version(dep.gpu), tp_size=tp,
+            pp_size=dep.pipeline_parallel_size, attention_dp_size=data_parallel_size,
+            moe_tp_size=1 if dep.enable_expert_parallel else tp,
+            moe_ep_size=tp * data_parallel_size if dep.enable_expert_parallel else 1,
+            **_quant_modes(dep))
+    except (ValueError, RuntimeError) as exc:
+        raise InputError(f"engine: the database cannot price {dep.model}'s LM head on "
+                         f"{dep.gpu}: {exc}") from None
+    out = []
+    for m in rows:
+        ops = {name: ms for name, ms, *_ in handle.decode_step_per_op(int(m), 64, 2)}
+        if HEAD_OP not in ops:
+            raise InputError(f"engine: the database's decode step of {dep.model} has no "
+                             f"{HEAD_OP} op to price a drafter's LM head")
+        out.append(float(ops[HEAD_OP]))
+    return out
+
+
 _FPM = ('{"scheduled_requests": {"num_prefill_requests": %d, "sum_prefill_tokens": %d, '
         '"sum_prefill_kv_tokens": %d, "var_prefill_length": 0.0, "num_decode_requests": %d, '
         '"sum_decode_kv_tokens": %d, "var_decode_kv_tokens": 0.0}}')

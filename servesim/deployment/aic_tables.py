@@ -30,12 +30,19 @@ def cache_dir() -> str:
 
 def _limits(engine) -> dict:
     """The engine limits that bound the axes; without `max_model_len`, the
-    model's context length (vLLM's default for it, `derived_max_model_len`)."""
+    model's context length (vLLM's default for it, `derived_max_model_len`).
+    With speculative decoding a decode request of k drafts is k + 1 decode
+    queries (table_pricing.table_spec_pass_ms), so the decode axes reach
+    `max_num_seqs * (k + 1)`, within the token budget."""
     from servesim.deployment.specs import load_model_spec
 
     s = engine.scheduler
     top = s.max_model_len or load_model_spec(engine.deployment.model).derived_max_model_len
-    return {"max_num_batched_tokens": s.max_num_batched_tokens, "max_num_seqs": s.max_num_seqs,
+    seqs = s.max_num_seqs
+    spec = getattr(engine, "speculative", None)
+    if spec is not None:
+        seqs = max(seqs, min(seqs * (spec.num_speculative_tokens + 1), s.max_num_batched_tokens))
+    return {"max_num_batched_tokens": s.max_num_batched_tokens, "max_num_seqs": seqs,
             "max_model_len": top}
 
 
@@ -179,13 +186,74 @@ def load_or_build(engine, data_parallel_size: int = 1) -> np.ndarray:
     return table
 
 
+# ngram's drafter: vLLM's NgramProposer matches the request's last n tokens
+# in its own history on the CPU (a Numba-compiled KMP search over at most
+# `max_model_len` tokens, after the sampler, before the next pass is
+# scheduled: ngram runs without async scheduling). A documented constant per
+# scheduled request, docs/deployment.md "Speculative decoding".
+NGRAM_MS_PER_REQUEST = 0.01
+
+
+def head_nodes(grid: list, limits: dict) -> list:
+    """Logit-row counts at which the LM head is priced: the GEMM grid up to
+    the token budget."""
+    budget = limits["max_num_batched_tokens"]
+    return sorted({m for m in grid if m <= budget} | {1, budget})
+
+
+def load_or_build_head(engine, data_parallel_size: int = 1) -> tuple:
+    """(nodes, milliseconds) of the LM head for a speculative deployment,
+    from the disk cache or the database (then cached)."""
+    dep = engine.deployment
+    version = aic.package_version()
+    if version is None:
+        aic.require()
+    limits = _limits(engine)
+    path = os.path.join(cache_dir(), cache_key(dep, limits, data_parallel_size, version)
+                        + "-head.npy")
+    if os.path.isfile(path):
+        try:
+            saved = np.load(path)
+            return saved[0], saved[1]
+        except (OSError, ValueError, IndexError):
+            pass  # a damaged cache file is rebuilt
+    aic.check_supported(dep)
+    nodes = head_nodes(aic.measured_token_grid(dep.gpu, aic.backend_version(dep.gpu)), limits)
+    saved = np.array([nodes, aic.head_times(dep, nodes, data_parallel_size)], dtype=np.float64)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp.npy"
+    np.save(tmp, saved)
+    os.replace(tmp, path)
+    return saved[0], saved[1]
+
+
+def with_drafts(table: np.ndarray, engine, data_parallel_size: int = 1) -> np.ndarray:
+    """The table with speculative decoding's slots: k, the drafter, the
+    target's layers on a rank and (MTP, EAGLE) the LM head's times."""
+    from servesim.deployment.specs import load_model_spec
+
+    spec = engine.speculative
+    dep = engine.deployment
+    layers = max(1, load_model_spec(dep.model).num_layers // dep.pipeline_parallel_size)
+    if spec.method == "ngram":
+        return table_pricing.with_speculative(table, spec.num_speculative_tokens,
+                                              table_pricing.DRAFT_CPU, NGRAM_MS_PER_REQUEST,
+                                              layers, [1.0], [0.0])
+    nodes, head = load_or_build_head(engine, data_parallel_size)
+    return table_pricing.with_speculative(table, spec.num_speculative_tokens,
+                                          table_pricing.DRAFT_LAYER, 0.0, layers, nodes, head)
+
+
 _MEMO: dict = {}
 
 
 def pricing_table(engine, data_parallel_size: int = 1) -> np.ndarray:
     """The kernel's params for an engine with `timing: {type: aic}`."""
-    key = (engine.deployment, tuple(_limits(engine).values()), data_parallel_size)
+    spec = getattr(engine, "speculative", None)
+    key = (engine.deployment, tuple(_limits(engine).values()), data_parallel_size,
+           None if spec is None else (spec.method, spec.num_speculative_tokens))
     if key not in _MEMO:
-        _MEMO[key] = load_or_build(engine, data_parallel_size)
+        table = load_or_build(engine, data_parallel_size)
+        _MEMO[key] = table if spec is None else with_drafts(table, engine, data_parallel_size)
     factors = engine.timing.calibration_factors or (1.0, 1.0, 1.0)
     return table_pricing.with_factors(_MEMO[key], factors)

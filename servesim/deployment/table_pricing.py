@@ -32,6 +32,13 @@ import numpy as np
 from servesim.jit import njit
 
 N_P, N_Q, N_K, N_D, N_C, F_PREFILL, F_DECODE, F_MIXED, N_E = range(9)
+# speculative decoding's slots (0 in a plain table, which ends with its mixed
+# decode axis): SPEC_K drafts per request, SPEC_DRAFTER how they are drafted
+# (DRAFT_LAYER: one decoder layer + the LM head per step, MTP and EAGLE;
+# DRAFT_CPU: ngram, SPEC_CPU_MS per scheduled request), N_LAYERS the target's
+# layers on a rank, N_H the LM head's nodes (appended: nodes, then values)
+SPEC_K, SPEC_DRAFTER, SPEC_CPU_MS, N_LAYERS, N_H = range(9, 14)
+DRAFT_LAYER, DRAFT_CPU = 1, 2
 HEADER = 16
 
 
@@ -54,6 +61,19 @@ def pack(p_nodes, q_nodes, k_nodes, d_nodes, c_nodes, e_nodes, prefill, decode, 
     header[N_E] = len(e_nodes)
     return np.concatenate([header, *axes, prefill.ravel(), decode.ravel(), mixed.ravel(),
                            remainder.ravel(), e_nodes])
+
+
+def with_speculative(table: np.ndarray, k: int, drafter: int, cpu_ms: float, layers: int,
+                     head_nodes, head_ms) -> np.ndarray:
+    """A plain table with speculative decoding's slots set and the LM head's
+    times (`head_ms` at `head_nodes` logit rows) appended."""
+    head_nodes = np.asarray(head_nodes, dtype=np.float64)
+    head_ms = np.asarray(head_ms, dtype=np.float64)
+    assert head_nodes.shape == head_ms.shape and int(table[N_H]) == 0
+    out = np.concatenate([table, head_nodes, head_ms])
+    out[SPEC_K], out[SPEC_DRAFTER], out[SPEC_CPU_MS] = k, drafter, cpu_ms
+    out[N_LAYERS], out[N_H] = layers, len(head_nodes)
+    return out
 
 
 def with_factors(table: np.ndarray, factors) -> np.ndarray:
@@ -130,6 +150,58 @@ def table_pass_ms(t, prefill_tokens, num_prefill, prefill_context, decode_reques
     if has_dec:
         return max(dec, 0.0) * t[F_DECODE]
     return 0.0
+
+
+@njit
+def _head_ms(t, rows):
+    """The LM head's milliseconds over `rows` logit rows (linear between
+    the appended nodes, the last slope beyond)."""
+    n_p, n_q, n_k, n_d, n_c, n_e = (int(t[N_P]), int(t[N_Q]), int(t[N_K]), int(t[N_D]),
+                                    int(t[N_C]), int(t[N_E]))
+    o = (HEADER + n_p + n_q + n_k + n_d + n_c + n_p * n_q * n_k + n_d * n_c + n_p * n_e
+         + n_p * n_k + n_e)
+    n_h = int(t[N_H])
+    i, w = _bracket(t[o:o + n_h], float(rows))
+    o += n_h
+    return max((1.0 - w) * t[o + i] + w * t[o + i + 1], 0.0) if n_h > 1 else t[o]
+
+
+@njit
+def table_spec_pass_ms(t, prefill_tokens, num_prefill, prefill_context, decode_requests,
+                       decode_context, requests, draft_tokens, prefill_draft_tokens):
+    """Milliseconds of one pass with speculative decoding (docs/deployment.md,
+    "Speculative decoding"): the verification, then the drafter's steps.
+
+    Verification: a decode request with d drafts is a query of d + 1 tokens
+    over its context, priced as aiconfigurator-core prices MTP generation —
+    d + 1 decode queries of that context (its decode batch scaled by
+    nextn + 1), so the GEMMs see every scheduled token; prefill entries'
+    padding drafts are already prefill tokens (counted once). Drafter
+    (DRAFT_LAYER): its first step runs one layer over every token of the pass
+    (the verification's per-layer share) and the LM head over the pass's
+    requests; each of the k - 1 more steps one layer and the head over the
+    requests, one query each of their context (a decode pass's per-layer
+    share). DRAFT_CPU: a CPU lookup per scheduled request."""
+    decode_drafts = draft_tokens - prefill_draft_tokens
+    queries = decode_requests + decode_drafts
+    context = decode_context
+    if decode_requests > 0 and decode_drafts > 0:
+        context = decode_context * queries // decode_requests
+    verify = table_pass_ms(t, prefill_tokens, num_prefill, prefill_context, queries, context)
+    if requests <= 0:
+        return verify
+    if int(t[SPEC_DRAFTER]) == DRAFT_CPU:
+        return verify + t[SPEC_CPU_MS] * requests
+    layers = t[N_LAYERS]
+    head = _head_ms(t, requests)
+    first = max(verify - _head_ms(t, queries + num_prefill), 0.0) / layers + head
+    k = int(t[SPEC_K])
+    if k <= 1:
+        return verify + first
+    known = decode_context + prefill_context + prefill_tokens
+    step_pass = table_pass_ms(t, 0, 0, 0, requests, max(known, requests))
+    step = max(step_pass - head, 0.0) / layers + head
+    return verify + first + (k - 1) * step
 
 
 @njit

@@ -13,7 +13,7 @@ from numba.core import types
 from numba.extending import overload
 
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
-# change; edit this line with them. Table layout 3.)
+# change; edit this line with them. Table layout 4.)
 from servesim.jit import njit
 from servesim.kvcache import cpu_tier as ct
 from servesim.scheduler import output

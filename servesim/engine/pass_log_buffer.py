@@ -8,7 +8,7 @@ when the loop says it is full (LOG_FULL); `_log_pass` writes one pass,
 import numpy as np
 
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
-# change; edit this line with them. Table layout 3.)
+# change; edit this line with them. Table layout 4.)
 from servesim.jit import njit
 from servesim.scheduler import output
 from servesim.engine.worker_state import new_pass_log_arrays

@@ -85,7 +85,7 @@ from servesim.engine.events import ARRIVAL, DECIDE, PASS_END
 from servesim.engine.launch import host_ready_ms, launch_end_ms
 from servesim.engine.pricing import price_features
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
-# change; edit this line with them. Table layout 3.)
+# change; edit this line with them. Table layout 4.)
 from servesim.jit import njit
 from servesim.kvcache.block_pool import stamp_events
 from servesim.scheduler import output, scheduler

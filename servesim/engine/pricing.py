@@ -17,7 +17,7 @@ import numpy as np
 
 from servesim.engine import fitted_formula
 from servesim.engine.config import TimingConfig
-from servesim.deployment.table_pricing import table_pass_ms
+from servesim.deployment.table_pricing import SPEC_K, table_pass_ms, table_spec_pass_ms
 from servesim.jit import njit
 from servesim.scheduler import output
 
@@ -26,7 +26,8 @@ fitted_ms = njit(fitted_formula.fitted_ms)
 FIXED, LINEAR, POLYNOMIAL, FITTED, TABLE = 0, 1, 2, 3, 4
 # Numba's disk cache of this module's kernels is keyed by this file alone and
 # holds table_pass_ms compiled in: edit this line with every change of
-# table_pricing.py (its table layout is 3: six axes, the remainder table).
+# table_pricing.py (its table layout is 4: six axes, the remainder table,
+# speculative decoding's slots and LM head).
 _TYPES = {"fixed": FIXED, "linear": LINEAR, "polynomial": POLYNOMIAL, "fitted": FITTED, "aic": TABLE}
 
 
@@ -36,6 +37,10 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
                prefill_context=0, prefill_draft_tokens=0):
     """Milliseconds of GPU time for one pass of one rank."""
     if model == TABLE:
+        if params[SPEC_K] != 0.0:
+            return table_spec_pass_ms(params, prefill_tokens, num_prefill_requests,
+                                      prefill_context, decode_requests, decode_context, requests,
+                                      draft_tokens, prefill_draft_tokens)
         return table_pass_ms(params, prefill_tokens, num_prefill_requests, prefill_context,
                              decode_requests, decode_context)
     if model == FIXED:

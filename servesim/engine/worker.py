@@ -9,7 +9,7 @@ says is full.
 import numpy as np
 
 # (compiled in: Numba's cache of this file does not see pricing.py's kernels
-# change; edit this line with them. Table layout 3.)
+# change; edit this line with them. Table layout 4.)
 from servesim.jit import Entry
 from servesim.scheduler import output
 from servesim.engine.worker_state import new_worker_arrays
