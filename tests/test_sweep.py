@@ -415,3 +415,41 @@ def test_the_debug_mode_goes_with_each_ray_task(monkeypatch):
         assert list(ray_executor(check.enabled, [(0, ())])) == [(0, True)]
     finally:
         ray.shutdown()
+
+
+SPEC_BASE = """\
+workload:
+  synthetic: {requests: 24, input_tokens: 200, output_tokens: 30, concurrency: 4, seed: 1}
+engine:
+  num_gpu_blocks: 2000
+  timing: {type: linear, base_ms: 10, per_token_ms: 0.01}
+"""
+
+
+def test_engine_speculative_is_a_grid_axis_with_speedups_over_the_plain_point(tmp_path):
+    # null unsets engine.speculative (the plain point); each speculative point
+    # gets its mean acceptance length and its speedups over the plain point of
+    # the same concurrency, and the report plots the speedup against the load
+    (tmp_path / "c.yaml").write_text(SPEC_BASE)
+    (tmp_path / "g.yaml").write_text(
+        "engine.speculative: [null, {method: eagle, num_speculative_tokens: 2}]\n"
+        "workload.synthetic.concurrency: [2, 8]\n")
+    out = tmp_path / "out"
+    result = invoke("sweep", tmp_path / "c.yaml", "--grid", tmp_path / "g.yaml", "-o", out)
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out)
+    assert [r["mean_acceptance_length"] for r in rows[:2]] == ["", ""]
+    for plain, spec in zip(rows[:2], rows[2:]):
+        summary = json.loads((out / spec["dir"] / "summary.json").read_text())
+        assert float(spec["mean_acceptance_length"]) == summary["speculative"]["mean_acceptance_length"]
+        want = float(plain["tpot_ms_mean"]) / float(spec["tpot_ms_mean"])
+        assert float(spec["tpot_speedup"]) == pytest.approx(want, abs=1e-4)
+        want = float(spec["output_tokens_per_s"]) / float(plain["output_tokens_per_s"])
+        assert float(spec["throughput_speedup"]) == pytest.approx(want, abs=1e-4)
+    assert invoke("report", out).exit_code == 0
+    assert "speedup against workload.synthetic.concurrency" in (out / "report.html").read_text()
+    # a grid without engine.speculative keeps its columns
+    (tmp_path / "g2.yaml").write_text("workload.synthetic.concurrency: [2, 8]\n")
+    assert invoke("sweep", tmp_path / "c.yaml", "--grid", tmp_path / "g2.yaml", "-o",
+                  tmp_path / "o2").exit_code == 0
+    assert "tpot_speedup" not in read_rows(tmp_path / "o2")[0]

@@ -562,8 +562,10 @@ def _number(text):
     return value if math.isfinite(value) else None
 
 
-def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list) -> str:
-    """The main figures against `key`, one line per combination of the others."""
+def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list, metrics=None) -> str:
+    """The main figures (or `metrics`) against `key`, one line per
+    combination of the others."""
+    metrics = metrics or SWEEP_METRICS
     values = list(dict.fromkeys(r[key] for r in rows))
     numeric = all(_number(v) is not None for v in values)
     if numeric:
@@ -582,8 +584,8 @@ def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list) -> str:
         return ", ".join(parts) or None
 
     def draw(fig):
-        axes = fig.subplots(1, len(SWEEP_METRICS))
-        for ax, (column, title) in zip(axes, SWEEP_METRICS):
+        axes = fig.subplots(1, len(metrics))
+        for ax, (column, title) in zip(axes, metrics):
             for combo, members in groups.items():
                 members = sorted(members, key=lambda r: position[r[key]])
                 x = [position[r[key]] for r in members]
@@ -596,6 +598,8 @@ def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list) -> str:
             ax.set_xlabel(key)
             if column == "preemptions":
                 _integer_axis(ax)
+            elif column in SPEEDUP_COLUMNS:
+                ax.axhline(1.0, color="grey", linewidth=0.8, zorder=1)  # the plain run
             else:
                 ax.set_ylim(bottom=0)
             if numeric:
@@ -611,15 +615,41 @@ def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list) -> str:
             fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(groups)))
 
     legend_rows = math.ceil(len(groups) / 4) if len(groups) > 1 else 0
-    return plots.figure(draw, width=12.0, height=3.0 + 0.22 * legend_rows), _coinciding(groups, key, label)
+    return (plots.figure(draw, width=12.0 if len(metrics) > 2 else 8.0, height=3.0 + 0.22 * legend_rows),
+            _coinciding(groups, key, label, metrics))
 
 
-def _coinciding(groups: dict, key: str, label) -> list:
+# a sweep over engine.speculative (servesim/sweep/speculative.py): speedups
+SPEEDUP_METRICS = (("tpot_speedup", "TPOT speedup over the plain run"),
+                   ("throughput_speedup", "output throughput speedup"))
+SPEEDUP_COLUMNS = tuple(c for c, _ in SPEEDUP_METRICS)
+
+
+def _speedup_plots(plots: _Plots, keys: list, swept: list, rows: list) -> list:
+    """HTML of the speedup against each swept key other than engine.speculative's,
+    one line per speculative setting (the plain points are the line at 1)."""
+    from servesim.sweep.speculative import is_spec_key
+
+    rows = [r for r in rows if _number(r.get("tpot_speedup")) is not None]
+    body = []
+    for key in [k for k in swept if not is_spec_key(k)]:
+        if len(set(r[key] for r in rows)) < 2:
+            continue
+        uri, _ = _sweep_plot(plots, key, keys, rows, SPEEDUP_METRICS)
+        body.append(_img(f"speedup-{key}", uri, f"Speculative decoding's speedup against {key}: one "
+                         "line per speculative setting (and other keys) over the plain point of the "
+                         "same other values; above 1 speculation pays."))
+    return body
+
+
+def _coinciding(groups: dict, key: str, label, metrics=None) -> list:
     """Labels of lines whose every figure equals another line's: their
     points sit on top of each other, which the caption says."""
+    metrics = metrics or SWEEP_METRICS
+
     def series(members):
         members = sorted(members, key=lambda r: r[key])
-        return tuple((r[key], *(r[column] if r["status"] == "ok" else None for column, _ in SWEEP_METRICS))
+        return tuple((r[key], *(r[column] if r["status"] == "ok" else None for column, _ in metrics))
                      for r in members)
 
     seen = {}
@@ -666,6 +696,11 @@ def sweep_report(directory: Path, plots: _Plots) -> str:
         note = "".join(f" Lines that coincide: {' = '.join(labels)}." for labels in same)
         body.append(_img(f"sweep-{key}", uri,
                          f"{key}: one line per combination of the other keys; failed points are gaps.{note}"))
+    if "tpot_speedup" in columns:
+        speedups = _speedup_plots(plots, keys, swept, rows)
+        if speedups:
+            body.append("<h2>Speculative decoding: speedup against load</h2>")
+            body += speedups
 
     body.append("<h2>Points</h2>")
     header = ["point", *[_esc(k) for k in keys], "status", *[_esc(t) for _, t in SWEEP_TABLE], "folder"]

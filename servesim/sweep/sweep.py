@@ -455,13 +455,20 @@ def sweep(config, grid, out_dir="sweep-out", *, jobs=None, executor="local", ray
 
 
 def csv_columns(grid: Grid) -> list:
-    return ["point", *grid.keys, "status", "error", *FIGURES, "dir"]
+    from servesim.sweep import speculative
+
+    extra = speculative.COLUMNS if speculative.has_axis(grid.keys) else ()
+    return ["point", *grid.keys, "status", "error", *FIGURES, *extra, "dir"]
 
 
 def csv_rows(result: SweepResult) -> list:
     """One row (a dict of texts) per point, in grid order."""
+    from servesim.sweep import speculative
+
     rows = []
-    for p in result.points:
+    spec = (speculative.cells(result.points, result.grid.keys)
+            if speculative.has_axis(result.grid.keys) else [{}] * len(result.points))
+    for p, extra in zip(result.points, spec):
         row = {"point": str(p.index)}
         row.update({k: cell_text(p.values[k]) if k in p.values else "" for k in result.grid.keys})
         row["status"] = p.status
@@ -472,6 +479,8 @@ def csv_rows(result: SweepResult) -> list:
                 value = p.summary.get(key)
                 if sub is not None:
                     value = value.get(sub) if isinstance(value, dict) else None
+            row[column] = "" if value is None else (repr(value) if isinstance(value, float) else str(value))
+        for column, value in extra.items():
             row[column] = "" if value is None else (repr(value) if isinstance(value, float) else str(value))
         row["dir"] = p.dir
         rows.append(row)
