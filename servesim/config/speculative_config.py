@@ -5,11 +5,56 @@ trace's `accepted` lists against `num_speculative_tokens`."""
 import attrs
 
 from servesim.scheduler.speculative import (DEFAULT_RATE, MAX_SPECULATIVE_TOKENS, METHODS,
-                                         SpeculativeConfig)
+                                         SpeculativeConfig, rates_for_length)
 from servesim.errors import InputError
-from servesim.config.validation import INT, NUMBER, REQUIRED, Section, check, enum, ge, le, show
+from servesim.config.validation import INT, NUMBER, REQUIRED, Section, check, enum, ge, gt, le, show
 
-KEYS = tuple(f.name for f in attrs.fields(SpeculativeConfig))
+KEYS = tuple(f.name for f in attrs.fields(SpeculativeConfig)) + ("mean_acceptance_length",)
+PROFILE_KEYS = ("weight", "acceptance_rates", "mean_acceptance_length")
+
+
+def _rates(ctx, s, k, k_path, default):
+    """A section's per-position rates: `acceptance_rates` (k numbers in
+    [0, 1]) or `mean_acceptance_length` (in [1, k + 1], one rate p at every
+    position), not both; `default` when neither is given."""
+    if "acceptance_rates" in s.data and "mean_acceptance_length" in s.data:
+        ctx.fail(s.sub("mean_acceptance_length"), f"give {s.sub('acceptance_rates')} or "
+                 "mean_acceptance_length, not both")
+    if "mean_acceptance_length" in s.data:
+        length = s.get("mean_acceptance_length", NUMBER, REQUIRED, ge(1), le(k + 1))
+        return rates_for_length(float(length), k)
+    rates_path = s.sub("acceptance_rates")
+    rates = s.data.get("acceptance_rates")
+    if rates is None:
+        return default
+    if not isinstance(rates, list) or len(rates) != k:
+        ctx.fail(rates_path, f"must be a list of {k} numbers in [0, 1], one per draft position "
+                 f"({k_path} is {k}), got {show(rates)}")
+    return tuple(check(ctx, rates_path, r, NUMBER, ge(0), le(1)) for r in rates)
+
+
+def _profiles(ctx, s, k, k_path) -> tuple:
+    """`acceptance_profiles`: a mapping of names to {weight, acceptance_rates
+    or mean_acceptance_length}, as (name, weight, rates) triples."""
+    path = s.sub("acceptance_profiles")
+    data = s.data["acceptance_profiles"]
+    if not isinstance(data, dict) or not data:
+        ctx.fail(path, "must be a mapping of profile names to {weight, acceptance_rates or "
+                 f"mean_acceptance_length}}, got {show(data)}")
+    for other in ("acceptance_rates", "mean_acceptance_length"):
+        if other in s.data:
+            ctx.fail(s.sub(other), f"give {other} or {path}, not both (each profile has its own)")
+    out = []
+    for name, body in data.items():
+        sub = f"{path}.{name}"
+        if not isinstance(body, dict):
+            ctx.fail(sub, f"must be a mapping of {', '.join(PROFILE_KEYS)}, got {show(body)}")
+        p = Section(ctx, body, sub, PROFILE_KEYS)
+        weight = p.get("weight", NUMBER, 1.0, gt(0))
+        if "acceptance_rates" not in body and "mean_acceptance_length" not in body:
+            ctx.fail(sub, "needs acceptance_rates or mean_acceptance_length")
+        out.append((str(name), float(weight), _rates(ctx, p, k, k_path, None)))
+    return tuple(out)
 
 
 def parse_speculative(ctx, data, path, scheduler, launch):
@@ -21,14 +66,9 @@ def parse_speculative(ctx, data, path, scheduler, launch):
     s = Section(ctx, data, path, KEYS)
     method = s.get("method", enum(*METHODS), REQUIRED)
     k = s.get("num_speculative_tokens", INT, REQUIRED, ge(1), le(MAX_SPECULATIVE_TOKENS))
-    rates_path = s.sub("acceptance_rates")
-    rates = s.data.get("acceptance_rates")
-    if rates is None:
-        rates = [DEFAULT_RATE] * k
-    if not isinstance(rates, list) or len(rates) != k:
-        ctx.fail(rates_path, f"must be a list of {k} numbers in [0, 1], one per draft position "
-                 f"({s.sub('num_speculative_tokens')} is {k}), got {show(rates)}")
-    rates = tuple(check(ctx, rates_path, r, NUMBER, ge(0), le(1)) for r in rates)
+    k_path = s.sub("num_speculative_tokens")
+    profiles = _profiles(ctx, s, k, k_path) if "acceptance_profiles" in s.data else ()
+    rates = _rates(ctx, s, k, k_path, (DEFAULT_RATE,) * k)
     seed = s.get("seed", INT, 42, ge(0))
     if method == "ngram":
         engine = path.rpartition(".")[0] or "engine"
@@ -40,7 +80,7 @@ def parse_speculative(ctx, data, path, scheduler, launch):
                      "async scheduling off for ngram drafts); use method mtp or eagle, or set "
                      f"{engine}.async_scheduling: false")
     return SpeculativeConfig(method=method, num_speculative_tokens=k,
-                             acceptance_rates=rates, seed=seed)
+                             acceptance_rates=rates, seed=seed, acceptance_profiles=profiles)
 
 
 def check_drafts_priced(ctx, timing, speculative, path):
@@ -89,8 +129,13 @@ def check_drafter(ctx, speculative, deployment, path):
 
 def to_data(spec: SpeculativeConfig) -> dict:
     """The YAML layout of `engine.speculative`."""
-    return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+    data = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
             "acceptance_rates": list(spec.acceptance_rates), "seed": spec.seed}
+    if spec.acceptance_profiles:  # they replace acceptance_rates
+        del data["acceptance_rates"]
+        data["acceptance_profiles"] = {name: {"weight": weight, "acceptance_rates": list(rates)}
+                                       for name, weight, rates in spec.acceptance_profiles}
+    return data
 
 
 def check_accepted(workload, k: int):

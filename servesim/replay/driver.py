@@ -84,6 +84,11 @@ class Replay:
         if speculative is not None:
             slack, hash_lookahead = spec_table_slack(speculative, engine.kv_cache)
             check_accepted(workload, speculative.num_speculative_tokens)
+            if speculative.acceptance_profiles:
+                from servesim.scheduler.acceptance_profiles import with_profile_lists
+
+                self.workload = workload = with_profile_lists(workload, speculative,
+                                                              self.max_tokens)
         num_blocks = np.maximum(-(-(prompt + self.max_tokens + slack) // block_size), 1)
         self.idents, self.ident_offsets, num_identities = block_identities(
             workload.hash_flat, workload.hash_offsets, workload.trace_block_size,
@@ -512,6 +517,13 @@ class Replay:
         if self.config.engine.speculative is not None:
             stats.spec_positions = sum(rank.scheduler.spec[3] for core in self.workers
                                        for rank in core.ranks)
+            spec = self.config.engine.speculative
+            if spec.acceptance_profiles:
+                from servesim.scheduler.acceptance_profiles import profile_summary
+
+                R = self.store.table.R
+                stats.spec_profiles = profile_summary(spec, self.workload.request_ids,
+                                                      R["num_draft_tokens"], R["num_accepted_tokens"])
         stats.kv_usage_mean = sum(usage_means) / len(usage_means)
         stats.kv_usage_max = max(w.kv_usage_max for w in stats.workers)
         return stats

@@ -280,6 +280,8 @@ def _with_speculative(summary: dict, stats, rec, config_dict: dict) -> dict:
         "acceptance_rate_per_position": [_round(int(a) / verifications) if verifications else 0.0
                                          for a in counts[1]],
     }
+    if stats.spec_profiles is not None:
+        block["profiles"] = stats.spec_profiles
     out = {}
     for key, value in summary.items():
         out[key] = value

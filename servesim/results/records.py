@@ -139,6 +139,9 @@ class RunStats:
     # speculative decoding: per draft position, [real drafts scheduled, accepted]
     # summed over ranks (row 0, position 0 counts the verification passes)
     spec_positions: np.ndarray | None = None
+    # with engine.speculative.acceptance_profiles: summary.json's
+    # `speculative.profiles` (scheduler/acceptance_profiles.py profile_summary)
+    spec_profiles: dict | None = None
 
 
 @attrs.define(eq=False)

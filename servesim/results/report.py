@@ -623,13 +623,17 @@ def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list, metrics=None) -
 SPEEDUP_METRICS = (("tpot_speedup", "TPOT speedup over the plain run"),
                    ("throughput_speedup", "output throughput speedup"))
 SPEEDUP_COLUMNS = tuple(c for c, _ in SPEEDUP_METRICS)
+SPEC_KEY = "engine.speculative"
+
+
+def is_spec_key(key: str) -> bool:
+    """`engine.speculative` or one of its sub-keys (a grid's axis)."""
+    return key == SPEC_KEY or key.startswith(SPEC_KEY + ".")
 
 
 def _speedup_plots(plots: _Plots, keys: list, swept: list, rows: list) -> list:
     """HTML of the speedup against each swept key other than engine.speculative's,
     one line per speculative setting (the plain points are the line at 1)."""
-    from servesim.sweep.speculative import is_spec_key
-
     rows = [r for r in rows if _number(r.get("tpot_speedup")) is not None]
     body = []
     for key in [k for k in swept if not is_spec_key(k)]:

@@ -5,12 +5,9 @@ for a speculative point, its speedup over the plain point of the same other
 values: TPOT (plain mean TPOT over its mean TPOT) and output throughput (its
 output tokens/s over the plain point's)."""
 
-SPEC_KEY = "engine.speculative"
+from servesim.results.report import is_spec_key
+
 COLUMNS = ("mean_acceptance_length", "tpot_speedup", "throughput_speedup")
-
-
-def is_spec_key(key: str) -> bool:
-    return key == SPEC_KEY or key.startswith(SPEC_KEY + ".")
 
 
 def has_axis(keys) -> bool:
