@@ -448,6 +448,12 @@ def test_engine_speculative_is_a_grid_axis_with_speedups_over_the_plain_point(tm
         assert float(spec["throughput_speedup"]) == pytest.approx(want, abs=1e-4)
     assert invoke("report", out).exit_code == 0
     assert "speedup against workload.synthetic.concurrency" in (out / "report.html").read_text()
+    # its legends and ticks name a speculative value by method, k and acceptance
+    from servesim.results.report import _spec_label
+
+    assert [_spec_label(r["engine.speculative"]) for r in rows[1:3]] == ["plain", "eagle k=2"]
+    assert _spec_label('{"method": "mtp", "num_speculative_tokens": 3, '
+                       '"acceptance_rates": [0.5, 0.5, 0.5]}') == "mtp k=3, rates [0.5, 0.5, 0.5]"
     # a grid without engine.speculative keeps its columns
     from servesim.sweep.sweep import csv_columns
 

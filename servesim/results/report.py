@@ -580,8 +580,11 @@ def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list, metrics=None) -
         groups.setdefault(tuple(r[k] for k in others), []).append(r)
 
     def label(combo):
-        parts = [f"{k.rpartition('.')[2]}={v or '(default)'}" for k, v in zip(others, combo)]
+        parts = [_spec_label(v) if k == SPEC_KEY else f"{k.rpartition('.')[2]}={v or '(default)'}"
+                 for k, v in zip(others, combo)]
         return ", ".join(parts) or None
+
+    ncols = 4 if max((len(label(c) or "") for c in groups), default=0) <= 40 else 2
 
     def draw(fig):
         axes = fig.subplots(1, len(metrics))
@@ -608,13 +611,15 @@ def _sweep_plot(plots: _Plots, key: str, keys: list, rows: list, metrics=None) -
                 ax.set_xticks(xs, [str(v) for v in values], rotation=30 if len(values) > 5 else 0)
                 ax.minorticks_off()
             else:
-                ax.set_xticks(xs, values, rotation=30 if len(values) > 3 else 0)
+                names = [_spec_label(v) for v in values] if key == SPEC_KEY else values
+                ax.set_xticks(xs, names, rotation=30 if len(values) > 3 or key == SPEC_KEY else 0,
+                              ha="right" if key == SPEC_KEY else "center")
                 ax.set_xlim(-0.5, len(xs) - 0.5)
         if len(groups) > 1:
             handles, labels = axes[0].get_legend_handles_labels()
-            fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(groups)))
+            fig.legend(handles, labels, loc="outside lower center", ncols=min(ncols, len(groups)))
 
-    legend_rows = math.ceil(len(groups) / 4) if len(groups) > 1 else 0
+    legend_rows = math.ceil(len(groups) / ncols) if len(groups) > 1 else 0
     return (plots.figure(draw, width=12.0 if len(metrics) > 2 else 8.0, height=3.0 + 0.22 * legend_rows),
             _coinciding(groups, key, label, metrics))
 
@@ -629,6 +634,25 @@ SPEC_KEY = "engine.speculative"
 def is_spec_key(key: str) -> bool:
     """`engine.speculative` or one of its sub-keys (a grid's axis)."""
     return key == SPEC_KEY or key.startswith(SPEC_KEY + ".")
+
+
+def _spec_label(cell: str) -> str:
+    """A legend's name of an `engine.speculative` grid value (sweep.csv's
+    JSON text; empty: the plain run): method, k and the acceptance given."""
+    try:
+        value = json.loads(cell) if cell else None
+    except ValueError:
+        value = cell
+    if value is None:
+        return "plain"
+    if not isinstance(value, dict):
+        return f"speculative={cell}"
+    text = f"{value.get('method')} k={value.get('num_speculative_tokens')}"
+    for key in ("acceptance_rates", "mean_acceptance_length", "acceptance_profiles"):
+        if key in value:
+            shown = value[key] if key != "acceptance_profiles" else "/".join(value[key])
+            text += f", {key.replace('acceptance_', '')} {shown}"
+    return text
 
 
 def _speedup_plots(plots: _Plots, keys: list, swept: list, rows: list) -> list:
