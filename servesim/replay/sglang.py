@@ -62,16 +62,15 @@ class PassCost:
     def __call__(self, batch) -> float:
         prefill = prefill_rows = decode = decode_context = prefill_context = 0
         for row in batch.rows:
-            if row.kind == "decode":
-                decode += 1
-                decode_context += row.req.seq_len
-            else:
-                prefill += row.tokens
-                prefill_rows += 1
-                prefill_context += row.prefix
+            prefill += row.tokens
+            prefill_rows += 1
+            prefill_context += row.prefix
+        decode = len(batch.decode)
+        for req in batch.decode:
+            decode_context += req.seq_len
         p = self.pricer
         return float(price_pass(p.model, p.params, prefill, prefill_rows, decode, decode_context,
-                                prefill + decode, len(batch.rows), p.kv_capacity_tokens, 0,
+                                prefill + decode, batch.num_rows, p.kv_capacity_tokens, 0,
                                 prefill_context, 0))
 
 
@@ -209,7 +208,7 @@ class SGLangReplay:
         def floats(get):
             return np.array([get(r) for r in reqs], dtype=np.float64)
 
-        produced = ints(lambda r: len(r.outputs))
+        produced = ints(lambda r: r.num_outputs)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(produced, out=offsets[1:])
         token_ms = np.array([t for r in reqs for t in r.token_ms], dtype=np.float64)

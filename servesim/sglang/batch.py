@@ -4,17 +4,14 @@ EXTEND, DECODE, MIXED = "extend", "decode", "mixed"
 
 
 class Row:
-    """One row of a batch: an extend row (`kind` new / retracted / chunk,
-    `tokens` computed from `prefix`, `cached` the admission's hit, `partial`
-    when it leaves the input unfinished) or a decode row (kind decode, one
-    token). `epoch` is the request's at launch: a row of a request retracted
-    since is dropped when the result is processed."""
+    """One extend row of a batch (`kind` new / retracted / chunk, `tokens`
+    computed from `prefix`, `cached` the admission's hit, `partial` when it
+    leaves the input unfinished)."""
 
-    __slots__ = ("req", "epoch", "kind", "tokens", "prefix", "cached", "partial")
+    __slots__ = ("req", "kind", "tokens", "prefix", "cached", "partial")
 
     def __init__(self, req, kind, tokens, prefix=0, cached=0, partial=False):
         self.req = req
-        self.epoch = req.epoch
         self.kind = kind
         self.tokens = tokens
         self.prefix = prefix
@@ -22,20 +19,25 @@ class Row:
         self.partial = partial
 
     def to_dict(self) -> dict:
-        if self.kind == "decode":
-            return {"id": self.req.rid, "kind": "decode", "tokens": 1}
         return {"id": self.req.rid, "kind": self.kind, "tokens": self.tokens,
                 "prefix": self.prefix, "cached": self.cached, "partial": self.partial}
 
 
 class Batch:
-    def __init__(self, mode: str, rows: list):
+    """`rows`: the extend rows; `decode`: the requests that decode one token
+    each (after the extend rows in a mixed pass). `dropped`: the ids of
+    requests retracted while this batch was in flight (their tokens are
+    dropped when its result is processed)."""
+
+    def __init__(self, mode: str, rows: list, decode=()):
         self.mode = mode
         self.rows = rows
+        self.decode = list(decode)
         self.start_ms = 0.0
         self.end_ms = 0.0
         self.index = -1
         self.record = None
+        self.dropped = set()
         self._sampling = None
 
     @property
@@ -44,6 +46,7 @@ class Batch:
         but middle chunks), made once."""
         if self._sampling is None:
             self._sampling = {id(row.req) for row in self.rows if not row.partial}
+            self._sampling.update(map(id, self.decode))
         return self._sampling
 
     @property
@@ -51,9 +54,18 @@ class Batch:
         return self.mode != DECODE
 
     @property
+    def num_rows(self) -> int:
+        return len(self.rows) + len(self.decode)
+
+    @property
     def num_tokens(self) -> int:
-        return sum(row.tokens for row in self.rows)
+        return sum(row.tokens for row in self.rows) + len(self.decode)
 
     @property
     def reqs(self):
-        return [row.req for row in self.rows]
+        return [row.req for row in self.rows] + self.decode
+
+    def scheduled(self) -> list:
+        """The pass log's `scheduled` rows."""
+        return [row.to_dict() for row in self.rows] + [
+            {"id": r.rid, "kind": "decode", "tokens": 1} for r in self.decode]

@@ -28,6 +28,6 @@ class NewTokenRatioTracker:
 def estimate_new_token_ratio_after_retract(kept) -> float:
     """`min(1, (generated + 20 n) / (sum of max_new_tokens + 1))` over the n
     requests a retraction kept."""
-    decoded = sum(len(r.outputs) for r in kept)
+    decoded = sum(r.num_outputs for r in kept)
     limit = sum(r.max_new_tokens for r in kept)
     return min(1.0, (decoded + RETRACT_DECODE_STEPS * len(kept)) / (limit + 1))

@@ -37,7 +37,7 @@ class PrefillAdder:
     def _get_running_request_total_token_offset(self, running) -> float:
         """The output the running requests are still expected to produce:
         `min(M - generated, 4096) x ratio` each (1 with ignore_eos)."""
-        return sum(min(r.max_new_tokens - len(r.outputs), CLIP_MAX_NEW_TOKENS) * self._ratio(r)
+        return sum(min(r.max_new_tokens - r.num_outputs, CLIP_MAX_NEW_TOKENS) * self._ratio(r)
                    for r in running)
 
     @property
@@ -88,7 +88,7 @@ class PrefillAdder:
         state after the reservation (NO_TOKEN / OTHER when it is not admitted)."""
         if req.ignore_eos and self.tree.disable:
             return self.add_one_req_ignore_eos(req, kind)
-        m = min(max(req.max_new_tokens - len(req.outputs), 0), CLIP_MAX_NEW_TOKENS)
+        m = min(max(req.max_new_tokens - req.num_outputs, 0), CLIP_MAX_NEW_TOKENS)
         prefix = req.prefix
         extend = req.fill_len - prefix
         self.tree.inc_lock_ref(req.last_node)
@@ -154,10 +154,10 @@ class PrefillAdder:
         return self.budget_state()
 
     def _add_req_state(self, r, insert_sort=False):
-        left = r.max_new_tokens * self._ratio(r) - len(r.outputs)
+        left = r.max_new_tokens * self._ratio(r) - r.num_outputs
         if left <= 0:
             return
-        state = (left, len(r.prompt) + len(r.outputs))
+        state = (left, r.prompt_len + r.num_outputs)
         if not insert_sort:
             self.req_states.append(state)
             return

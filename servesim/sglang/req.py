@@ -9,15 +9,16 @@ FINISH_EOS = "eos"
 class Req:
     """One request: its prompt tokens, its limit `max_new_tokens` and, when it
     stops by EOS, `eos_at` (the number of its output token that is EOS; 0:
-    never). `fill` is prompt + generated tokens; `seq_len` the positions with
+    never). `fill` is prompt + generated tokens (`num_outputs` of them,
+    `outputs`); `seq_len` the positions with
     KV slots allocated (SGLang's `seq_lens`, in flight included); `computed`
     the positions whose KV a launched pass computes (the chunked request's
     prefix); `tree_len` / `last_node` the locked radix path its prefix uses
     (the tree's slots; the rest up to `ceil_page(seq_len)` are its own)."""
 
     __slots__ = ("index", "rid", "arrival_ms", "prompt", "max_new_tokens", "eos_at", "ignore_eos",
-                 "outputs", "seq_len", "computed", "tree_len", "last_node", "has_row",
-                 "finished", "finish_reason", "epoch", "num_retractions", "cached_tokens",
+                 "num_outputs", "prompt_len", "fill_len", "seq_len", "computed", "tree_len", "last_node", "has_row",
+                 "finished", "finish_reason", "num_retractions", "cached_tokens",
                  "first_cached", "first_scheduled_pass", "first_token_pass", "finish_pass",
                  "first_token_ms", "finish_ms", "token_ms", "prefix", "retracted",
                  "first_scheduled_ms", "recomputed_tokens", "worker")
@@ -30,7 +31,9 @@ class Req:
         self.max_new_tokens = max_new_tokens
         self.eos_at = eos_at
         self.ignore_eos = ignore_eos
-        self.outputs = []  # generated token ids, as their results are processed
+        self.prompt_len = len(self.prompt)
+        self.num_outputs = 0  # generated tokens, as their results are processed
+        self.fill_len = self.prompt_len  # prompt + generated tokens
         self.seq_len = 0
         self.computed = 0
         self.tree_len = 0
@@ -39,7 +42,6 @@ class Req:
         self.has_row = False
         self.finished = False
         self.finish_reason = None
-        self.epoch = 0  # bumped by a retraction: in-flight rows of an older epoch are dropped
         self.retracted = False  # re-admissions after a retraction are kind `retracted`
         self.num_retractions = 0
         self.cached_tokens = 0
@@ -55,24 +57,27 @@ class Req:
         self.worker = -1  # the worker it was routed to
 
     @property
-    def fill(self):
-        """Prompt and generated tokens, an int64 array."""
-        if not self.outputs:
-            return self.prompt
-        return np.concatenate((self.prompt, np.array(self.outputs, dtype=np.int64)))
+    def outputs(self):
+        """The generated token ids: output token k is `-1 - (index x 2^24 + k)`,
+        a request-specific id no prompt holds (prompt ids are >= 0)."""
+        return -1 - (self.index * (1 << 24) + np.arange(self.num_outputs, dtype=np.int64))
 
     @property
-    def fill_len(self) -> int:
-        return len(self.prompt) + len(self.outputs)
+    def fill(self):
+        """Prompt and generated tokens, an int64 array."""
+        if not self.num_outputs:
+            return self.prompt
+        return np.concatenate((self.prompt, self.outputs))
 
-    def output_token(self, k: int) -> int:
-        """Output token number k: a request-specific id no prompt holds
-        (prompt ids are >= 0)."""
-        return -1 - (self.index * (1 << 24) + k)
+    def append_output(self, end_ms: float):
+        """The next output token, sampled by a pass that ends at `end_ms`."""
+        self.num_outputs += 1
+        self.fill_len += 1
+        self.token_ms.append(end_ms)
 
     def check_finished(self):
         """`Req.update_finish_state`: length at max_new_tokens, else EOS at `eos_at`."""
-        n = len(self.outputs)
+        n = self.num_outputs
         if n >= self.max_new_tokens:
             self.finished, self.finish_reason = True, FINISH_LENGTH
         elif not self.ignore_eos and self.eos_at and n >= self.eos_at:

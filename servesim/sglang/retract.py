@@ -9,7 +9,7 @@ def retract_decode(scheduler, reqs):
     descending; take the last one out (at least once, keeping at least one)
     until the decode of the rest fits. Returns `(kept, in that order;
     retracted, in retraction order; the new ratio)`."""
-    order = sorted(reqs, key=lambda r: (len(r.outputs), -len(r.prompt)), reverse=True)
+    order = sorted(reqs, key=lambda r: (r.num_outputs, -r.prompt_len), reverse=True)
     retracted = []
     first = True
     while first or not scheduler.check_decode_mem(order):

@@ -74,7 +74,7 @@ class Scheduler:
         last = self.last_batch
         if last is not None and last.is_extend:
             kept = [r for r in last.reqs if r is not self.chunked_req and not r.finished]
-            if len(kept) < len(last.rows) or (kept and not self.running):
+            if len(kept) < last.num_rows or (kept and not self.running):
                 # (into an empty running batch the merged batch replaces it, latch unset)
                 self.batch_is_full = False
             self.running.extend(kept)
@@ -187,7 +187,7 @@ class Scheduler:
         if not decoding or not self.check_decode_mem(decoding):
             return
         self.prepare_for_decode(decoding)
-        batch.rows.extend(Row(r, "decode", 1) for r in decoding)
+        batch.decode = decoding
         batch.mode = MIXED
         self.running = []
 
@@ -198,7 +198,7 @@ class Scheduler:
         its last by length (`_reqs_finishing_inflight`)."""
         if not self.overlap or self.inflight is None:
             return False
-        return (len(req.outputs) + 1 >= req.max_new_tokens
+        return (req.num_outputs + 1 >= req.max_new_tokens
                 and id(req) in self.inflight.sampling)
 
     def check_decode_mem(self, reqs) -> bool:
@@ -232,7 +232,7 @@ class Scheduler:
         if len(batch) < initial:
             self.batch_is_full = False
         self.prepare_for_decode(batch)
-        return Batch(DECODE, [Row(r, "decode", 1) for r in batch])
+        return Batch(DECODE, [], batch)
 
     def prepare_for_decode(self, reqs):
         """One slot per request, a new page when its KV ends on a page boundary."""
@@ -290,7 +290,8 @@ class Scheduler:
         req.last_node = None
         req.retracted = True
         req.num_retractions += 1
-        req.epoch += 1
+        if self.inflight is not None:
+            self.inflight.dropped.add(id(req))  # its in-flight token is dropped
         self.num_retractions += 1
 
     def _free_row(self, req):
@@ -307,35 +308,46 @@ class Scheduler:
         (`process_batch_result_prefill` / `_decode`); after a retraction its
         prompt first, then its outputs."""
         end = batch.end_ms
-        finished = batch.record["finished"] if batch.record is not None else None
+        dropped = batch.dropped
         for row in batch.rows:
             req = row.req
-            if req.finished or row.epoch != req.epoch or row.partial:
+            if req.finished or row.partial or (dropped and id(req) in dropped):
                 continue
             input_len = req.fill_len
-            req.outputs.append(req.output_token(len(req.outputs)))
-            req.token_ms.append(end)
+            req.append_output(end)
             if req.first_token_pass < 0:
                 req.first_token_pass = batch.index
                 req.first_token_ms = end
             if req.check_finished():
-                req.finish_pass = batch.index
-                req.finish_ms = end
-                self.num_finished += 1
-                if finished is not None:
-                    finished.append(req.rid)
-                self.release_kv_cache(req)
-                if self.release_on_finish is not None:
-                    self.release_on_finish(self, req, end)
-            elif row.kind != "decode":
-                if req.retracted and req.tree_len < len(req.prompt):
+                self._finish(batch, req)
+            else:
+                if req.retracted and req.tree_len < req.prompt_len:
                     # a re-prefilled prompt + outputs is cached prompt first: the
                     # tree keeps a node boundary at the prompt's end, as after a
                     # first prefill (seen: 06, pass 220 evicts the 39 outputs alone)
-                    self.checkpoint_kv_cache(req, len(req.prompt))
+                    self.checkpoint_kv_cache(req, req.prompt_len)
                 self.checkpoint_kv_cache(req, input_len)
-        if finished is not None:
-            finished.sort()
+        for req in batch.decode:
+            if req.finished or (dropped and id(req) in dropped):
+                continue
+            req.append_output(end)
+            if req.check_finished():
+                self._finish(batch, req)
+        if batch.record is not None:
+            batch.record["finished"].sort()
+
+    def _finish(self, batch, req):
+        """A request whose token just made it finish: released, recorded, and
+        (closed loop) the next request released."""
+        end = batch.end_ms
+        req.finish_pass = batch.index
+        req.finish_ms = end
+        self.num_finished += 1
+        if batch.record is not None:
+            batch.record["finished"].append(req.rid)
+        self.release_kv_cache(req)
+        if self.release_on_finish is not None:
+            self.release_on_finish(self, req, end)
 
     # -- the loops ----------------------------------------------------------------
 
@@ -390,8 +402,7 @@ class Scheduler:
         usage = (size - self.pool.free - self.tree.evictable_size()) / size
         self.usage_area += usage * duration
         self.usage_max = max(self.usage_max, usage)
-        for row in batch.rows:
-            req = row.req
+        for req in batch.reqs:
             if req.first_scheduled_pass < 0:
                 req.first_scheduled_pass = batch.index
                 req.first_scheduled_ms = self.clock
@@ -401,7 +412,7 @@ class Scheduler:
                 batch.record["worker"] = self.worker_index
             batch.record.update({
                 "start_ms": batch.start_ms, "end_ms": batch.end_ms,
-                "mode": batch.mode, "scheduled": [row.to_dict() for row in batch.rows],
+                "mode": batch.mode, "scheduled": batch.scheduled(),
                 "retracted": sorted(r.rid for r in self.retracted_now), "finished": [],
                 "evicted_tokens": self.tree.evicted_tokens,
                 "free_tokens_after_schedule": self.pool.free,
