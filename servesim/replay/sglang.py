@@ -18,9 +18,9 @@ from servesim.sglang.req import Req
 def prompt_tokens(hash_ids, input_length: int, block: int) -> list:
     """Token t of a prompt is `hash_ids[t // block] * block + t % block`: two
     prompts share exactly the tokens their hash ids make equal."""
-    offsets = np.arange(input_length, dtype=np.int64)
-    ids = np.asarray(hash_ids, dtype=np.int64)[offsets // block]
-    return ids * block + offsets % block
+    blocks = -(-input_length // block)
+    ids = np.asarray(hash_ids[:blocks], dtype=np.int64) * block
+    return (ids[:, None] + np.arange(block, dtype=np.int64)).ravel()[:input_length]
 
 
 def init_req_max_new_tokens(cfg, prompt_len: int, limit: int) -> int:

@@ -32,13 +32,15 @@ class PrefillAdder:
         return -(-n // self.page_size) * self.page_size
 
     def _ratio(self, req) -> float:
+        """The share of its remaining output reserved for `req` (1 with ignore_eos)."""
         return 1.0 if req.ignore_eos else self.new_token_ratio
 
     def _get_running_request_total_token_offset(self, running) -> float:
         """The output the running requests are still expected to produce:
         `min(M - generated, 4096) x ratio` each (1 with ignore_eos)."""
-        return sum(min(r.max_new_tokens - r.num_outputs, CLIP_MAX_NEW_TOKENS) * self._ratio(r)
-                   for r in running)
+        ratio = self.new_token_ratio  # `_ratio`, inlined: this runs every prefill attempt
+        return sum(min(r.max_new_tokens - r.num_outputs, CLIP_MAX_NEW_TOKENS)
+                   * (1.0 if r.ignore_eos else ratio) for r in running)
 
     @property
     def rem_total(self) -> float:

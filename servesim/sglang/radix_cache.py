@@ -67,6 +67,7 @@ class RadixCache:
         self.evictable = 0
         self.protected = 0
         self.evicted_tokens = 0  # counter, read and reset by the scheduler
+        self.leaves = set()  # the nodes without children (the root aside)
 
     # -- helpers ---------------------------------------------------------------
 
@@ -155,6 +156,8 @@ class RadixCache:
             leaf = TreeNode(rest, node, self.clock, self.next_id)
             self.next_id += 1
             node.children[self._child_key(rest)] = leaf
+            self.leaves.discard(node)
+            self.leaves.add(leaf)
             self.evictable += len(rest)
         return matched
 
@@ -191,18 +194,21 @@ class RadixCache:
         the candidates."""
         if self.disable or num_tokens <= 0:
             return
-        heap = [(n.last_access, n.id, n) for n in self._leaves() if n.lock_ref == 0]
+        heap = [(n.last_access, n.id, n) for n in self.leaves if n.lock_ref == 0]
         heapq.heapify(heap)
         evicted = 0
         while evicted < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
             del parent.children[self._child_key(node.key)]
+            self.leaves.discard(node)
             evicted += len(node.key)
             self.evictable -= len(node.key)
             self.pool.release(len(node.key))
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+            if parent is not self.root and not parent.children:
+                self.leaves.add(parent)
+                if parent.lock_ref == 0:
+                    heapq.heappush(heap, (parent.last_access, parent.id, parent))
         self.evicted_tokens += evicted
 
     def evict_for(self, num_tokens: int):
@@ -210,13 +216,3 @@ class RadixCache:
         (`evict_from_tree_cache`, `evict_for_alloc`)."""
         if self.pool.free < num_tokens:
             self.evict(num_tokens - self.pool.free)
-
-    def _leaves(self):
-        out, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            elif node is not self.root:
-                out.append(node)
-        return out

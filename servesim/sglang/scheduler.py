@@ -183,7 +183,8 @@ class Scheduler:
     def mix_with_running(self, batch):
         """Mixed chunk: the running requests decode in the prefill pass when
         their decode fits (no retraction); the running batch empties."""
-        decoding = [r for r in self.running if not self._finishing_inflight(r)]
+        finishing = self._reqs_finishing_inflight(self.running)
+        decoding = [r for r in self.running if r not in finishing] if finishing else self.running
         if not decoding or not self.check_decode_mem(decoding):
             return
         self.prepare_for_decode(decoding)
@@ -193,13 +194,13 @@ class Scheduler:
 
     # -- decode -----------------------------------------------------------------
 
-    def _finishing_inflight(self, req) -> bool:
-        """Overlap: `req` is in the in-flight batch and its in-flight token is
-        its last by length (`_reqs_finishing_inflight`)."""
+    def _reqs_finishing_inflight(self, reqs) -> list:
+        """Overlap: those of `reqs` in the in-flight batch whose in-flight
+        token is their last by length (`_reqs_finishing_inflight`)."""
         if not self.overlap or self.inflight is None:
-            return False
-        return (req.num_outputs + 1 >= req.max_new_tokens
-                and id(req) in self.inflight.sampling)
+            return []
+        sampling = self.inflight.sampling
+        return [r for r in reqs if r.num_outputs + 1 >= r.max_new_tokens and id(r) in sampling]
 
     def check_decode_mem(self, reqs) -> bool:
         """A page for each request whose committed KV ends on a page boundary;
@@ -213,9 +214,10 @@ class Scheduler:
         flight; when it does not fit, retract (`retract_decode`) and reset the
         ratio, else decay it; a slot (or page) per request."""
         initial = len(self.running)
-        excluded = [r for r in self.running if self._finishing_inflight(r)]
-        batch = [r for r in self.running if r not in excluded]
-        self.running = batch
+        excluded = self._reqs_finishing_inflight(self.running)
+        if excluded:
+            self.running = [r for r in self.running if r not in excluded]
+        batch = self.running
         if not batch:
             return None
         if not self.check_decode_mem(batch):
@@ -402,7 +404,8 @@ class Scheduler:
         usage = (size - self.pool.free - self.tree.evictable_size()) / size
         self.usage_area += usage * duration
         self.usage_max = max(self.usage_max, usage)
-        for req in batch.reqs:
+        for row in batch.rows:  # (a decoding request was first scheduled by an extend)
+            req = row.req
             if req.first_scheduled_pass < 0:
                 req.first_scheduled_pass = batch.index
                 req.first_scheduled_ms = self.clock
