@@ -3,6 +3,8 @@ sglang`; docs/sglang.md): the requests built from the workload, the
 scheduler's event loop, and the records, pass log and counters the other
 engines produce (servesim/replay/driver.py), with SGLang's own fields."""
 
+import operator
+
 import numpy as np
 
 from servesim.engine.pricing import PassPricer, price_pass
@@ -13,6 +15,9 @@ from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_U
 from servesim.sglang.cluster import Cluster
 from servesim.sglang.scheduler import Scheduler
 from servesim.sglang.req import Req
+
+
+_SEQ_LEN = operator.attrgetter("seq_len")
 
 
 def prompt_tokens(hash_ids, input_length: int, block: int) -> list:
@@ -66,8 +71,7 @@ class PassCost:
             prefill_rows += 1
             prefill_context += row.prefix
         decode = len(batch.decode)
-        for req in batch.decode:
-            decode_context += req.seq_len
+        decode_context = sum(map(_SEQ_LEN, batch.decode))
         p = self.pricer
         return float(price_pass(p.model, p.params, prefill, prefill_rows, decode, decode_context,
                                 prefill + decode, batch.num_rows, p.kv_capacity_tokens, 0,

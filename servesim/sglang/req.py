@@ -17,7 +17,7 @@ class Req:
     (the tree's slots; the rest up to `ceil_page(seq_len)` are its own)."""
 
     __slots__ = ("index", "rid", "arrival_ms", "prompt", "max_new_tokens", "eos_at", "ignore_eos",
-                 "num_outputs", "prompt_len", "fill_len", "seq_len", "computed", "tree_len", "last_node", "has_row",
+                 "num_outputs", "stop_at", "prompt_len", "fill_len", "seq_len", "computed", "tree_len", "last_node", "has_row",
                  "finished", "finish_reason", "num_retractions", "cached_tokens",
                  "first_cached", "first_scheduled_pass", "first_token_pass", "finish_pass",
                  "first_token_ms", "finish_ms", "token_ms", "prefix", "retracted",
@@ -31,6 +31,8 @@ class Req:
         self.max_new_tokens = max_new_tokens
         self.eos_at = eos_at
         self.ignore_eos = ignore_eos
+        # the output count at which `check_finished` stops it (limits fixed at arrival)
+        self.stop_at = min(max_new_tokens, eos_at) if eos_at and not ignore_eos else max_new_tokens
         self.prompt_len = len(self.prompt)
         self.num_outputs = 0  # generated tokens, as their results are processed
         self.fill_len = self.prompt_len  # prompt + generated tokens
@@ -69,11 +71,13 @@ class Req:
             return self.prompt
         return np.concatenate((self.prompt, self.outputs))
 
-    def append_output(self, end_ms: float):
-        """The next output token, sampled by a pass that ends at `end_ms`."""
+    def append_output(self, end_ms: float) -> bool:
+        """The next output token, sampled by a pass that ends at `end_ms`;
+        True when it finishes the request (`check_finished`)."""
         self.num_outputs += 1
         self.fill_len += 1
         self.token_ms.append(end_ms)
+        return self.num_outputs >= self.stop_at and self.check_finished()
 
     def check_finished(self):
         """`Req.update_finish_state`: length at max_new_tokens, else EOS at `eos_at`."""

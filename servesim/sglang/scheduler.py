@@ -53,6 +53,7 @@ class Scheduler:
         self.tokens_scheduled = 0
         self.num_passes = 0
         self.num_finished = 0
+        self._finished_seen = 0  # num_finished when the running batch was last filtered
         self.busy_ms = 0.0
         self.usage_area = 0.0  # KV usage (SGLang's token usage) x pass time, summed
         self.usage_max = 0.0
@@ -78,10 +79,12 @@ class Scheduler:
                 # (into an empty running batch the merged batch replaces it, latch unset)
                 self.batch_is_full = False
             self.running.extend(kept)
-        before = len(self.running)
-        self.running = [r for r in self.running if not r.finished]
-        if len(self.running) < before:
-            self.batch_is_full = False
+        if self.num_finished != self._finished_seen:  # (else none of them finished)
+            self._finished_seen = self.num_finished
+            before = len(self.running)
+            self.running = [r for r in self.running if not r.finished]
+            if len(self.running) < before:
+                self.batch_is_full = False
         batch = self.get_new_batch_prefill()
         if batch is not None:
             return batch
@@ -199,15 +202,23 @@ class Scheduler:
         token is their last by length (`_reqs_finishing_inflight`)."""
         if not self.overlap or self.inflight is None:
             return []
-        sampling = self.inflight.sampling
-        return [r for r in reqs if r.num_outputs + 1 >= r.max_new_tokens and id(r) in sampling]
+        last = [r for r in reqs if r.num_outputs + 1 >= r.max_new_tokens]
+        return [r for r in last if id(r) in self.inflight.sampling] if last else last
 
     def check_decode_mem(self, reqs) -> bool:
         """A page for each request whose committed KV ends on a page boundary;
         the tree evicts to cover a shortfall (`check_decode_mem`)."""
-        need = self.page_size * sum(1 for r in reqs if r.seq_len % self.page_size == 0)
+        need = self.decode_need(reqs)
         self.tree.evict_for(need)
         return self.pool.free >= need
+
+    def decode_need(self, reqs) -> int:
+        """Slots a decode of `reqs` takes: a page for each request whose KV
+        ends on a page boundary (one slot each with page_size 1)."""
+        page = self.page_size
+        if page == 1:
+            return len(reqs)
+        return page * sum(1 for r in reqs if r.seq_len % page == 0)
 
     def update_running_batch(self):
         """The decode pass: the running batch less the requests finishing in
@@ -238,7 +249,7 @@ class Scheduler:
 
     def prepare_for_decode(self, reqs):
         """One slot per request, a new page when its KV ends on a page boundary."""
-        need = self.page_size * sum(1 for r in reqs if r.seq_len % self.page_size == 0)
+        need = self.decode_need(reqs)
         self.tree.evict_for(need)
         self.pool.alloc(need)
         for r in reqs:
@@ -316,11 +327,11 @@ class Scheduler:
             if req.finished or row.partial or (dropped and id(req) in dropped):
                 continue
             input_len = req.fill_len
-            req.append_output(end)
+            finished = req.append_output(end)
             if req.first_token_pass < 0:
                 req.first_token_pass = batch.index
                 req.first_token_ms = end
-            if req.check_finished():
+            if finished:
                 self._finish(batch, req)
             else:
                 if req.retracted and req.tree_len < req.prompt_len:
@@ -332,8 +343,7 @@ class Scheduler:
         for req in batch.decode:
             if req.finished or (dropped and id(req) in dropped):
                 continue
-            req.append_output(end)
-            if req.check_finished():
+            if req.append_output(end):
                 self._finish(batch, req)
         if batch.record is not None:
             batch.record["finished"].sort()
