@@ -10,14 +10,26 @@ locked path; `evict` removes the oldest unlocked leaves, whole nodes.
 
 Only counts of slots are kept, not slot indices: the allocator is a count of
 free slots (`TokenPool`). Keys are int64 arrays (a node's key a view of its
-own copy), compared with numpy.
+own copy), compared by a compiled loop (`common_prefix`).
 """
 
 import heapq
 
 import numpy as np
 
+from servesim.jit import njit
+
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@njit
+def common_prefix(a, b) -> int:
+    """How many leading tokens int64 arrays `a` and `b` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 class TreeNode:
@@ -80,9 +92,7 @@ class RadixCache:
 
     def _key_match(self, a, b) -> int:
         """Common prefix of key arrays a and b, in whole pages."""
-        n = min(len(a), len(b))
-        differ = np.flatnonzero(a[:n] != b[:n])
-        i = int(differ[0]) if len(differ) else n
+        i = common_prefix(a, b)
         return i - i % self.page_size
 
     def _split_node(self, child: TreeNode, split_len: int, stamp: int) -> TreeNode:

@@ -12,8 +12,8 @@ class Req:
     never). `fill` is prompt + generated tokens (`num_outputs` of them,
     `outputs`); `seq_len` the positions with
     KV slots allocated (SGLang's `seq_lens`, in flight included); `computed`
-    the positions whose KV a launched pass computes (the chunked request's
-    prefix); `tree_len` / `last_node` the locked radix path its prefix uses
+    the positions whose KV its launched extends compute (the chunked
+    request's prefix; decodes do not advance it); `tree_len` / `last_node` the locked radix path its prefix uses
     (the tree's slots; the rest up to `ceil_page(seq_len)` are its own)."""
 
     __slots__ = ("index", "rid", "arrival_ms", "prompt", "max_new_tokens", "eos_at", "ignore_eos",

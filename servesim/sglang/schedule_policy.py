@@ -1,12 +1,11 @@
 """The waiting queue's order (`SchedulePolicy.calc_priority`; docs/sglang.md,
 "Waiting queue")."""
 
-import numpy as np
-
 from servesim.sglang.config import (IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD,
                                     IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD,
                                     WAITING_PREFIX_REFRESH_EVERY, WAITING_PREFIX_REFRESH_MAX,
                                     WAITING_QUEUE_PREFIX_MATCH_MAX)
+from servesim.sglang.radix_cache import common_prefix
 
 
 class SchedulePolicy:
@@ -68,9 +67,4 @@ class SchedulePolicy:
 
 def _longest_common_prefix(fill, others) -> int:
     """The longest prefix `fill` shares with any of `others` (int64 arrays)."""
-    best = 0
-    for other in others:
-        n = min(len(fill), len(other))
-        differ = np.flatnonzero(fill[:n] != other[:n])
-        best = max(best, int(differ[0]) if len(differ) else n)
-    return best
+    return max((common_prefix(fill, other) for other in others), default=0)

@@ -254,7 +254,6 @@ class Scheduler:
         self.pool.alloc(need)
         for r in reqs:
             r.seq_len += 1
-            r.computed = r.seq_len
 
     # -- KV into the tree ----------------------------------------------------------
 
