@@ -13,39 +13,12 @@ from servesim.sglang.scheduler import Scheduler
 
 
 class CheckedScheduler(Scheduler):
-    """Checks the invariants after every scheduling step and every result."""
+    """A worker in the debug mode: the invariants of servesim/sglang/check.py
+    (slots conserved, locked prefixes in the tree and counted out of the
+    evictable tokens, rows within the slots) after every step and result."""
 
-    def get_next_batch_to_run(self):
-        batch = super().get_next_batch_to_run()
-        self.check()
-        return batch
-
-    def process_batch_result(self, batch):
-        super().process_batch_result(batch)
-        self.check()
-
-    def check(self):
-        tree = self.tree
-        holders = [r for r in self.reqs if r.has_row]
-        own = sum(self.ceil_page(r.seq_len) - r.tree_len for r in holders)
-        assert all(self.ceil_page(r.seq_len) >= r.tree_len for r in holders)
-        assert self.pool.free + tree.total_size() + own == self.pool.size
-        assert self.rows_used == len(holders) <= self.max_num_reqs
-        unlocked = 0
-        stack = [tree.root]
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node is not tree.root and node.lock_ref == 0:
-                unlocked += len(node.key)
-        assert tree.evictable_size() == unlocked
-        for r in holders:  # a holder's locked prefix is still in the tree, whole
-            node, depth = r.last_node, 0
-            while node is not tree.root:
-                assert node.lock_ref > 0 and node.parent.children.get(tree._child_key(node.key)) is node
-                depth += len(node.key)
-                node = node.parent
-            assert depth == r.tree_len
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, check=True, **kwargs)
 
 
 @st.composite

@@ -78,3 +78,35 @@ def test_workers_are_routed_on_one_clock(router, worker, start):
     r2 = [p for p in log if any(r["id"] == "r2" for r in p["scheduled"])]
     assert len(r2) == 1 and r2[0]["worker"] == worker and r2[0]["start_ms"] == pytest.approx(start)
     assert [w.requests for w in result.stats.workers] == [2 - worker, 1 + worker]
+
+
+def test_debug_mode_checks_every_pass_and_names_a_broken_invariant(monkeypatch):
+    """SERVESIM_CHECK=1 (`--check`): the replay checks the SGLang invariants
+    after every step and result, same outputs; a slot leaked from the pool is
+    reported naming the pass and the invariant."""
+    from servesim.errors import InvariantError
+    from servesim.sglang.check import check_scheduler
+    from servesim.sglang.scheduler import Scheduler
+
+    plain = _replay(pass_log=True)
+    monkeypatch.setenv("SERVESIM_CHECK", "1")
+    checks = []
+    original = check_scheduler
+
+    def counting(s, where):
+        checks.append(where)
+        original(s, where)
+
+    monkeypatch.setattr("servesim.sglang.scheduler.check_scheduler", counting)
+    checked = _replay(pass_log=True)
+    assert checked.pass_log == plain.pass_log
+    assert checks.count("schedule") >= len(plain.pass_log) and checks.count("result") == len(
+        plain.pass_log)
+    from servesim.sglang.config import SGLangConfig
+    from servesim.sglang.req import Req
+
+    worker = Scheduler(SGLangConfig(max_total_tokens=64), [Req(0, "r0", 0.0, [1, 2, 3], 2, 0, True)],
+                       lambda b: 1.0)
+    worker.pool.free -= 1
+    with pytest.raises(InvariantError, match=r"after schedule \(pass 0\): slots not conserved"):
+        check_scheduler(worker, "schedule")

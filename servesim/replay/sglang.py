@@ -10,6 +10,7 @@ import numpy as np
 from servesim.engine.pricing import PassPricer, price_pass
 from servesim.errors import InputError
 from servesim.replay.telemetry import Telemetry
+from servesim.scheduler import check
 from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
                                       RequestRecords, RunStats, SimulationResult, WorkerStats)
 from servesim.sglang.cluster import Cluster
@@ -145,7 +146,7 @@ class SGLangReplay:
         passes = []  # every worker's, in launch order
         workers = []
         for k in range(config.cluster.workers):
-            worker = Scheduler(cfg, [], PassCost(config.engine), log=log)
+            worker = Scheduler(cfg, [], PassCost(config.engine), log=log, check=check.enabled())
             worker.passes = passes
             if config.cluster.workers > 1:
                 worker.worker_index = k  # named in each pass of the log

@@ -7,6 +7,7 @@ retraction, the processing of a pass's result, and the two event loops
 import math
 
 from servesim.sglang.batch import DECODE, EXTEND, MIXED, Batch, Row
+from servesim.sglang.check import check_scheduler
 from servesim.sglang.config import RETRACT_DECODE_STEPS
 from servesim.sglang.new_token_ratio import NewTokenRatioTracker
 from servesim.sglang.prefill_adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
@@ -18,9 +19,11 @@ from servesim.sglang.schedule_policy import SchedulePolicy
 class Scheduler:
     """One SGLang worker over `reqs` (in arrival order). `pass_cost(batch)`
     prices a pass in ms. `run()` replays them; `passes` is the pass log
-    (dicts in the recordings' format) when `log` is set."""
+    (dicts in the recordings' format) when `log` is set. With `check` (the
+    debug mode) the invariants of servesim/sglang/check.py are checked after
+    every scheduling step and every processed result."""
 
-    def __init__(self, cfg, reqs, pass_cost, log: bool = True):
+    def __init__(self, cfg, reqs, pass_cost, log: bool = True, check: bool = False):
         self.cfg = cfg
         self.page_size = cfg.page_size
         self.pool = TokenPool(cfg.max_total_tokens, cfg.page_size)
@@ -32,6 +35,7 @@ class Scheduler:
         self.pass_cost = pass_cost
         self.reqs = reqs
         self.log = log
+        self.check = check
         self.passes = []
         self.waiting = []
         self.running = []
@@ -485,11 +489,15 @@ class Scheduler:
         while True:
             self._take_arrivals()
             batch = self.get_next_batch_to_run()
+            if self.check:
+                check_scheduler(self, "schedule")
             self.last_batch = batch
             if batch is not None:
                 self._launch(batch, self.clock)
                 yield from self._wait(batch.end_ms)
                 self.process_batch_result(batch)
+                if self.check:
+                    check_scheduler(self, "result")
             else:
                 self.on_idle()
             if not (yield from self._after_iteration(batch is not None)):
@@ -502,6 +510,8 @@ class Scheduler:
         while True:
             self._take_arrivals()
             batch = self.get_next_batch_to_run()
+            if self.check:
+                check_scheduler(self, "schedule")
             previous = self.inflight
             if batch is not None:
                 self._launch(batch, max(self.clock, gpu_free))
@@ -510,6 +520,8 @@ class Scheduler:
             if previous is not None:
                 yield from self._wait(previous.end_ms)
                 self.process_batch_result(previous)
+                if self.check:
+                    check_scheduler(self, "result")
             elif batch is None:
                 self.on_idle()
             self.last_batch = batch
