@@ -148,3 +148,18 @@ def test_the_cli_writes_sglangs_pass_log_and_request_fields(tmp_path):
         want = [json.loads(line) for line in f]
     assert [(r["num_retractions"], r["cached_tokens"], r["finish_reason"]) for r in rows] == \
         [(r["num_retractions"], r["cached_tokens"], r["finish_reason"]) for r in want]
+
+
+@pytest.mark.parametrize("key, value, feature", [
+    ("enable_dp_attention", True, "DP attention"),
+    ("enable_hierarchical_cache", True, "the hierarchical cache"),
+    ("kv_offloading", {"num_cpu_blocks": 8}, "a CPU tier"),
+    ("speculative_algorithm", "EAGLE", "speculative decoding"),
+    ("speculative", {"method": "eagle", "num_speculative_tokens": 2}, "speculative decoding"),
+    ("lora_paths", ["a"], "LoRA"),
+    ("disaggregation_mode", "prefill", "PD disaggregation"),
+])
+def test_features_sglang_lacks_here_are_refused_naming_the_key(key, value, feature):
+    message = _error({key: value})
+    assert f"engine.{key}" in message and f"{feature}" in message
+    assert "is not supported with backend: sglang" in message

@@ -30,8 +30,26 @@ SGLANG_NAME_OF = {
     "watermark": None,
     "launch": None,
     "detokenize_ms": None,
-    "kv_offloading": "nothing servesim models (hierarchical cache is not supported)",
-    "speculative": "nothing servesim models (speculative decoding under SGLang is not supported)",
+    "kv_offloading": None,
+    "speculative": None,
+}
+# vLLM keys whose feature servesim's SGLang engine does not model, and SGLang's
+# own server arguments for features it does not model: refused naming the feature
+SGLANG_UNSUPPORTED = {
+    "kv_offloading": "a CPU tier (SGLang's hierarchical cache)",
+    "enable_hierarchical_cache": "the hierarchical cache",
+    "hicache_ratio": "the hierarchical cache",
+    "hicache_size": "the hierarchical cache",
+    "speculative": "speculative decoding",
+    "speculative_algorithm": "speculative decoding",
+    "speculative_num_steps": "speculative decoding",
+    "speculative_num_draft_tokens": "speculative decoding",
+    "enable_dp_attention": "DP attention",
+    "dp_size": "data parallelism (several workers: cluster.workers)",
+    "enable_lora": "LoRA",
+    "lora_paths": "LoRA",
+    "max_loras_per_batch": "LoRA",
+    "disaggregation_mode": "PD disaggregation",
 }
 # SGLang's keys -> what vLLM calls them
 VLLM_NAME_OF = {
@@ -52,6 +70,9 @@ VLLM_NAME_OF = {
 
 def other_backend_message(key: str, backend: str) -> str | None:
     """The message for `key` under `backend` when only the other backend knows it."""
+    if backend == "sglang" and key in SGLANG_UNSUPPORTED:
+        return (f"{SGLANG_UNSUPPORTED[key]} is not supported with backend: sglang "
+                "(docs/sglang.md, \"Conformance and limits\")")
     if backend == "sglang" and key in SGLANG_NAME_OF:
         name = SGLANG_NAME_OF[key]
         if name is None:
