@@ -3,6 +3,7 @@ sglang`; docs/sglang.md): the requests built from the workload, the
 scheduler's event loop, and the records, pass log and counters the other
 engines produce (servesim/replay/driver.py), with SGLang's own fields."""
 
+import functools
 import operator
 
 import numpy as np
@@ -51,7 +52,8 @@ def build_reqs(cfg, workload):
         eos_at = output_length if limit > output_length else 0
         clipped = init_req_max_new_tokens(cfg, prompt_len, limit)
         req = Req(i, workload.request_ids[i], float(workload.arrival_ms[i]),
-                  prompt_tokens(h, prompt_len, block), clipped, eos_at, cfg.ignore_eos)
+                  functools.partial(prompt_tokens, h, prompt_len, block), clipped, eos_at,
+                  cfg.ignore_eos, prompt_len=prompt_len)
         reqs.append(req)
         if clipped < 1:
             rejected.add(i)

@@ -16,24 +16,33 @@ class Req:
     request's prefix; decodes do not advance it); `tree_len` / `last_node` the locked radix path its prefix uses
     (the tree's slots; the rest up to `ceil_page(seq_len)` are its own)."""
 
-    __slots__ = ("index", "rid", "arrival_ms", "prompt", "max_new_tokens", "eos_at", "ignore_eos",
-                 "num_outputs", "stop_at", "prompt_len", "fill_len", "seq_len", "computed", "tree_len", "last_node", "has_row",
+    __slots__ = ("index", "rid", "arrival_ms", "_prompt", "_make_prompt", "max_new_tokens", "eos_at", "ignore_eos",
+                 "num_outputs", "stop_at", "prompt_len", "fill_len", "seq_len", "computed",
+                 "tree_len", "last_node", "has_row",
                  "finished", "finish_reason", "num_retractions", "cached_tokens",
                  "first_cached", "first_scheduled_pass", "first_token_pass", "finish_pass",
                  "first_token_ms", "finish_ms", "token_ms", "prefix", "retracted",
                  "first_scheduled_ms", "recomputed_tokens", "worker")
 
-    def __init__(self, index, rid, arrival_ms, prompt, max_new_tokens, eos_at, ignore_eos):
+    def __init__(self, index, rid, arrival_ms, prompt, max_new_tokens, eos_at, ignore_eos,
+                 prompt_len=None):
+        """`prompt`: the token ids, or a function that makes them (an int64
+        array of `prompt_len` tokens) when they are first needed; such a
+        prompt is let go when the request finishes (`drop_prompt`)."""
         self.index = index
         self.rid = rid
         self.arrival_ms = arrival_ms
-        self.prompt = np.asarray(prompt, dtype=np.int64)  # token ids
+        if callable(prompt):
+            self._prompt, self._make_prompt = None, prompt
+            self.prompt_len = prompt_len
+        else:
+            self._prompt, self._make_prompt = np.asarray(prompt, dtype=np.int64), None
+            self.prompt_len = len(self._prompt)
         self.max_new_tokens = max_new_tokens
         self.eos_at = eos_at
         self.ignore_eos = ignore_eos
         # the output count at which `check_finished` stops it (limits fixed at arrival)
         self.stop_at = min(max_new_tokens, eos_at) if eos_at and not ignore_eos else max_new_tokens
-        self.prompt_len = len(self.prompt)
         self.num_outputs = 0  # generated tokens, as their results are processed
         self.fill_len = self.prompt_len  # prompt + generated tokens
         self.seq_len = 0
@@ -57,6 +66,18 @@ class Req:
         self.token_ms = []
         self.recomputed_tokens = 0  # extend tokens computed again after retractions
         self.worker = -1  # the worker it was routed to
+
+    @property
+    def prompt(self):
+        """The prompt's token ids (an int64 array), made when first needed."""
+        if self._prompt is None:
+            self._prompt = self._make_prompt()
+        return self._prompt
+
+    def drop_prompt(self):
+        """Let go of a prompt that can be made again (its request finished)."""
+        if self._make_prompt is not None:
+            self._prompt = None
 
     @property
     def outputs(self):

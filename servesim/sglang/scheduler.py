@@ -361,6 +361,7 @@ class Scheduler:
         if batch.record is not None:
             batch.record["finished"].append(req.rid)
         self.release_kv_cache(req)
+        req.drop_prompt()  # (the tree holds its own copy of what it cached)
         if self.release_on_finish is not None:
             self.release_on_finish(self, req, end)
 
