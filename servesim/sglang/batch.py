@@ -38,16 +38,11 @@ class Batch:
         self.index = -1
         self.record = None
         self.dropped = set()
-        self._sampling = None
 
-    @property
-    def sampling(self) -> set:
-        """The ids of the requests this batch samples a token for (every row
-        but middle chunks), made once."""
-        if self._sampling is None:
-            self._sampling = {id(row.req) for row in self.rows if not row.partial}
-            self._sampling.update(map(id, self.decode))
-        return self._sampling
+    def samples(self, req) -> bool:
+        """Whether this batch samples a token for `req` (every row but middle
+        chunks)."""
+        return req in self.decode or any(row.req is req and not row.partial for row in self.rows)
 
     @property
     def is_extend(self) -> bool:

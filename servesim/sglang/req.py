@@ -92,6 +92,13 @@ class Req:
             return self.prompt
         return np.concatenate((self.prompt, self.outputs))
 
+    def fill_prefix(self, n: int):
+        """The first `n` tokens of the fill (a view of the prompt when they
+        are all prompt tokens)."""
+        if n <= self.prompt_len:
+            return self.prompt[:n]
+        return self.fill[:n]
+
     def append_output(self, end_ms: float) -> bool:
         """The next output token, sampled by a pass that ends at `end_ms`;
         True when it finishes the request (`check_finished`)."""

@@ -143,8 +143,8 @@ class Scheduler:
             self.chunked_req = adder.new_chunked_req
         if not adder.can_run:
             return None
-        admitted = {id(row[0]) for row in adder.can_run}
-        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        # the admitted waiting requests are the head of the queue, in order
+        del self.waiting[:len(adder.can_run) - (chunked is not None)]
         rows = [Row(req, kind, extend, req.computed if kind == "chunk" else req.prefix,
                     cached, partial) for req, extend, cached, kind, partial in adder.can_run]
         self.prepare_for_extend(rows)
@@ -156,7 +156,7 @@ class Scheduler:
     def init_next_round_input(self, req):
         """Match the request's fill (at most all but its last token) against
         the tree: `prefix` and the node it ends at (`Req.init_next_round_input`)."""
-        hit, node = self.tree.match_prefix(req.fill[:req.fill_len - 1])
+        hit, node = self.tree.match_prefix(req.fill_prefix(req.fill_len - 1))
         req.prefix = hit
         req.last_node = node
 
@@ -207,7 +207,7 @@ class Scheduler:
         if not self.overlap or self.inflight is None:
             return []
         last = [r for r in reqs if r.num_outputs + 1 >= r.max_new_tokens]
-        return [r for r in last if id(r) in self.inflight.sampling] if last else last
+        return [r for r in last if self.inflight.samples(r)] if last else last
 
     def check_decode_mem(self, reqs) -> bool:
         """A page for each request whose committed KV ends on a page boundary;
@@ -267,7 +267,7 @@ class Scheduler:
         tokens the tree already held are freed (`cache_unfinished_req`)."""
         if self.tree.disable:
             return
-        key = req.fill[:length - length % self.page_size]
+        key = req.fill_prefix(length - length % self.page_size)
         new_prefix = self.tree.insert(key)
         if new_prefix > req.tree_len:
             self.pool.release(new_prefix - req.tree_len)
@@ -288,7 +288,7 @@ class Scheduler:
             # its committed KV: all but the last token, or (overlap, an EOS finish
             # decoded once more) every token: the extra pass's slot is committed
             kv_len = min(req.seq_len, req.fill_len)
-            key = req.fill[:kv_len - kv_len % self.page_size]
+            key = req.fill_prefix(kv_len - kv_len % self.page_size)
             new_prefix = self.tree.insert(key)
             self.pool.release(own - (len(key) - new_prefix))
             self.tree.dec_lock_ref(req.last_node)
