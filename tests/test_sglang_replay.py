@@ -39,17 +39,6 @@ def test_telemetry_counters_add_up_to_the_run():
     assert samples[-1]["running"] == samples[-1]["waiting"] == 0
 
 
-def test_sessions_are_refused_with_sglang():
-    from servesim.config.config import config_from_dict
-
-    config = config_from_dict({
-        "workload": {"synthetic": {"sessions": {"count": 2, "turns": 2}}},
-        "engine": {"backend": "sglang", "timing": {"type": "fixed", "prefill_ms": 1,
-                                                     "decode_ms": 1}}})
-    with pytest.raises(InputError, match="sessions and agent graphs are not supported"):
-        simulate(config, load_workload(config.workload, 16))
-
-
 @pytest.mark.parametrize("router, worker, start", [("round_robin", 0, 5.9),
                                                    ("least_loaded", 1, 5.0)])
 def test_workers_are_routed_on_one_clock(router, worker, start):

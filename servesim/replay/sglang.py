@@ -4,19 +4,20 @@ scheduler's event loop, and the records, pass log and counters the other
 engines produce (servesim/replay/driver.py), with SGLang's own fields."""
 
 import functools
+import math
 import operator
 
 import numpy as np
 
+from servesim.engine.events import RELEASED
 from servesim.engine.pricing import PassPricer, price_pass
-from servesim.errors import InputError
 from servesim.replay.telemetry import Telemetry
 from servesim.scheduler import check
 from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED,
                                       RequestRecords, RunStats, SimulationResult, WorkerStats)
 from servesim.sglang.cluster import Cluster
 from servesim.sglang.scheduler import Scheduler
-from servesim.sglang.req import Req
+from servesim.sglang.req import Req, stream_token
 
 
 _SEQ_LEN = operator.attrgetter("seq_len")
@@ -28,6 +29,15 @@ def prompt_tokens(hash_ids, input_length: int, block: int) -> list:
     blocks = -(-input_length // block)
     ids = np.asarray(hash_ids[:blocks], dtype=np.int64) * block
     return (ids[:, None] + np.arange(block, dtype=np.int64)).ravel()[:input_length]
+
+
+def stream_prompt_tokens(hash_ids, input_length: int, block: int, start: int, stream: int):
+    """A turn of an accumulating session: its first `start` tokens are its
+    session's first prompt (from the hash ids), the rest the session's token
+    stream (the earlier turns' outputs and new input, `stream_token`)."""
+    head = prompt_tokens(hash_ids, min(start, input_length), block)
+    return np.concatenate((head, stream_token(stream, np.arange(start, input_length,
+                                                                dtype=np.int64))))
 
 
 def init_req_max_new_tokens(cfg, prompt_len: int, limit: int) -> int:
@@ -44,6 +54,7 @@ def build_reqs(cfg, workload):
     reqs, rejected = [], set()
     limits = workload.max_new_tokens if workload.max_new_tokens is not None else workload.output_length
     block = workload.trace_block_size
+    plan = workload.sessions
     for i in range(len(workload)):
         h = workload.hash_flat[workload.hash_offsets[i]:workload.hash_offsets[i + 1]]
         prompt_len = int(workload.input_length[i])
@@ -51,9 +62,17 @@ def build_reqs(cfg, workload):
         limit = int(limits[i])
         eos_at = output_length if limit > output_length else 0
         clipped = init_req_max_new_tokens(cfg, prompt_len, limit)
-        req = Req(i, workload.request_ids[i], float(workload.arrival_ms[i]),
-                  functools.partial(prompt_tokens, h, prompt_len, block), clipped, eos_at,
-                  cfg.ignore_eos, prompt_len=prompt_len)
+        stream = None
+        if plan is not None and plan.stream_start[i] >= 0:
+            stream = int(plan.session[i])
+            make = functools.partial(stream_prompt_tokens, h, prompt_len, block,
+                                     int(plan.stream_start[i]), stream)
+        else:
+            make = functools.partial(prompt_tokens, h, prompt_len, block)
+        req = Req(i, workload.request_ids[i], float(workload.arrival_ms[i]), make, clipped,
+                  eos_at, cfg.ignore_eos, prompt_len=prompt_len, stream=stream)
+        if plan is not None:
+            req.session = int(plan.session[i])
         reqs.append(req)
         if clipped < 1:
             rejected.add(i)
@@ -127,14 +146,68 @@ class _TelemetryRank:
         return 0
 
 
+class _SessionLoop:
+    """Sessions and agent graphs (servesim/workload/sessions.py's
+    `SessionArrivals`) on the SGLang workers' clock: the event loop it
+    schedules arrivals on. An arrival sent at a finish's instant (no delay,
+    or a closed loop's next session) is added at once, after the decision of
+    that instant (as a closed loop's release); a later one at its instant,
+    before the workers' events there. A request rejected at arrival is done
+    at once (its dependents are released)."""
+
+    def __init__(self, cluster, workload, reqs, workers):
+        from servesim.workload.sessions import SessionArrivals
+
+        self.cluster = cluster
+        self.reqs = reqs
+        self.releasing = None  # the worker whose finish is being processed
+        self.started = False
+        self.arrival_ms = workload.arrival_ms.astype(np.float64).copy()
+        self.sessions = SessionArrivals(workload.sessions, self.arrival_ms, workload.concurrency,
+                                        self, self._on_arrival)
+        cluster.on_rejected = lambda req, at_ms: self.sessions.done(req.index, at_ms)
+        for worker in workers:
+            worker.release_on_finish = self._on_finish
+
+    def start(self):
+        self.sessions.start()
+        self.started = True
+
+    @property
+    def now(self) -> float:
+        return self.cluster.now
+
+    def next_time(self) -> float:
+        return math.inf  # (SessionArrivals.horizon: the compiled loops' bound only)
+
+    def schedule(self, t, order, handler, arg=None):
+        if order == RELEASED and t == self.now and self.started:
+            self._released = True
+            handler(arg)
+            self._released = False
+        else:
+            self.cluster.call_at(t, handler, arg)
+
+    _released = False
+
+    def _on_arrival(self, i):
+        req = self.reqs[i]
+        at = float(self.arrival_ms[i])
+        if self._released:
+            self.cluster.add(req, at, releasing=self.releasing, released=True)
+        else:
+            self.cluster.add(req, at)
+
+    def _on_finish(self, worker, req, at_ms):
+        self.releasing = worker
+        self.sessions.done(req.index, at_ms)
+        self.releasing = None
+
+
 class SGLangReplay:
     """One simulation run of an SGLang worker; `run()` returns its SimulationResult."""
 
     def __init__(self, config, workload, progress=None):
-        if workload.sessions is not None:
-            raise InputError("workload: sessions and agent graphs are not supported with "
-                             "engine.backend: sglang yet; replay a trace or a synthetic "
-                             "workload, open or closed loop (concurrency)")
         self.config = config
         self.workload = workload
         self.progress = progress
@@ -160,7 +233,9 @@ class SGLangReplay:
                                              for k, worker in enumerate(workers)])
         cluster = Cluster(workers, config.cluster.router.policy,
                           None if telemetry is None else telemetry.advance)
-        if w.concurrency is None:
+        if w.sessions is not None:
+            _SessionLoop(cluster, w, reqs, workers).start()
+        elif w.concurrency is None:
             cluster.arrivals = reqs
         else:
             pending = iter(reqs)
@@ -220,7 +295,11 @@ class SGLangReplay:
         np.cumsum(produced, out=offsets[1:])
         token_ms = np.array([t for r in reqs for t in r.token_ms], dtype=np.float64)
         retractions = ints(lambda r: r.num_retractions)
-        return RequestRecords(
+        extra = {}
+        if w.sessions is not None:
+            extra = dict(session_ids=w.sessions.session_ids, session=w.sessions.session,
+                         turn=w.sessions.turn, session_truncated=w.sessions.truncated)
+        return RequestRecords(**extra,
             ids=list(w.request_ids), arrival_ms=floats(lambda r: r.arrival_ms),
             first_scheduled_ms=floats(lambda r: r.first_scheduled_ms),
             first_token_ms=floats(lambda r: r.first_token_ms),

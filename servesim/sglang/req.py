@@ -6,6 +6,16 @@ FINISH_LENGTH = "length"
 FINISH_EOS = "eos"
 
 
+_STREAM_BASE = -(1 << 62)
+
+
+def stream_token(stream: int, position):
+    """The token at `position` of accumulating session `stream`'s token
+    stream (what follows its first prompt: outputs, and later turns' new
+    input): ids below every output id (-1 - index x 2^24 - k)."""
+    return _STREAM_BASE + stream * (1 << 32) + position
+
+
 class Req:
     """One request: its prompt tokens, its limit `max_new_tokens` and, when it
     stops by EOS, `eos_at` (the number of its output token that is EOS; 0:
@@ -22,13 +32,17 @@ class Req:
                  "finished", "finish_reason", "num_retractions", "cached_tokens",
                  "first_cached", "first_scheduled_pass", "first_token_pass", "finish_pass",
                  "first_token_ms", "finish_ms", "token_ms", "prefix", "retracted",
-                 "first_scheduled_ms", "recomputed_tokens", "worker")
+                 "first_scheduled_ms", "recomputed_tokens", "worker", "stream", "session")
 
     def __init__(self, index, rid, arrival_ms, prompt, max_new_tokens, eos_at, ignore_eos,
-                 prompt_len=None):
+                 prompt_len=None, stream=None):
         """`prompt`: the token ids, or a function that makes them (an int64
         array of `prompt_len` tokens) when they are first needed; such a
-        prompt is let go when the request finishes (`drop_prompt`)."""
+        prompt is let go when the request finishes (`drop_prompt`).
+        `stream`: for a turn of an accumulating session, the id of its
+        session's token stream (`stream_token`): its outputs are the
+        stream's tokens at their positions, so the next turn, whose prompt
+        holds them, finds them in the tree."""
         self.index = index
         self.rid = rid
         self.arrival_ms = arrival_ms
@@ -66,6 +80,8 @@ class Req:
         self.token_ms = []
         self.recomputed_tokens = 0  # extend tokens computed again after retractions
         self.worker = -1  # the worker it was routed to
+        self.stream = stream
+        self.session = -1  # its session's index in a session workload (session_affinity)
 
     @property
     def prompt(self):
@@ -82,8 +98,12 @@ class Req:
     @property
     def outputs(self):
         """The generated token ids: output token k is `-1 - (index x 2^24 + k)`,
-        a request-specific id no prompt holds (prompt ids are >= 0)."""
-        return -1 - (self.index * (1 << 24) + np.arange(self.num_outputs, dtype=np.int64))
+        a request-specific id no prompt holds (prompt ids are >= 0); in an
+        accumulating session, its stream's token at position prompt + k."""
+        k = np.arange(self.num_outputs, dtype=np.int64)
+        if self.stream is not None:
+            return stream_token(self.stream, self.prompt_len + k)
+        return -1 - (self.index * (1 << 24) + k)
 
     @property
     def fill(self):
