@@ -5,7 +5,7 @@ is the peer's:
 
     PEER/bin/python benchmarks/peer_replay.py TRACE.jsonl[.gz] [--workers N]
         [--router round_robin|kv_router] [--dp N] [--disagg P D]
-        [--host-offload BLOCKS] [--telemetry-ms MS]
+        [--host-offload BLOCKS] [--telemetry-ms MS] [--engine-type vllm|sglang]
     PEER/bin/python benchmarks/peer_replay.py --synthetic ISL OSL COUNT --rate R
 
 Install the peer in a virtual environment of its own (it needs no GPU and no
@@ -21,6 +21,9 @@ add ~30% to the peer's time). The engine is the benchmark's: block 64,
 16,384 GPU blocks, 256 sequences, 8,192 batched tokens, polynomial pass
 times; the CPU tier and the KV transfer use servesim's figures (131,072
 bytes a token; 25 GB/s each way for the tier, 50 GB/s for a handoff).
+`--engine-type sglang` runs the mocker's SGLang engine instead (its pool of
+16,384 x 64-token pages, 256 running requests, 8,192-token chunks, fcfs,
+which Dynamo calls fifo): the peer of `benchmarks/configs/mooncake-full-sglang.yaml`.
 Prints one JSON line: a few summary figures (to check both ran the same
 workload), `process_s` and `maxrss_mb`.
 """
@@ -45,6 +48,9 @@ SUMMARY_KEYS = ("num_requests", "completed_requests", "duration_ms", "mean_ttft_
 def engine_args(args, worker_type=None):
     engine = {"block_size": 64, "num_gpu_blocks": 16384, "max_num_seqs": 256,
               "max_num_batched_tokens": 8192, "timing_model": {"type": "polynomial"}}
+    if args.engine_type == "sglang":
+        engine.update(backend="sglang",
+                      sglang={"chunked_prefill_size": 8192, "schedule_policy": "fifo"})
     if args.host_offload:
         engine["kv_cache_bytes_per_token"] = BYTES_PER_TOKEN
         engine["native_host_offload"] = {"num_host_blocks": args.host_offload,
@@ -88,6 +94,7 @@ def main():
     parser.add_argument("--telemetry-ms", type=float)
     parser.add_argument("--synthetic", nargs=3, type=int, metavar=("ISL", "OSL", "COUNT"))
     parser.add_argument("--rate", type=float)
+    parser.add_argument("--engine-type", choices=("vllm", "sglang"), default="vllm")
     args = parser.parse_args()
     if (args.trace is None) == (args.synthetic is None):
         parser.error("give a trace or --synthetic, not both")
