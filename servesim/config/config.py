@@ -303,8 +303,8 @@ def _build(ctx: Ctx, data: dict) -> Config:
 
 
 def _check_sglang_cluster(ctx: Ctx, cluster: ClusterConfig):
-    """`backend: sglang` runs aggregated workers of one rank, routed round
-    robin or to the least loaded (docs/sglang.md, "Workers")."""
+    """`backend: sglang` runs aggregated workers of one rank, routed by the
+    policies of servesim/sglang/cluster.py (docs/sglang.md, "Workers")."""
     if cluster.disaggregated:
         ctx.fail("cluster.mode", "disaggregated is not supported with engine.backend: sglang")
     if cluster.data_parallel_size != 1:
@@ -313,6 +313,9 @@ def _check_sglang_cluster(ctx: Ctx, cluster: ClusterConfig):
     if cluster.router.policy not in SGLANG_ROUTERS:
         ctx.fail("cluster.router", f"{cluster.router.policy} is not supported with "
                  f"engine.backend: sglang (accepted: {', '.join(SGLANG_ROUTERS)})")
+    if cluster.router.kv_event_lag_ms:
+        ctx.fail("cluster.router.kv_event_lag_ms", "must be 0 with engine.backend: sglang "
+                 "(the router sees each worker's radix tree as it is)")
 
 
 def _workload(ctx: Ctx, data, engine: EngineConfig) -> WorkloadConfig:

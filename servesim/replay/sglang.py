@@ -231,8 +231,14 @@ class SGLangReplay:
         if interval:
             telemetry = Telemetry(interval, [TelemetryWorker(worker, k)
                                              for k, worker in enumerate(workers)])
-        cluster = Cluster(workers, config.cluster.router.policy,
-                          None if telemetry is None else telemetry.advance)
+        router = config.cluster.router
+        choose = None
+        if router.policy == "kv_router":
+            from servesim.replay.sglang_router import SGLangKVRouter
+
+            choose = SGLangKVRouter(router, workers, reqs, w, cfg.page_size)
+        cluster = Cluster(workers, router.policy,
+                          None if telemetry is None else telemetry.advance, choose)
         if w.sessions is not None:
             _SessionLoop(cluster, w, reqs, workers).start()
         elif w.concurrency is None:

@@ -11,7 +11,7 @@ joins a worker's decision taken at t.
 import heapq
 import math
 
-ROUTERS = ("round_robin", "least_loaded", "session_affinity")
+ROUTERS = ("round_robin", "least_loaded", "session_affinity", "kv_router")
 
 
 class Cluster:
@@ -20,14 +20,16 @@ class Cluster:
     `least_loaded` (fewest requests on the worker, then fewest used KV
     tokens, then the lowest index) or `session_affinity` (a session's first
     request round robin, its later ones to the same worker; requests outside
-    sessions round robin). `on_advance(t)` is called before the
+    sessions round robin); another policy's choice is `choose(req)`
+    (`kv_router`: servesim/replay/sglang_router.py). `on_advance(t)` is called before the
     clock reaches each new instant (telemetry). `call_at(t, fn, arg)` runs
     `fn(arg)` at instant t, before the worker events of t (an arrival that
     depends on a finish: sessions); `on_rejected(req, t)` is told of each
     request rejected at arrival."""
 
-    def __init__(self, workers, policy: str, on_advance=None):
+    def __init__(self, workers, policy: str, on_advance=None, choose=None):
         self.workers = workers
+        self.choose = choose
         self.policy = policy
         self.on_advance = on_advance
         self.arrivals = []
@@ -44,6 +46,8 @@ class Cluster:
 
     def route(self, req) -> int:
         """The worker `req` goes to."""
+        if self.choose is not None:
+            return self.choose(req)
         if self.policy == "session_affinity" and req.session in self._session_worker:
             return self._session_worker[req.session]
         if self.policy != "least_loaded" or len(self.workers) == 1:

@@ -145,6 +145,26 @@ class RadixCache:
             node = child
         return matched, node
 
+    def cached_length(self, key) -> int:
+        """How many leading tokens of `key` (whole pages) the tree holds, as a
+        router sees it: no stamp, no split (`match_prefix` without its side
+        effects)."""
+        if self.disable:
+            return 0
+        key = np.asarray(key, dtype=np.int64)[:len(key) - len(key) % self.page_size]
+        node, matched = self.root, 0
+        while matched < len(key):
+            rest = key[matched:]
+            child = node.children.get(self._child_key(rest))
+            if child is None:
+                break
+            n = self._key_match(child.key, rest)
+            matched += n
+            if n < len(child.key):
+                break
+            node = child
+        return matched
+
     def match_prefix(self, key):
         """The longest cached prefix of `key` (cut to whole pages first) as
         `(length, last node)` (`match_prefix`)."""
