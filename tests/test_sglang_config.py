@@ -94,8 +94,6 @@ def test_bad_sglang_values_name_their_key(engine, key):
 
 
 @pytest.mark.parametrize("cluster, key", [
-    ({"workers": 2, "router": "least_prefill"}, "cluster.router"),
-    ({"workers": 2, "router": "weighted"}, "cluster.router"),
     ({"workers": 2, "router": {"policy": "kv_router", "kv_event_lag_ms": 100}},
      "cluster.router.kv_event_lag_ms"),
     ({"data_parallel_size": 2}, "cluster.data_parallel_size"),

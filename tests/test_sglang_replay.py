@@ -125,6 +125,43 @@ def test_a_search_grid_compares_the_two_backends(tmp_path):
     assert len(rows) == 2 and all(r["meets"] in ("True", "true", "1") for r in rows), rows
 
 
+def _routed(router):
+    """Two workers, 16-token pages, no overlap, 10 ms passes: r0 (ids 1, 2:
+    32 tokens, 1 output) at 0, done at 10 with its 32 prompt tokens in its
+    worker's tree; r1 (ids 1, 2, 3: 48 tokens) and r2 (id 9: 16 tokens) at 20."""
+    from servesim.config.config import config_from_dict
+    from tests.helpers import workload_of
+
+    config = config_from_dict({
+        "workload": {"synthetic": {"requests": 1}, "trace_block_size": 16},
+        "engine": {"backend": "sglang", "max_total_tokens": 1024, "page_size": 16,
+                   "disable_overlap_schedule": True,
+                   "timing": {"type": "linear", "base_ms": 10.0, "per_token_ms": 0.0}},
+        "cluster": {"workers": 2, "router": router}}, source="test")
+    return simulate(config, workload_of([0.0, 20.0, 20.0], [32, 48, 16], [1, 1, 1],
+                                        [[1, 2], [1, 2, 3], [9]])).records
+
+
+def test_least_prefill_weighs_cached_pages_against_queued_prefill():
+    """r0: both workers cost 32, the first wins (0). r1: 48 - 32 cached = 16
+    on worker 0, 48 on 1: worker 0. r2: on worker 0, 16 + the 48 tokens of r1
+    queued there (routed, not yet taken into its waiting queue) = 64, 16 on
+    worker 1: worker 1."""
+    rec = _routed("least_prefill")
+    assert rec.worker.tolist() == [0, 0, 1]
+    assert rec.cached_tokens.tolist() == [0, 32, 0]
+
+
+def test_weighted_scores_cached_pages_queue_and_usage():
+    """Weights 1, 1, 1. r0: both score 0 + 1 (all wait alike) + 1 (empty
+    pools): a seeded draw picks w. r1: 2/3 of its pages cached on w: 2.67
+    against 2. r2: w has r1 queued (queue score 0), the other none: 1 against 2."""
+    rec = _routed("weighted")
+    w = int(rec.worker[0])
+    assert rec.worker.tolist() == [w, w, 1 - w]
+    assert rec.cached_tokens.tolist() == [0, 32, 0]
+
+
 def test_kv_router_sees_each_workers_radix_tree_and_its_book():
     """Two workers, 16-token pages, 10 ms passes. r0 (ids 1, 2: 32 tokens, 1
     output) at 0: both logits (32/16 prefill + 2 blocks) tie, a seeded draw

@@ -285,6 +285,26 @@ def least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned):
 
 
 @njit
+def least_prefill_cost(num_prompt_tokens, hit, block_size, pending):
+    """`least_prefill`'s cost of a rank: the prompt tokens not in its `hit`
+    cached blocks plus the `pending` prefill tokens queued there."""
+    return num_prompt_tokens - hit * block_size + pending
+
+
+@njit
+def weighted_score(weights, cached, hit, num_full, waiting, lo, hi, usage):
+    """`weighted`'s score of a rank: `hit` of the prompt's `num_full` full
+    blocks cached (when `cached`: prefix caching on and a full block), its
+    `waiting` requests among the candidates' `lo`..`hi`, its KV `usage`."""
+    score = 0.0
+    if cached:
+        score += weights[KW_PREFIX] * hit / num_full
+    score += weights[KW_QUEUE] * (1.0 if hi == lo else (hi - waiting) / (hi - lo))
+    score += weights[KW_KV] * (1.0 - usage)
+    return score
+
+
+@njit
 def least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
              num_prompt_tokens, block_size):
     """`least_prefill`'s choice: the first rank of least cost, a rank's cost being
@@ -299,7 +319,7 @@ def least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
             continue
         s = sched_t[j]
         hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, max_blocks, scratch)
-        cost = num_prompt_tokens - hit * block_size + pending_prefill_tokens(s.S)
+        cost = least_prefill_cost(num_prompt_tokens, hit, block_size, pending_prefill_tokens(s.S))
         if best < 0 or cost < best_cost:
             best, best_cost = j, cost
     return best
@@ -329,13 +349,11 @@ def weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scra
         if pinned >= 0 and j % dp != pinned:
             continue
         s = sched_t[j]
-        score = 0.0
-        if num_full and enable_caching:
-            hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch)
-            score += weights[KW_PREFIX] * hit / num_full
+        cached = num_full > 0 and enable_caching
+        hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch) if cached else 0
         waiting = s.S[0].num_waiting + s.S[0].num_waiting_for_kv
-        score += weights[KW_QUEUE] * (1.0 if hi == lo else (hi - waiting) / (hi - lo))
-        score += weights[KW_KV] * (1.0 - bp.kv_usage(s.pscal, num_gpu_blocks))
+        score = weighted_score(weights, cached, hit, num_full, waiting, lo, hi,
+                               bp.kv_usage(s.pscal, num_gpu_blocks))
         if best < 0 or score > top:
             best, top, ties = j, score, 1
         elif score == top:

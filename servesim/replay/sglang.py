@@ -233,10 +233,10 @@ class SGLangReplay:
                                              for k, worker in enumerate(workers)])
         router = config.cluster.router
         choose = None
-        if router.policy == "kv_router":
-            from servesim.replay.sglang_router import SGLangKVRouter
+        if router.policy in ("kv_router", "least_prefill", "weighted"):
+            from servesim.replay.sglang_router import cache_aware_router
 
-            choose = SGLangKVRouter(router, workers, reqs, w, cfg.page_size)
+            choose = cache_aware_router(router, workers, reqs, w, cfg.page_size)
         cluster = Cluster(workers, router.policy,
                           None if telemetry is None else telemetry.advance, choose)
         if w.sessions is not None:

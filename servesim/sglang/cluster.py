@@ -11,7 +11,8 @@ joins a worker's decision taken at t.
 import heapq
 import math
 
-ROUTERS = ("round_robin", "least_loaded", "session_affinity", "kv_router")
+ROUTERS = ("round_robin", "least_loaded", "session_affinity", "kv_router", "least_prefill",
+           "weighted")
 
 
 class Cluster:
@@ -21,7 +22,7 @@ class Cluster:
     tokens, then the lowest index) or `session_affinity` (a session's first
     request round robin, its later ones to the same worker; requests outside
     sessions round robin); another policy's choice is `choose(req)`
-    (`kv_router`: servesim/replay/sglang_router.py). `on_advance(t)` is called before the
+    (`kv_router`, `least_prefill`, `weighted`: servesim/replay/sglang_router.py). `on_advance(t)` is called before the
     clock reaches each new instant (telemetry). `call_at(t, fn, arg)` runs
     `fn(arg)` at instant t, before the worker events of t (an arrival that
     depends on a finish: sessions); `on_rejected(req, t)` is told of each

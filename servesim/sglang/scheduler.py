@@ -393,6 +393,13 @@ class Scheduler:
         return self.pool.size - self.pool.free - self.tree.evictable_size()
 
     @property
+    def queued(self) -> list:
+        """The waiting queue and the requests routed here that have not
+        joined it yet (they join at the next iteration), as a router counts
+        a worker's waiting requests."""
+        return self.waiting + self.reqs[self._next_arrival:]
+
+    @property
     def load(self) -> int:
         """Requests routed to this worker that have not finished."""
         return len(self.reqs) - self.num_finished
