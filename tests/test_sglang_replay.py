@@ -171,23 +171,10 @@ def test_kv_router_sees_each_workers_radix_tree_and_its_book():
     at 20, just after: w's book holds r1's 16 uncached tokens and 3 pages,
     logit (16 + 16)/16 + 4 = 6 against 16/16 + 1 = 2: the other worker.
     Round robin sends r1 away from r0's cache."""
-    from servesim.config.config import config_from_dict
-    from tests.helpers import workload_of
-
-    def run(router):
-        config = config_from_dict({
-            "workload": {"synthetic": {"requests": 1}, "trace_block_size": 16},
-            "engine": {"backend": "sglang", "max_total_tokens": 1024, "page_size": 16,
-                       "disable_overlap_schedule": True,
-                       "timing": {"type": "linear", "base_ms": 10.0, "per_token_ms": 0.0}},
-            "cluster": {"workers": 2, "router": router}}, source="test")
-        return simulate(config, workload_of([0.0, 20.0, 20.0], [32, 48, 16], [1, 1, 1],
-                                            [[1, 2], [1, 2, 3], [9]])).records
-
-    rec = run("kv_router")
+    rec = _routed("kv_router")
     w = int(rec.worker[0])
     assert rec.worker.tolist() == [w, w, 1 - w]
     assert rec.cached_tokens.tolist() == [0, 32, 0]
-    assert run("kv_router").worker.tolist() == rec.worker.tolist()  # seeded: the same draw
-    rec = run("round_robin")
+    assert _routed("kv_router").worker.tolist() == rec.worker.tolist()  # seeded: the same draw
+    rec = _routed("round_robin")
     assert rec.worker.tolist() == [0, 1, 0] and rec.cached_tokens.tolist() == [0, 0, 0]
