@@ -22,7 +22,6 @@ from hypothesis import event, given, settings
 
 import numpy as np
 
-from servesim.engine.worker_state import W_COUNT, W_PASSES
 from servesim.kvcache.block_pool import IDENT, NONE
 from servesim.replay.driver import Replay
 from servesim.replay.api import simulate
@@ -143,10 +142,10 @@ def test_output_registration_covers_completed_tokens_and_adds_nothing_when_sync(
         # down by one with no launch (nothing is allocated there, so the
         # blocks it adds to the cache are the output call's registrations),
         # else a decision
-        ws = core.compiled.ws
+        ws = core.compiled.state
         before = cores.setdefault(core.index, {"count": 0, "launched": 0, "finished": set(),
                                                "cached": [0] * len(core.ranks)})
-        count, launched = int(ws[W_COUNT]), int(ws[W_PASSES])
+        count, launched = int(ws["num_in_flight"]), int(ws["num_passes"])
         cached = [num_cached(rank.pool) for rank in core.ranks]
         done = set(np.flatnonzero(R["status"] == RequestStatus.FINISHED).tolist())
         if count - before["count"] - (launched - before["launched"]) == -1:

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from servesim.engine import kv_handoff, worker
-from servesim.engine.worker_state import W_COUNT, W_ENDED
 from servesim.errors import InvariantError
 from servesim.kvcache import block_pool as bp
 from servesim.replay.driver import Replay
@@ -56,11 +55,11 @@ def corrupt_after_events(monkeypatch, corrupt):
 
 def corrupt_at_pass(monkeypatch, at, corrupt):
     """Run `corrupt(core)` when the outputs of rank 0's pass `at` have been
-    processed (`ws[W_ENDED]`), before the worker's next event."""
+    processed (`ws[0].ended_pass`), before the worker's next event."""
     seen = {}
 
     def at_pass(core):
-        ended = int(core.compiled.ws[W_ENDED])
+        ended = int(core.compiled.state["ended_pass"])
         if ended == at and seen.get(core.index) != at:
             corrupt(core)
         seen[core.index] = ended
@@ -198,7 +197,7 @@ def test_the_compiled_runs_of_passes_check_every_pass(checking, monkeypatch, eng
         s = self.workers[0].ranks[0].scheduler
         if i == 3:
             compiled = self.workers[0].compiled
-            assert compiled.ws[W_COUNT]  # a pass in flight: its end runs in the loop
+            assert compiled.state["num_in_flight"]  # a pass in flight: its end runs in the loop
             b = held_block(s)
             found["block"] = b
             s.pool.blocks[bp.REF, b] += 1

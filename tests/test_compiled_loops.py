@@ -21,7 +21,6 @@ from hypothesis import given, settings, strategies as st
 from servesim.engine import worker
 from servesim.engine.pass_log_buffer import PassLogBuffer
 from servesim.engine.pass_loop import run_passes
-from servesim.engine.worker_state import W_NFIN, W_NPULL
 from servesim.engine.core import EngineCore
 from servesim.replay.driver import Replay
 from servesim.replay.api import simulate
@@ -261,7 +260,7 @@ def test_the_loops_bundle_holds_the_workers_own_arrays():
 
     @njit
     def fields(w):  # (the proxy has no Python attributes: read them compiled)
-        return (w.R, w.usage, w.launch, w.num_gpu_blocks, w.outs, w.ws, w.wt, w.pulls)
+        return (w.R, w.usage, w.launch, w.num_gpu_blocks, w.outs, w.ws, w.queue, w.pulls)
 
     @njit
     def rank_fields(w, r):
@@ -277,12 +276,12 @@ def test_the_loops_bundle_holds_the_workers_own_arrays():
     compiled = replay.workers[0].compiled
     w, kv = compiled.arguments()
     s = compiled.schedulers
-    R, usage, launch, num_gpu_blocks, outs, ws, wt, pulls = fields(w)
+    R, usage, launch, num_gpu_blocks, outs, ws, queue, pulls = fields(w)
     assert kv is None
     assert np.shares_memory(R, s[0].table.R)
     assert np.shares_memory(usage, compiled.usage) and np.shares_memory(launch, compiled.launch)
     assert num_gpu_blocks == s[0].pool.num_gpu_blocks
-    for mine, its in ((outs, compiled.outs), (ws, compiled.ws), (wt, compiled.wt),
+    for mine, its in ((outs, compiled.outs), (ws, compiled.ws), (queue, compiled.queue),
                       (pulls, compiled.pulls)):
         assert np.shares_memory(mine, its)
     for r, rank in enumerate(s):
@@ -517,7 +516,7 @@ def test_a_disaggregated_open_loop_stays_in_the_loop_over_workers():
 
     def spy(core, state):
         c = core.compiled
-        reported.append((core.pool, int(c.ws[W_NFIN]), int(c.ws[W_NPULL])))
+        reported.append((core.pool, int(c.state["num_finished"]), int(c.state["num_pulls"])))
         return report(core, state)
 
     def arrival_spy(replay, i):

@@ -17,12 +17,12 @@ routed. With a pass log, the passes of several workers go into it in event
 order, so a worker then also stops at the next of the others' events.
 
 A request that finishes is marked finished in `status` and counted
-(`cs[P_DONE]`), and one rejected at arrival (it can never fit) marked
+(`cs[0].num_done`), and one rejected at arrival (it can never fit) marked
 rejected, without leaving the loop: an open loop releases nothing at a
 finish. The loop returns to Python (`AggregatedLoop`) when a worker's loop
 returns for something the core reports (requests taken out, a full pass
-log, room for a CPU tier's jobs: `cs[P_FROM]` names the worker, and the next
-call carries on with it, `cs[P_CONT]`), every ARRIVALS_PER_CALL arrivals
+log, room for a CPU tier's jobs: `cs[0].from_worker` names the worker, and the next
+call carries on with it, `cs[0].carry_on`), every ARRIVALS_PER_CALL arrivals
 (progress, Ctrl-C), at the `h_*` horizon (the next event outside the
 workers: a telemetry tick) — HORIZON — and when nothing is left: IDLE.
 """
@@ -32,17 +32,15 @@ import numpy as np
 from servesim.engine.pass_log_buffer import log_arguments
 from servesim.engine.pass_loop import run_passes
 from servesim.engine.worker import ARRIVALS_PER_CALL, padded
-from servesim.engine.worker_state import (HORIZON, IDLE, T_NEXT, W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN,
-                                          W_SEQ)
-from servesim.engine.worker_loop import (ARRIVE, NUM_LOOP, P_AEND, P_ALIMIT, P_ANEXT, P_ASEQ,
-                                         P_CONT, P_DONE, P_FORCE, P_FROM, P_LAST, P_SEQ, ROUTED,
-                                         arrival_due, arrive, next_key, next_worker, offer_key,
-                                         pool_arrays, run_reporting, worker_horizon)
+from servesim.engine.worker_state import HORIZON, IDLE
+from servesim.engine.worker_loop import (ARRIVE, ROUTED, arrival_due, arrive, new_loop_state,
+                                         next_key, next_worker, offer_key, pool_arrays,
+                                         run_reporting, worker_horizon)
 from servesim.engine import routing
 from servesim.jit import Entry, njit, plain_python
 
-# cs: the int64 state of the cluster's loop, that of any loop over workers
-# (engine/worker_loop.py P_SEQ ... P_DONE)
+# cs: the state of the cluster's loop, that of any loop over workers
+# (engine/worker_loop.py `LOOP_DTYPE`)
 
 # the workers' tuples are this long at least: one compile of the loop for every
 # deployment of up to 8 workers (a tuple's length is part of its type)
@@ -50,12 +48,12 @@ WORKERS_PADDED = 8
 
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
-def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
+def run_cluster(group, ws_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
                 never_fits, worker_of, rank_of, status, finished_code, rejected_code,
                 h_time, h_order, h_seq, log_on, log):
     """Run the workers' events and the arrivals up to the horizon (module
     docstring). Worker k is `group[k]` (its `run_passes` arguments but the
-    horizon and the pass log), `ws_t[k]`, `wt_t[k]` its state arrays, its
+    horizon and the pass log), `ws_t[k]` its state record, its
     next event's key `(keys_t[k], keys_o[k], keys_s[k])` (`inf` time: none
     pending); `pool` is its ranks' routing arrays (fast_workers
     `pool_arrays`: ranks numbered `worker * dp + rank`). Request i arrives
@@ -69,7 +67,7 @@ def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms,
             state = arrival_due(keys_t, keys_o, keys_s, cs, arrival_ms, h_time, h_order, h_seq)
             if state != ARRIVE:
                 return state
-            arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
+            arrive(group, ws_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
                    never_fits, worker_of, rank_of, status, rejected_code)
             continue
         # a worker runs up to the next arrival (and the outside horizon); the
@@ -77,20 +75,20 @@ def run_cluster(group, ws_t, wt_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms,
         t, order, seq = worker_horizon(keys_t, keys_o, keys_s, k, cs, arrival_ms, h_time,
                                        h_order, h_seq, log_on)
         ws = ws_t[k]
-        ws[W_SEQ] = cs[P_SEQ]
+        ws[0].seq = cs[0].seq
         state = run_passes(*(group[k] + (t, order, seq, log_on, log, None)))  # (never checking)
-        cs[P_SEQ] = ws[W_SEQ]
-        cs[P_LAST] = k
+        cs[0].seq = ws[0].seq
+        cs[0].last_worker = k
         finished = group[k][0].finished
-        for e in range(ws[W_NFIN]):
+        for e in range(ws[0].num_finished):
             status[finished[e]] = finished_code
-        cs[P_DONE] += ws[W_NFIN]
-        ws[W_NFIN] = 0
+        cs[0].num_done += ws[0].num_finished
+        ws[0].num_finished = 0
         if state == HORIZON:
-            offer_key(keys_t, keys_o, keys_s, k, wt_t[k][T_NEXT], ws[W_NEXT_ORDER],
-                      ws[W_NEXT_SEQ])
+            offer_key(keys_t, keys_o, keys_s, k, ws_t[k][0].next_ms, ws[0].next_order,
+                      ws[0].next_seq)
         elif state != IDLE:
-            cs[P_FROM] = k
+            cs[0].from_worker = k
             return state
 
 
@@ -120,11 +118,9 @@ class AggregatedLoop:
         self.keys_t = np.full(n, np.inf)
         self.keys_o = np.zeros(n, dtype=np.int64)
         self.keys_s = np.zeros(n, dtype=np.int64)
-        self.cs = np.zeros(NUM_LOOP, dtype=np.int64)
-        self.cs[P_CONT] = -1
+        self.cs = new_loop_state()
         self.never_fits = np.zeros(len(arrival_ms), dtype=bool)  # (one pool: its own check)
         self.ws_t = padded([core.compiled.ws for core in cores], WORKERS_PADDED)
-        self.wt_t = padded([core.compiled.wt for core in cores], WORKERS_PADDED)
         self._group = None
         self._args = None
         self._entry = Entry(run_cluster)
@@ -148,16 +144,16 @@ class AggregatedLoop:
             return True
         return len({typeof(core.compiled.arguments()) for core in cores}) == 1
 
-    arrivals = property(lambda self: int(self.cs[P_ANEXT]))  # routed (or rejected) so far
-    done = property(lambda self: int(self.cs[P_DONE]))  # finished or rejected so far
+    arrivals = property(lambda self: int(self.cs[0]["arrival_next"]))  # routed (or rejected) so far
+    done = property(lambda self: int(self.cs[0]["num_done"]))  # finished or rejected so far
 
     def take_arrivals(self, seq):
         """Requests 0 to `len(arrival_ms)` - 1 arrive, in that order, request
         i at `arrival_ms[i]`; the first one's event has sequence `seq`."""
-        cs = self.cs
-        cs[P_ANEXT] = 0
-        cs[P_AEND] = len(self.arrival_ms)
-        cs[P_ASEQ] = seq
+        st = self.cs[0]
+        st["arrival_next"] = 0
+        st["arrival_end"] = len(self.arrival_ms)
+        st["arrival_seq"] = seq
         self._push_next()
 
     def push(self, slot, t, order, seq):
@@ -193,22 +189,23 @@ class AggregatedLoop:
             return  # replaced by another
         self._running = True
         cs = self.cs
-        cs[P_FORCE] = 1
+        st = cs[0]
+        st["force"] = 1
 
         def call():
-            cs[P_ALIMIT] = min(cs[P_AEND], cs[P_ANEXT] + ARRIVALS_PER_CALL)
+            st["arrival_limit"] = min(st["arrival_end"], st["arrival_next"] + ARRIVALS_PER_CALL)
             h = self.observer.horizon_key()
-            return self._entry(self._arguments(), self.ws_t, self.wt_t, self.keys_t,
+            return self._entry(self._arguments(), self.ws_t, self.keys_t,
                                self.keys_o, self.keys_s, cs, self.pool, self.arrival_ms,
                                self.pinned, self.never_fits, self.worker_of, self.rank_of,
                                self.status, *self.codes, float(h[0]), int(h[1]),
                                int(h[2]), *log_arguments(self.pass_log))
 
-        state = run_reporting(self.loop, self.cores, cs, P_SEQ, P_FROM, P_CONT, call)
+        state = run_reporting(self.loop, self.cores, cs, call)
         self._running = False
         routed = self.pool[ROUTED]
         for j, rank in enumerate(self.ranks.ranks):
             rank.num_requests = int(routed[j])
         if state == HORIZON:
             self._push_next()
-        self.observer.on_progress(self.cores[int(cs[P_LAST])])
+        self.observer.on_progress(self.cores[int(cs[0]["last_worker"])])

@@ -124,14 +124,14 @@ class EngineCore:
         self.runner = None
         self.slot = -1
 
-    busy_ms = property(lambda self: float(self.compiled.wt[worker_state.T_BUSY]))
-    num_passes = property(lambda self: int(self.compiled.ws[worker_state.W_PASSES]))
+    busy_ms = property(lambda self: float(self.compiled.state["busy_ms"]))
+    num_passes = property(lambda self: int(self.compiled.state["num_passes"]))
 
     @property
     def clock_ms(self) -> float:
         """The instant of the compiled loop's last event (0 before any): the
         event loop's clock follows only the events put on it."""
-        return float(self.compiled.wt[worker_state.T_NOW])
+        return float(self.compiled.state["now_ms"])
 
     def attach_transfers(self, rank, transfers):
         """Disaggregated mode: `transfers` (engine/kv_handoff.py) is `rank`'s side
@@ -149,8 +149,8 @@ class EngineCore:
         if c.idle:
             loop = self.loop
             if c.transfer_pending(loop.seq):
-                loop.seq = int(c.ws[worker_state.W_SEQ])
-                self._push_resume(float(c.wt[worker_state.T_XWAKE]), DECIDE, loop.seq)
+                loop.seq = int(c.state["seq"])
+                self._push_resume(float(c.state["wake_ms"]), DECIDE, loop.seq)
 
     # -- arrivals ------------------------------------------------------------
 
@@ -161,12 +161,11 @@ class EngineCore:
         scheduler = self.ranks[rank].scheduler
         c = self.compiled
         loop = self.loop
-        c.ws[worker_state.W_SEQ] = loop.seq
-        if not add_request(scheduler.arrays, c.ws, c.wt, request, num_prompt_tokens,
-                                    loop.now):
+        c.state["seq"] = loop.seq
+        if not add_request(scheduler.arrays, c.ws, request, num_prompt_tokens, loop.now):
             return False
-        if c.ws[worker_state.W_SEQ] != loop.seq:  # it woke the engine: a decision at this instant
-            loop.seq = int(c.ws[worker_state.W_SEQ])
+        if c.state["seq"] != loop.seq:  # it woke the engine: a decision at this instant
+            loop.seq = int(c.state["seq"])
             self._push_resume(loop.now, wake_order(loop.order), loop.seq)
         return True
 
@@ -204,7 +203,7 @@ class EngineCore:
             return  # replaced by an earlier event
         self._resume_key = None
         c = self.compiled
-        c.ws[worker_state.W_FORCE] = 1
+        c.state["force"] = 1
         while self.report(c.run(self.observer.horizon_key(), self.loop.seq, self.pass_log)):
             pass
         self.observer.on_progress(self)
@@ -219,27 +218,27 @@ class EngineCore:
         c = self.compiled
         loop = self.loop
         observer = self.observer
-        loop.seq = int(c.ws[worker_state.W_SEQ])
+        loop.seq = int(c.state["seq"])
         if state == LoopState.FINISHED or state == LoopState.TAKEN_OUT:
             # what the requests leaving release starts at the event run last
-            loop.now = float(c.wt[worker_state.T_NOW])
-        n = c.ws[worker_state.W_NFIN]
+            loop.now = float(c.state["now_ms"])
+        n = c.state["num_finished"]
         if n:
             for i in c.finished[:n].tolist():
                 observer.on_done(i, finished=True)
         if state == LoopState.HORIZON:
-            self._push_resume(float(c.wt[worker_state.T_NEXT]), int(c.ws[worker_state.W_NEXT_ORDER]),
-                              int(c.ws[worker_state.W_NEXT_SEQ]))
+            self._push_resume(float(c.state["next_ms"]), int(c.state["next_order"]),
+                              int(c.state["next_seq"]))
             return False
         if state == LoopState.IDLE:
             return False
         if state == LoopState.TAKEN_OUT:
-            n = c.ws[worker_state.W_NPULL]
+            n = c.state["num_pulls"]
             if n:  # a decode decision's transfers: their prefill ranks wait for them
                 transfers = self.ranks[0].transfers.transfers
                 for i in c.pulls[:n].tolist():
                     transfers.senders[transfers.link_of[i]].scheduled(i)
-            for i in c.taken[:c.ws[worker_state.W_NOUT]].tolist():
+            for i in c.taken[:c.state["num_taken_out"]].tolist():
                 observer.on_done(i, finished=False)
         elif state == LoopState.LOG_FULL:
             self.pass_log.grow(len(self.ranks), c.width)

@@ -15,9 +15,9 @@ tick), then the next worker's, and so on, without going back to Python; so the
 workers' events run, and draw their sequence numbers, in the order the event
 loop would run them one by one, and the outputs are the same.
 
-It hands back to the engine core of worker `ps[P_FROM]` what that worker's
+It hands back to the engine core of worker `ps[0].from_worker` what that worker's
 loop returns for (finishes, take-outs, a full pass log, room): the core
-reports it, and the next call first continues that worker (`ps[P_CONT]`), as
+reports it, and the next call first continues that worker (`ps[0].carry_on`), as
 a core calls its own loop again. What the replay and the cores would do at
 the workers' commonest events it does itself, the same way, and the worker
 carries on:
@@ -35,16 +35,16 @@ carries on:
 On the whole Mooncake trace with 2 prefill + 2 decode workers that leaves 3
 returns to Python, against 32,722 when the replay took each arrival, handoff,
 pull and finish. It returns HORIZON when neither the first key nor the next
-arrival is below the horizon (`ps[P_FROM]` -1: the workers' event then goes
+arrival is below the horizon (`ps[0].from_worker` -1: the workers' event then goes
 on the event loop at the first of them), every ARRIVALS_PER_CALL arrivals
 (progress, Ctrl-C), and IDLE when nothing is pending. The first event run in
-a call may be at any key (`ps[P_FORCE]`: the workers' event was just popped
-off the event loop), as a core's run may (`ws[W_FORCE]`).
+a call may be at any key (`ps[0].force`: the workers' event was just popped
+off the event loop), as a core's run may (`ws[0].force`).
 
 Numba compiles `run_workers` once per type of its arguments, and a tuple's
 length is part of its type: a pool's group of workers, and the state arrays,
 are handed over padded to a power of two (engine/worker.py `padded`; the padding is
-never read, the loop reads how many workers there are from `ps[P_NUM_A]` and
+never read, the loop reads how many workers there are from `ps[0].num_prefill` and
 `keys_t`). A deployment of 1 or 2 workers per pool compiles
 one loop, not four (each ~12 s on a cold cache), 3 or 4 the next.
 
@@ -61,24 +61,21 @@ from servesim.engine.kv_transfers import _next_land
 from servesim.engine.pass_log_buffer import log_arguments
 from servesim.engine.pass_loop import _wake_at, run_passes
 from servesim.engine.worker import ARRIVALS_PER_CALL, padded
-from servesim.engine.worker_state import (DEC_NONE, FINISHED, HORIZON, IDLE, TAKEN_OUT, T_NEXT,
-                                          T_NOW, T_XWAKE, W_COUNT, W_DECIDE, W_NEXT_ORDER,
-                                          W_NEXT_SEQ, W_NFIN, W_NOUT, W_NPULL, W_NXW, W_SEQ)
+from servesim.engine.worker_state import DEC_NONE, FINISHED, HORIZON, IDLE, TAKEN_OUT
 from servesim.engine.events import DECIDE
 from servesim.engine.kv_handoff import hand_off, wait_on
 from servesim.jit import Entry, njit, plain_python
 
-from servesim.engine.worker_loop import (ARRIVE, NUM_PS, POOL_DP, P_AEND, P_ALIMIT, P_ANEXT, P_ASEQ,
-                                         P_CONT, P_DONE, P_FINISH, P_FORCE, P_FROM, P_LAST, P_NUM_A,
-                                         P_SEQ, ROUTED, R_ARRIVAL_MS, R_FINISHED, R_HANDED,
-                                         R_NEVER_FITS, R_PINNED, R_PREFILL_RANK, R_PREFILL_WORKER,
-                                         R_RANK, R_REJECTED, R_STATUS, R_WORKER, _queue, _route,
-                                         arrival_due, arrive, next_key, next_worker, offer_key,
-                                         run_reporting, worker_horizon)
+from servesim.engine.worker_loop import (ARRIVE, POOL_DP, ROUTED, R_ARRIVAL_MS, R_FINISHED,
+                                         R_HANDED, R_NEVER_FITS, R_PINNED, R_PREFILL_RANK,
+                                         R_PREFILL_WORKER, R_RANK, R_REJECTED, R_STATUS, R_WORKER,
+                                         _queue, _route, arrival_due, arrive, new_loop_state,
+                                         next_key, next_worker, offer_key, run_reporting,
+                                         worker_horizon)
 
 
 @njit
-def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
+def _tell_senders(group_a, ws_t, keys_t, keys_o, keys_s, ps, w, n_a):
     """A decode decision's pulls (`w`: the decode worker's arrays), each
     told to its prefill rank's sender (`HandoffSender.scheduled`: the rank
     waits on it), an idle prefill worker woken when its next transfer lands
@@ -86,28 +83,28 @@ def _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a):
     worker's core does. False, with nothing done, when a prefill worker's
     transfer wakes might not hold them and one more (the cores grow them)."""
     for pw in range(n_a):
-        if ws_t[pw][W_NXW] + w.ws[W_NPULL] + 1 >= len(group_a[pw][0].xw_t):
+        if ws_t[pw][0].num_wakes + w.ws[0].num_pulls + 1 >= len(group_a[pw][0].xw_t):
             return False
     dp = group_a[0][0].feats.shape[1]  # links: the prefill ranks, worker by worker
-    for e in range(w.ws[W_NPULL]):
+    for e in range(w.ws[0].num_pulls):
         i = w.pulls[e]
         pw = w.link_of[i] // dp
         pr = w.link_of[i] % dp
         a = group_a[pw][0]
         wait_on(a.side_pending_t[pr], a.side_state_t[pr], i)
         ws = ws_t[pw]
-        if ws[W_COUNT] == 0 and ws[W_DECIDE] == DEC_NONE:
-            ws[W_SEQ] = ps[P_SEQ]
+        if ws[0].num_in_flight == 0 and ws[0].decision == DEC_NONE:
+            ws[0].seq = ps[0].seq
             if _wake_at(_next_land(a.side_pending_t, a.side_state_t, a.XF, dp), a.sched_t, dp, ws,
-                        wt_t[pw], a.xw_t, a.xw_s):
-                ps[P_SEQ] = ws[W_SEQ]
-                offer_key(keys_t, keys_o, keys_s, pw, wt_t[pw][T_XWAKE], DECIDE, ps[P_SEQ])
-    w.ws[W_NPULL] = 0
+                        a.xw_t, a.xw_s):
+                ps[0].seq = ws[0].seq
+                offer_key(keys_t, keys_o, keys_s, pw, ws_t[pw][0].wake_ms, DECIDE, ps[0].seq)
+    w.ws[0].num_pulls = 0
     return True
 
 
 @njit
-def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp):
+def _hand_off(group_a, group_b, ws_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp):
     """Prefill worker k's finishes (`DisaggregatedReplay.on_prefill_done`),
     in order: a request that asked for more than its first token is routed
     to a decode rank and handed off there (kv_handoff `hand_off`, queued);
@@ -115,14 +112,14 @@ def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_
     a = group_a[k][0]
     P = a.R
     D = group_b[0][0].R
-    now = wt_t[k][T_NOW]
+    now = ws_t[k][0].now_ms
     dp_a = a.feats.shape[1]  # links: the prefill ranks, worker by worker
     dp = pool_b[POOL_DP]
-    for e in range(ws_t[k][W_NFIN]):
+    for e in range(ws_t[k][0].num_finished):
         i = a.finished[e]
         if not P[i].do_remote_decode:
             rp[R_STATUS][i] = rp[R_FINISHED]
-            ps[P_DONE] += 1
+            ps[0].num_done += 1
             continue
         prompt = P[i].num_prompt_tokens
         j = _route(pool_b, D, i, prompt + 1, rp[R_PINNED][i], now)
@@ -131,26 +128,26 @@ def _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_
         hand_off(P, D, i, now)
         a.link_of[i] = rp[R_PREFILL_WORKER][i] * dp_a + rp[R_PREFILL_RANK][i]
         rp[R_HANDED][i] = True
-        _queue(pool_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, ps[P_NUM_A] + j // dp, j, D, i,
+        _queue(pool_b, ws_t, keys_t, keys_o, keys_s, ps, ps[0].num_prefill + j // dp, j, D, i,
                prompt + 1, now)
-    ws_t[k][W_NFIN] = 0
+    ws_t[k][0].num_finished = 0
 
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
-def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, pool_b, rp,
+def run_workers(group_a, group_b, ws_t, keys_t, keys_o, keys_s, ps, pool_a, pool_b, rp,
                 h_time, h_order, h_seq, log_on, log, checking):
     """Run the workers' events up to the horizon (module docstring). Worker k
     is `group_a[k]` (a prefill worker's `run_passes` arguments but the
-    horizon, the pass log and `checking`, the debug mode: None or True) for k below `ps[P_NUM_A]`, else
-    `group_b[k - ps[P_NUM_A]]`; `ws_t[k]`, `wt_t[k]` are its state arrays
+    horizon, the pass log and `checking`, the debug mode: None or True) for
+    k below `ps[0].num_prefill`, else `group_b[k - ps[0].num_prefill]`; `ws_t[k]` is its state record
     (each tuple `padded`: its entries past the workers are never read).
     A decode decision's pulls are taken here as its core would take them
-    (`_tell_senders`), and the worker carries on. With `ps[P_FINISH]` (an
+    (`_tell_senders`), and the worker carries on. With `ps[0].open_loop` (an
     open loop) so are the arrivals (`arrive`, the pools' routing arrays
     `pool_a`, `pool_b`, the replay's arrays `rp`), a prefill worker's
     finishes (`_hand_off`) and a decode worker's (`rp[R_STATUS][i]` set
-    finished); `ps[P_DONE]` counts the requests finished or rejected."""
-    n_a = ps[P_NUM_A]
+    finished); `ps[0].num_done` counts the requests finished or rejected."""
+    n_a = ps[0].num_prefill
     arrival_ms = rp[R_ARRIVAL_MS]
     while True:
         k = next_worker(keys_t, keys_o, keys_s, ws_t, ps, arrival_ms, h_time, h_order, h_seq)
@@ -158,7 +155,7 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a
             state = arrival_due(keys_t, keys_o, keys_s, ps, arrival_ms, h_time, h_order, h_seq)
             if state != ARRIVE:
                 return state
-            arrive(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a, arrival_ms,
+            arrive(group_a, ws_t, keys_t, keys_o, keys_s, ps, pool_a, arrival_ms,
                    rp[R_PINNED], rp[R_NEVER_FITS], rp[R_PREFILL_WORKER], rp[R_PREFILL_RANK],
                    rp[R_STATUS], rp[R_REJECTED])
             continue
@@ -167,37 +164,37 @@ def run_workers(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, pool_a
         t, order, seq = worker_horizon(keys_t, keys_o, keys_s, k, ps, arrival_ms, h_time,
                                        h_order, h_seq, True)
         ws = ws_t[k]
-        ws[W_SEQ] = ps[P_SEQ]
+        ws[0].seq = ps[0].seq
         tail = (t, order, seq, log_on, log, checking)
         if k < n_a:
             state = run_passes(*(group_a[k] + tail))
         else:
             state = run_passes(*(group_b[k - n_a] + tail))
-        ps[P_SEQ] = ws[W_SEQ]
-        ps[P_LAST] = k
-        if state == FINISHED and ps[P_FINISH] and ws[W_NOUT] == 0:
+        ps[0].seq = ws[0].seq
+        ps[0].last_worker = k
+        if state == FINISHED and ps[0].open_loop and ws[0].num_taken_out == 0:
             if k < n_a:
-                _hand_off(group_a, group_b, ws_t, wt_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp)
+                _hand_off(group_a, group_b, ws_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp)
             else:
                 finished = group_b[k - n_a][0].finished
-                for e in range(ws[W_NFIN]):
+                for e in range(ws[0].num_finished):
                     rp[R_STATUS][finished[e]] = rp[R_FINISHED]
-                ps[P_DONE] += ws[W_NFIN]
-                ws[W_NFIN] = 0
-            ps[P_CONT] = k
+                ps[0].num_done += ws[0].num_finished
+                ws[0].num_finished = 0
+            ps[0].carry_on = k
             continue
-        if k >= n_a and ws[W_NOUT] == 0:
+        if k >= n_a and ws[0].num_taken_out == 0:
             w = group_b[k - n_a][0]
-            if (state == TAKEN_OUT and ws[W_NFIN] == 0
-                    and _tell_senders(group_a, ws_t, wt_t, keys_t, keys_o, keys_s, ps, w, n_a)):
-                ps[P_CONT] = k
+            if (state == TAKEN_OUT and ws[0].num_finished == 0
+                    and _tell_senders(group_a, ws_t, keys_t, keys_o, keys_s, ps, w, n_a)):
+                ps[0].carry_on = k
                 continue
         if state == HORIZON:
             # its next event, unless one pushed meanwhile comes first
-            offer_key(keys_t, keys_o, keys_s, k, wt_t[k][T_NEXT], ws[W_NEXT_ORDER],
-                      ws[W_NEXT_SEQ])
-        if ws[W_NFIN] or (state != HORIZON and state != IDLE):
-            ps[P_FROM] = k
+            offer_key(keys_t, keys_o, keys_s, k, ws_t[k][0].next_ms, ws[0].next_order,
+                      ws[0].next_seq)
+        if ws[0].num_finished or (state != HORIZON and state != IDLE):
+            ps[0].from_worker = k
             return state
 
 
@@ -218,9 +215,8 @@ class DisaggregatedLoop:
         self.keys_t = np.full(n, np.inf)
         self.keys_o = np.zeros(n, dtype=np.int64)
         self.keys_s = np.zeros(n, dtype=np.int64)
-        self.ps = np.zeros(NUM_PS, dtype=np.int64)
-        self.ps[P_CONT] = -1
-        self.ps[P_NUM_A] = num_prefill
+        self.ps = new_loop_state()
+        self.ps[0]["num_prefill"] = num_prefill
         # as long as the two groups padded: 4 for 1-2 workers per pool
         self._num_slots = (len(padded(cores[:num_prefill]))
                            + len(padded(cores[num_prefill:])))
@@ -257,15 +253,15 @@ class DisaggregatedLoop:
         routed, handed off and finished inside the loop (`run_workers`);
         `arrivals` counts those that arrived, `done` those finished or
         rejected."""
-        ps = self.ps
-        ps[P_FINISH] = 1
-        ps[P_ANEXT] = 0
-        ps[P_AEND] = len(self._pools[2][R_ARRIVAL_MS])
-        ps[P_ASEQ] = seq
+        st = self.ps[0]
+        st["open_loop"] = 1
+        st["arrival_next"] = 0
+        st["arrival_end"] = len(self._pools[2][R_ARRIVAL_MS])
+        st["arrival_seq"] = seq
         self._push_next()
 
-    arrivals = property(lambda self: int(self.ps[P_ANEXT]))
-    done = property(lambda self: int(self.ps[P_DONE]))
+    arrivals = property(lambda self: int(self.ps[0]["arrival_next"]))
+    done = property(lambda self: int(self.ps[0]["num_done"]))
     routed = property(lambda self: (self._pools[0][ROUTED], self._pools[1][ROUTED]))
 
     def push(self, slot, t, order, seq):
@@ -301,9 +297,7 @@ class DisaggregatedLoop:
         if self._groups is None or any(a is not b for a, b in zip(args, self._args)):
             self._args = args
             p = self.num_prefill
-            self._groups = (padded(args[:p]), padded(args[p:]), self.ws_t,
-                            padded([core.compiled.wt for core in self.cores],
-                                   self._num_slots))
+            self._groups = (padded(args[:p]), padded(args[p:]), self.ws_t)
         return self._groups
 
     def _resume(self, token):
@@ -314,19 +308,20 @@ class DisaggregatedLoop:
         self._key = None
         self._running = True
         ps = self.ps
-        ps[P_FORCE] = 1
+        st = ps[0]
+        st["force"] = 1
 
         checking = True if self.cores[0].ranks[0].scheduler.cfg[0]["invariant_check"] else None
 
         def call():
-            ps[P_ALIMIT] = min(ps[P_AEND], ps[P_ANEXT] + ARRIVALS_PER_CALL)
+            st["arrival_limit"] = min(st["arrival_end"], st["arrival_next"] + ARRIVALS_PER_CALL)
             h = self.observer.horizon_key()
             return self._entry(*self._arguments(), self.keys_t, self.keys_o, self.keys_s, ps,
                                *self._pools, float(h[0]), int(h[1]), int(h[2]),
                                *log_arguments(self.pass_log), checking)
 
-        state = run_reporting(self.loop, self.cores, ps, P_SEQ, P_FROM, P_CONT, call)
+        state = run_reporting(self.loop, self.cores, ps, call)
         self._running = False
         if state == HORIZON:
             self._push_next()
-        self.observer.on_progress(self.cores[int(ps[P_LAST])])
+        self.observer.on_progress(self.cores[int(st["last_worker"])])

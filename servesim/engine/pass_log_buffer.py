@@ -13,8 +13,6 @@ from servesim.jit import njit
 from servesim.scheduler import output
 from servesim.engine.worker_state import new_pass_log_arrays
 
-from servesim.engine.worker_state import (P_DECIDED, P_END, P_LAUNCH_END, P_START, W_POOL,
-                                               W_WORKER)
 
 
 # pass log buffer: head columns, time columns, scheduled-entry columns
@@ -37,21 +35,21 @@ def _log_room(log, ranks, width):
 
 
 @njit
-def _log_pass(log, ws, ptime, slot, r, index, out, feats, finished, n_fin):
+def _log_pass(log, ws, queue, slot, r, index, out, feats, finished, n_fin):
     """One line of `passes.jsonl`: rank r's part of the pass in `slot`,
     into the pass log buffer `log` (a `PassLogArrays`)."""
     lhead, ltime, lsched = log.head, log.time, log.sched
     lpre, lfin, lcount = log.pre, log.fin, log.count
     row = lcount[N_ROWS]
     lhead[row, L_PASS] = index
-    lhead[row, L_POOL] = ws[W_POOL]
-    lhead[row, L_WORKER] = ws[W_WORKER]
+    lhead[row, L_POOL] = ws[0].pool
+    lhead[row, L_WORKER] = ws[0].worker
     lhead[row, L_RANK] = r
     lhead[row, L_FREE] = feats[output.FREE_BLOCKS]
-    ltime[row, 0] = ptime[slot, P_START]
-    ltime[row, 1] = ptime[slot, P_END]
-    ltime[row, 2] = ptime[slot, P_DECIDED]
-    ltime[row, 3] = ptime[slot, P_LAUNCH_END]
+    ltime[row, 0] = queue[slot].start_ms
+    ltime[row, 1] = queue[slot].end_ms
+    ltime[row, 2] = queue[slot].decided_ms
+    ltime[row, 3] = queue[slot].launch_end_ms
     k = lcount[N_SCHED_E]
     for e in range(feats[output.N_SCHED]):
         lsched[k, E_REQ] = out[output.O_REQ, e]

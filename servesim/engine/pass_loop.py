@@ -22,19 +22,19 @@ loop's counter as it goes:
 - the next of the arrivals it takes (order ARRIVAL), scheduled when the one
   before it arrived (`_arrive`: queued, or rejected if it can never fit, and
   an idle engine woken, `add_request`); it returns HORIZON at the arrival
-  `ws[W_ALIMIT]`, so the event loop gets a turn every ARRIVALS_PER_CALL;
+  `ws[0].arrival_limit`, so the event loop gets a turn every ARRIVALS_PER_CALL;
 - under async scheduling, the decision due at `max(launch_end(k), end(k-1))`
   (order PASS_END), scheduled at pass k's launch just before its end;
 - the wake of an idle engine with requests (order DECIDE: after arrivals at
   that instant);
 - the transfer wakes (order DECIDE, `xw_t`/`xw_s`): an idle engine whose
   requests wait on a transfer decides again when the next one completes; a
-  wake already pending no later (`wt[T_XWAKE]`) stands, and a wake that
+  wake already pending no later (`ws[0].wake_ms`) stands, and a wake that
   finds the engine busy or a decision due does nothing.
 
 It runs them in key order while their key is below the `horizon` key (the next
 outside event); the first event of a call may be one the event loop just
-popped (`ws[W_FORCE]`). Rules at each event:
+popped (`ws[0].force`). Rules at each event:
 
 - a pass end: every rank's `update_from_output`, tokens released at
   `max(end(k), launch_end(k+1))` (or `end(k)` with no pass k+1 decided, §8),
@@ -62,13 +62,13 @@ pass: the core grows it and calls again).
 
 States handed back:
 - IDLE: no event pending (nothing in flight, no decision or wake due);
-- HORIZON: the next event's key is not below the horizon (`wt[T_NEXT]`,
-  `ws[W_NEXT_ORDER]`, `ws[W_NEXT_SEQ]`): the core schedules it on the event loop;
+- HORIZON: the next event's key is not below the horizon (`ws[0].next_ms`,
+  `ws[0].next_order`, `ws[0].next_seq`): the core schedules it on the event loop;
 - FINISHED: requests finished in a pass under `stop_on_finish` (closed loop,
   sessions, disaggregated pools): the core reports them, then calls again
   (ENDED phase: the wake after them);
 - TAKEN_OUT: a decision took requests out (unfinishable or livelocked), or a
-  decode decision submitted transfers (`pulls[:ws[W_NPULL]]`): the core
+  decode decision submitted transfers (`pulls[:ws[0].num_pulls]`): the core
   reports them, then calls again to settle the decision (SETTLE phase);
 - LOG_FULL: the pass log buffer may not hold the next pass;
 - ROOM: a CPU tier's job arrays or the transfer wakes may not hold the next
@@ -99,16 +99,10 @@ from servesim.engine.kv_transfers import (_kv_room, _next_completion_ms, _next_l
                                           _submit_finished_stores, _submit_pulls, rank_kv)
 from servesim.engine.pass_log_buffer import _log_pass, _log_room
 from servesim.engine.worker_state import (C_PASSES, C_TOKENS, DEC_NONE, DEC_NOW, DEC_PASS,
-                                               DEC_WAKE, EV_ARRIVE, EV_DECIDE, EV_END, EV_NONE,
-                                               EV_XWAKE, FINISHED, HORIZON, IDLE, LOG_FULL,
-                                               PH_ENDED, PH_NORMAL, PH_SETTLE, POOL_DECODE,
-                                               POOL_PREFILL, P_DECIDED, P_END, P_LAUNCH_END,
-                                               P_START, ROOM, TAKEN_OUT, T_BUSY, T_DECIDE, T_NEXT,
-                                               T_NOW, T_XWAKE, W_AEND, W_ALIMIT, W_ANEXT, W_ASEQ,
-                                               W_ASYNC, W_COUNT, W_DECIDE, W_DSEQ, W_ENDED, W_FORCE,
-                                               W_HEAD, W_NEXT_ORDER, W_NEXT_SEQ, W_NFIN, W_NOUT,
-                                               W_NPULL, W_NXW, W_PASSES, W_PHASE, W_POOL, W_SEQ,
-                                               W_STOP, track_usage)
+                                          DEC_WAKE, EV_ARRIVE, EV_DECIDE, EV_END, EV_NONE,
+                                          EV_XWAKE, FINISHED, HORIZON, IDLE, LOG_FULL, PH_ENDED,
+                                          PH_NORMAL, PH_SETTLE, POOL_DECODE, POOL_PREFILL, ROOM,
+                                          TAKEN_OUT, track_usage)
 
 
 @njit
@@ -123,12 +117,12 @@ def _before(t, order, seq, h_time, h_order, h_seq):
 
 @njit
 def _next_seq(ws):
-    ws[W_SEQ] += 1
-    return ws[W_SEQ]
+    ws[0].seq += 1
+    return ws[0].seq
 
 
 @njit
-def add_request(s, ws, wt, i, num_prompt_tokens, now):
+def add_request(s, ws, i, num_prompt_tokens, now):
     """Request i, of `num_prompt_tokens`, arrives at `now` at the rank `s`
     (its `SchedulerArrays`): queued unless it can never fit (`can_ever_fit`:
     rejected, False returned); an idle engine (nothing in flight, no decision
@@ -139,37 +133,40 @@ def add_request(s, ws, wt, i, num_prompt_tokens, now):
     if not can_ever_fit(s.cfg, num_prompt_tokens):
         return False
     scheduler.add_request(s, i)
-    if ws[W_COUNT] == 0 and ws[W_DECIDE] == DEC_NONE:
-        ws[W_DECIDE] = DEC_WAKE
-        wt[T_DECIDE] = now
-        ws[W_DSEQ] = _next_seq(ws)
+    if ws[0].num_in_flight == 0 and ws[0].decision == DEC_NONE:
+        ws[0].decision = DEC_WAKE
+        ws[0].decision_ms = now
+        ws[0].decision_seq = _next_seq(ws)
     return True
 
 
 @njit
-def next_arrival(R, state, arrival_ms, NEXT, END, ASEQ, SEQ):
+def next_arrival(R, state, arrival_ms):
     """The next of the arrivals a compiled loop admits itself (request
-    `state[NEXT]`; they end before `state[END]`), as the event loop runs an
-    arrival (`Replay._on_open_arrival`): the following arrival's event is
-    scheduled first (its sequence drawn from `state[SEQ]` into
-    `state[ASEQ]`), then the request arrives at `arrival_ms[i]`. Returns i."""
-    i = state[NEXT]
-    state[NEXT] = i + 1
+    `state[0].arrival_next`; they end before `arrival_end`), as the event
+    loop runs an arrival (`Replay._on_open_arrival`): the following
+    arrival's event is scheduled first (its sequence drawn from
+    `state[0].seq` into `arrival_seq`), then the request arrives at
+    `arrival_ms[i]`. `state`: a worker's (engine/worker_state.py) or a loop
+    over workers' (engine/worker_loop.py) state record. Returns i."""
+    st = state[0]
+    i = st.arrival_next
+    st.arrival_next = i + 1
     R[i].arrival_time = arrival_ms[i]
-    if i + 1 < state[END]:
-        state[SEQ] += 1
-        state[ASEQ] = state[SEQ]
+    if i + 1 < st.arrival_end:
+        st.seq += 1
+        st.arrival_seq = st.seq
     return i
 
 
 @njit
-def _arrive(s, ws, wt, arrival_ms):
+def _arrive(s, ws, arrival_ms):
     """The next of the arrivals the loop admits itself (a worker of one rank
     taking an open-loop workload, `WorkerLoop.take_arrivals`): it
     arrives (`next_arrival`) and is queued (`add_request`)."""
     R = s.R
-    i = next_arrival(R, ws, arrival_ms, W_ANEXT, W_AEND, W_ASEQ, W_SEQ)
-    add_request(s, ws, wt, i, R[i].num_prompt_tokens, arrival_ms[i])
+    i = next_arrival(R, ws, arrival_ms)
+    add_request(s, ws, i, R[i].num_prompt_tokens, arrival_ms[i])
 
 
 @njit
@@ -200,98 +197,97 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
     engine/worker_state.py; read as `w.name` where used, so that entering
     the loop costs one reference, not one per array), of which:
     `outs[slot, rank]`, `feats[slot, rank]`, `pidx[slot, rank]` (the pass's
-    index on that rank, -1 for an empty batch), `ptime[slot]`, `pseq[slot]`
-    describe the batch queue's passes in flight (`ws[W_COUNT]` of them from
-    slot `ws[W_HEAD]`). `arrival_ms[i]`: when request i arrives, for the
+    index on that rank, -1 for an empty batch), `queue[slot]`
+    describe the batch queue's passes in flight (`ws[0].num_in_flight` of them from
+    slot `ws[0].head`). `arrival_ms[i]`: when request i arrives, for the
     arrivals the loop admits (`W_ANEXT`). `kv_t` (an argument): each rank's
     `kv` bundle (a `KVArrays`, `RankScheduler._kv`; None: no CPU tier and no
     remote KV), `checking`: True in the debug mode, else None (the invariant
     check, the scheduler's `_check_after`, is then compiled away),
-    `xw_t[:ws[W_NXW]]`, `xw_s`: the transfer wakes pending (instant,
-    sequence). In disaggregated mode (`ws[W_POOL]`) `side_*_t` are each
+    `xw_t[:ws[0].num_wakes]`, `xw_s`: the transfer wakes pending (instant,
+    sequence). In disaggregated mode (`ws[0].pool`) `side_*_t` are each
     rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
     `link_free`, `link_of`, `xparams` the handoffs' transfers and links
     (engine/kv_handoff.py); a decode decision's transfers go into
-    `pulls[:ws[W_NPULL]]` for the core to tell their senders. With `log_on`
+    `pulls[:ws[0].num_pulls]` for the core to tell their senders. With `log_on`
     each rank's part of each pass ends in the pass log buffer `log` (a
     `PassLogArrays`; `PassLogBuffer.arrays`).
 
     Compiled without reference counts, as the scheduler's kernels it calls
     (servesim/jit.py, "Reference counts"): the caller holds every
     array `w`, `kv_t` and `log` bundle for the call."""
-    ws = w.ws  # (read everywhere below: held for the call)
-    wt = w.wt
+    ws = w.ws  # (its record read everywhere below as ws[0]: held for the call)
     ranks = w.feats.shape[1]
     width = w.outs.shape[3]
     cpu = w.sched_t[0].cfg[0].kv_source == KV_SOURCE_CPU  # (read under `kv_t is not None`)
-    pool = ws[W_POOL]
+    pool = ws[0].pool
     n_fin = 0
-    ws[W_NOUT] = 0
-    ws[W_NPULL] = 0
+    ws[0].num_taken_out = 0
+    ws[0].num_pulls = 0
     while True:
-        head = ws[W_HEAD]
-        count = ws[W_COUNT]
+        head = ws[0].head
+        count = ws[0].num_in_flight
         tail = (head + count) % 2
-        decide = ws[W_DECIDE]
-        if ws[W_PHASE] == PH_ENDED:
+        decide = ws[0].decision
+        if ws[0].phase == PH_ENDED:
             # after the finishes of a pass end went out (`stop_on_finish`):
             # with nothing left in flight, an idle engine with requests wakes
-            ws[W_PHASE] = PH_NORMAL
+            ws[0].phase = PH_NORMAL
             if count == 0 and decide == DEC_NONE and _has_requests(w.sched_t, ranks):
-                ws[W_DECIDE] = DEC_WAKE
-                wt[T_DECIDE] = wt[T_NOW]
-                ws[W_DSEQ] = _next_seq(ws)
+                ws[0].decision = DEC_WAKE
+                ws[0].decision_ms = ws[0].now_ms
+                ws[0].decision_seq = _next_seq(ws)
             continue
-        if ws[W_PHASE] == PH_SETTLE:
-            ws[W_PHASE] = PH_NORMAL
-            t = wt[T_NOW]
+        if ws[0].phase == PH_SETTLE:
+            ws[0].phase = PH_NORMAL
+            t = ws[0].now_ms
         else:
             # the next of the worker's events, in key order
             kind = EV_NONE
             t, order, seq = 0.0, 0, 0
             if count == 2 or (count == 1 and decide != DEC_PASS):
-                t, order, seq, kind = w.ptime[head, P_END], PASS_END, w.pseq[head], EV_END
+                t, order, seq, kind = w.queue[head].end_ms, PASS_END, w.queue[head].seq, EV_END
             elif decide != DEC_NONE:
                 order = PASS_END if decide == DEC_PASS else DECIDE
-                t, seq, kind = wt[T_DECIDE], ws[W_DSEQ], EV_DECIDE
+                t, seq, kind = ws[0].decision_ms, ws[0].decision_seq, EV_DECIDE
             x = -1
-            if ws[W_NXW] and decide != DEC_NOW:
-                x = _first_wake(w.xw_t, w.xw_s, ws[W_NXW])
+            if ws[0].num_wakes and decide != DEC_NOW:
+                x = _first_wake(w.xw_t, w.xw_s, ws[0].num_wakes)
                 if kind == EV_NONE or _before(w.xw_t[x], DECIDE, w.xw_s[x], t, order, seq):
                     t, order, seq, kind = w.xw_t[x], DECIDE, w.xw_s[x], EV_XWAKE
-            a = ws[W_ANEXT]
-            if a < ws[W_AEND] and decide != DEC_NOW:
+            a = ws[0].arrival_next
+            if a < ws[0].arrival_end and decide != DEC_NOW:
                 at = w.arrival_ms[a]
-                if kind == EV_NONE or _before(at, ARRIVAL, ws[W_ASEQ], t, order, seq):
-                    t, order, seq, kind = at, ARRIVAL, ws[W_ASEQ], EV_ARRIVE
+                if kind == EV_NONE or _before(at, ARRIVAL, ws[0].arrival_seq, t, order, seq):
+                    t, order, seq, kind = at, ARRIVAL, ws[0].arrival_seq, EV_ARRIVE
             if kind == EV_NONE:
-                ws[W_NFIN] = n_fin
+                ws[0].num_finished = n_fin
                 return IDLE
             if kind == EV_END and log_on and not _log_room(log, ranks, width):
-                ws[W_NFIN] = n_fin
+                ws[0].num_finished = n_fin
                 return LOG_FULL
             if kv_t is not None:
-                if cpu and (ws[W_NXW] + 1 >= len(w.xw_t)
+                if cpu and (ws[0].num_wakes + 1 >= len(w.xw_t)
                             or not _kv_room(kv_t, w.sched_t, ranks, width, w.num_gpu_blocks)):
-                    ws[W_NFIN] = n_fin
+                    ws[0].num_finished = n_fin
                     return ROOM
-            if (not (ws[W_FORCE] or decide == DEC_NOW
+            if (not (ws[0].force or decide == DEC_NOW
                      or _before(t, order, seq, h_time, h_order, h_seq))
-                    or (kind == EV_ARRIVE and a >= ws[W_ALIMIT])):
-                wt[T_NEXT] = t
-                ws[W_NEXT_ORDER] = order
-                ws[W_NEXT_SEQ] = seq
-                ws[W_NFIN] = n_fin
+                    or (kind == EV_ARRIVE and a >= ws[0].arrival_limit)):
+                ws[0].next_ms = t
+                ws[0].next_order = order
+                ws[0].next_seq = seq
+                ws[0].num_finished = n_fin
                 return HORIZON
-            ws[W_FORCE] = 0
-            wt[T_NOW] = t
+            ws[0].force = 0
+            ws[0].now_ms = t
             if kind == EV_ARRIVE:
-                _arrive(w.sched_t[0], ws, wt, w.arrival_ms)
+                _arrive(w.sched_t[0], ws, w.arrival_ms)
                 continue
             if kind == EV_END:
                 # the outputs of the pass at the head of the queue
                 following = 1 - head
-                release = max(t, w.ptime[following, P_LAUNCH_END]) if count == 2 else t
+                release = max(t, w.queue[following].launch_end_ms) if count == 2 else t
                 finished_here = 0
                 for r in range(ranks):
                     index = w.pidx[head, r]
@@ -302,44 +298,44 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                         index, w.finished[n_fin:], rank_kv(kv_t, r), checking)
                     if kv_t is not None:
                         if cpu:
-                            _submit_finished_stores(kv_t[r], w.ptime[following, P_END]
+                            _submit_finished_stores(kv_t[r], w.queue[following].end_ms
                                                     if count == 2 else t)
                     if log_on:
-                        _log_pass(log, ws, w.ptime, head, r, index, w.outs[head, r],
+                        _log_pass(log, ws, w.queue, head, r, index, w.outs[head, r],
                                   w.feats[head, r], w.finished[n_fin:], n)
                     n_fin += n
                     finished_here += n
                     track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
                     stamp_events(w.sched_t[r].events, t)
-                ws[W_HEAD] = following
-                ws[W_COUNT] = count - 1
-                ws[W_ENDED] = w.pidx[head, 0]
-                if finished_here and ws[W_STOP]:
+                ws[0].head = following
+                ws[0].num_in_flight = count - 1
+                ws[0].ended_pass = w.pidx[head, 0]
+                if finished_here and ws[0].stop_on_finish:
                     # the finishes go out first (a handoff wakes a decode
                     # worker, a closed loop releases an arrival), then the wake
-                    ws[W_PHASE] = PH_ENDED
-                    ws[W_NFIN] = n_fin
+                    ws[0].phase = PH_ENDED
+                    ws[0].num_finished = n_fin
                     return FINISHED
                 if count == 1 and _has_requests(w.sched_t, ranks):
                     # an idle engine wakes (after arrivals at t)
-                    ws[W_DECIDE] = DEC_WAKE
-                    wt[T_DECIDE] = t
-                    ws[W_DSEQ] = _next_seq(ws)
+                    ws[0].decision = DEC_WAKE
+                    ws[0].decision_ms = t
+                    ws[0].decision_seq = _next_seq(ws)
                 continue
             if kind == EV_XWAKE:
                 # a transfer's end wakes an idle engine (`_wake_at_next_transfer`)
-                last = ws[W_NXW] - 1
+                last = ws[0].num_wakes - 1
                 w.xw_t[x] = w.xw_t[last]
                 w.xw_s[x] = w.xw_s[last]
-                ws[W_NXW] = last
-                if wt[T_XWAKE] == t:
-                    wt[T_XWAKE] = -1.0
+                ws[0].num_wakes = last
+                if ws[0].wake_ms == t:
+                    ws[0].wake_ms = -1.0
                 if count or decide != DEC_NONE:
                     continue
             # a decision at t: every rank's schedule() (transfers finished by
             # now take effect first; the loads and preemption stores decided
             # go out at once)
-            ws[W_DECIDE] = DEC_NONE
+            ws[0].decision = DEC_NONE
             if kv_t is not None:
                 if cpu:
                     for r in range(ranks):
@@ -389,10 +385,10 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                 track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
                 stamp_events(w.sched_t[r].events, t)
             if n_taken or n_pulls:
-                ws[W_PHASE] = PH_SETTLE
-                ws[W_NOUT] = n_taken
-                ws[W_NPULL] = n_pulls
-                ws[W_NFIN] = n_fin
+                ws[0].phase = PH_SETTLE
+                ws[0].num_taken_out = n_taken
+                ws[0].num_pulls = n_pulls
+                ws[0].num_finished = n_fin
                 return TAKEN_OUT
         # settle the decision in slot `tail`, made at t
         scheduled = preempted = False
@@ -404,21 +400,21 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
         if not scheduled:
             if count == 0:
                 if preempted:  # only preempted, idle: decide again at once
-                    ws[W_DECIDE] = DEC_NOW
-                    wt[T_DECIDE] = t
+                    ws[0].decision = DEC_NOW
+                    ws[0].decision_ms = t
                 elif pool >= 0:
                     _wake_at(_next_land(w.side_pending_t, w.side_state_t, w.XF, ranks), w.sched_t,
-                             ranks, ws, wt, w.xw_t, w.xw_s)
+                             ranks, ws, w.xw_t, w.xw_s)
                 elif kv_t is not None:
                     if cpu:
-                        _wake_at(_next_completion_ms(kv_t, ranks), w.sched_t, ranks, ws, wt, w.xw_t,
+                        _wake_at(_next_completion_ms(kv_t, ranks), w.sched_t, ranks, ws, w.xw_t,
                                  w.xw_s)
             continue  # else wait: for the pass in flight's end, or an arrival
         # launch it: it starts when the host is done with it and the pass in
         # flight ends, and no earlier than the stores still reading the G1
         # blocks it writes
         ready = host_ready_ms(w.launch, t)
-        start = max(ready, w.ptime[head, P_END]) if count == 1 else ready
+        start = max(ready, w.queue[head].end_ms) if count == 1 else ready
         if kv_t is not None:
             if cpu:
                 for r in range(ranks):
@@ -440,28 +436,28 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
             scheduler.mark_started(w.R, w.outs[tail, r], n_sched, start)
         end = start + duration
         launch_end = launch_end_ms(w.launch, total_tokens, prefill_tokens, t, start, end)
-        w.ptime[tail, P_DECIDED] = t
-        w.ptime[tail, P_START] = start
-        w.ptime[tail, P_END] = end
-        w.ptime[tail, P_LAUNCH_END] = launch_end
-        wt[T_BUSY] += duration
-        ws[W_PASSES] += 1
+        w.queue[tail].decided_ms = t
+        w.queue[tail].start_ms = start
+        w.queue[tail].end_ms = end
+        w.queue[tail].launch_end_ms = launch_end
+        ws[0].busy_ms += duration
+        ws[0].num_passes += 1
         if kv_t is not None:
             if cpu:
                 for r in range(ranks):  # `offloading`: the pass's stores go out at its end
                     kv = kv_t[r]
                     for k in range(kv.KC[output.KO_STORES]):
                         _submit(kv, kv.KO[output.KO_STORES, k], end)
-        if ws[W_ASYNC]:
-            ws[W_DECIDE] = DEC_PASS
-            wt[T_DECIDE] = max(launch_end, w.ptime[head, P_END]) if count == 1 else launch_end
-            ws[W_DSEQ] = _next_seq(ws)
-        w.pseq[tail] = _next_seq(ws)
-        ws[W_COUNT] = count + 1
+        if ws[0].async_scheduling:
+            ws[0].decision = DEC_PASS
+            ws[0].decision_ms = max(launch_end, w.queue[head].end_ms) if count == 1 else launch_end
+            ws[0].decision_seq = _next_seq(ws)
+        w.queue[tail].seq = _next_seq(ws)
+        ws[0].num_in_flight = count + 1
 
 
 @njit
-def _wake_at(t, sched_t, ranks, ws, wt, xw_t, xw_s):
+def _wake_at(t, sched_t, ranks, ws, xw_t, xw_s):
     """An idle engine whose requests wait on a transfer (a load, a store a
     lookup waits for, a handoff's transfer) decides again when the next one
     completes, at `t` (-1: none): a wake (order DECIDE) at that instant,
@@ -469,11 +465,11 @@ def _wake_at(t, sched_t, ranks, ws, wt, xw_t, xw_s):
     Returns whether it added one."""
     if not _has_requests(sched_t, ranks):
         return False
-    if t < 0 or (wt[T_XWAKE] >= 0 and wt[T_XWAKE] <= t):
+    if t < 0 or (ws[0].wake_ms >= 0 and ws[0].wake_ms <= t):
         return False
-    wt[T_XWAKE] = t
-    n = ws[W_NXW]
+    ws[0].wake_ms = t
+    n = ws[0].num_wakes
     xw_t[n] = t
     xw_s[n] = _next_seq(ws)
-    ws[W_NXW] = n + 1
+    ws[0].num_wakes = n + 1
     return True

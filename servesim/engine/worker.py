@@ -17,9 +17,8 @@ from servesim.engine.worker_state import new_worker_arrays
 from servesim.engine.kv_transfers import _next_land
 from servesim.engine.pass_log_buffer import log_arguments
 from servesim.engine.pass_loop import _wake_at, run_passes
-from servesim.engine.worker_state import (DEC_NONE, NUM_WS, NUM_WT, T_XWAKE, W_AEND, W_ALIMIT,
-                                               W_ANEXT, W_ASEQ, W_ASYNC, W_COUNT, W_DECIDE, W_NXW,
-                                               W_POOL, W_SEQ, W_STOP, W_WORKER)
+from servesim.engine.worker_state import (DEC_NONE, PASS_DTYPE, new_worker_state)
+from servesim.jit import records
 
 
 def padded(entries, least=2) -> tuple:
@@ -32,7 +31,7 @@ def padded(entries, least=2) -> tuple:
     2 attention-DP ranks, or workers per pool, share one compile (the 1-rank
     run of the whole Mooncake trace is as fast padded: 3.23 s against 3.35 s,
     medians of 3). The loops read the real count elsewhere (`feats.shape[1]`,
-    `ps[P_NUM_A]`) and never read the padding."""
+    `ps[0].num_prefill`) and never read the padding."""
     n = least
     while n < len(entries):
         n *= 2
@@ -60,15 +59,9 @@ class WorkerLoop:
         self.outs = np.zeros((2, d, output.NUM_OUT_ROWS, width), dtype=np.int64)
         self.feats = np.zeros((2, d, output.NUM_FEATS), dtype=np.int64)
         self.pidx = np.full((2, d), -1, dtype=np.int64)
-        self.ptime = np.zeros((2, 4), dtype=np.float64)
-        self.pseq = np.zeros(2, dtype=np.int64)
-        self.ws = np.zeros(NUM_WS, dtype=np.int64)
-        self.ws[W_ASYNC] = async_scheduling
-        self.ws[W_STOP] = s0.stop_on_finish
-        self.ws[W_WORKER] = worker_index
-        self.ws[W_POOL] = pool_code
-        self.wt = np.zeros(NUM_WT, dtype=np.float64)
-        self.wt[T_XWAKE] = -1.0
+        self.queue = records(2, PASS_DTYPE)
+        self.ws = new_worker_state(worker_index, pool_code, async_scheduling, s0.stop_on_finish)
+        self.state = self.ws[0]  # (a view of the record: the loop's writes show)
         self.xw_t = np.zeros(8, dtype=np.float64)  # transfer wakes pending
         self.xw_s = np.zeros(8, dtype=np.int64)
         n = len(s0.table.request_ids) + 1
@@ -99,7 +92,8 @@ class WorkerLoop:
                        usage, counters, pricer.model, pricer.params, pricer.kv_capacity_tokens,
                        s0.pool.num_gpu_blocks, launch_params)
 
-    idle = property(lambda self: self.ws[W_COUNT] == 0 and self.ws[W_DECIDE] == DEC_NONE)
+    idle = property(lambda self: (self.state["num_in_flight"] == 0
+                                  and self.state["decision"] == DEC_NONE))
 
     def _side_tuple(self):
         return (padded([x[0] for x in self._side]), padded([x[1] for x in self._side]),
@@ -109,7 +103,8 @@ class WorkerLoop:
         """Disaggregated mode: rank `rank_index`'s sender or receiver arrays
         (engine/kv_handoff.py) and the handoffs' `Transfers`."""
         self._side[rank_index] = (pending, state, log if log is not None else pending)
-        self.ws[W_STOP] = 1  # finishes go out at once: a handoff, or a decode's release
+        # finishes go out at once: a handoff, or a decode's release
+        self.state["stop_on_finish"] = 1
         self._xfer = (transfers.I, transfers.F, transfers.link_free, transfers.link_of,
                       np.array([transfers.bytes_per_token, transfers.bytes_per_ms,
                                 transfers.latency_ms], dtype=np.float64))
@@ -121,30 +116,31 @@ class WorkerLoop:
         elsewhere: the wake at their next landing (`_wake_at`), with sequence
         `seq + 1`. Returns whether a wake was added."""
         self._grow_wakes()
-        self.ws[W_SEQ] = seq
+        self.state["seq"] = seq
         side = self._side_args
         d = len(self.ranks)
         t = _next_land(side[0], side[1], side[4], d)
-        return bool(_wake_at(t, self._ranks[0], d, self.ws, self.wt, self.xw_t, self.xw_s))
+        return bool(_wake_at(t, self._ranks[0], d, self.ws, self.xw_t, self.xw_s))
 
     def take_arrivals(self, arrival_ms, seq):
         """The loop admits requests 0 to `len(arrival_ms)` - 1 itself
         (`_arrive`), in that order, request i at `arrival_ms[i]`; the first
         one's event has sequence `seq`."""
-        self.ws[W_ANEXT] = 0
-        self.ws[W_AEND] = len(arrival_ms)
-        self.ws[W_ASEQ] = seq
+        self.state["arrival_next"] = 0
+        self.state["arrival_end"] = len(arrival_ms)
+        self.state["arrival_seq"] = seq
         self._shared = self._shared[:-1] + (arrival_ms,)
         self._args = None
 
-    arrivals = property(lambda self: int(self.ws[W_ANEXT]))  # admitted (or rejected) so far
+    arrivals = property(lambda self: int(self.state["arrival_next"]))  # admitted (or rejected) so far
 
     def run(self, horizon, seq, log):
         """`run_passes` up to the `horizon` key, the event loop's sequence
-        counter at `seq` (`ws[W_FORCE]` set: the first event was popped off the
-        event loop); returns the state (the counter is then `ws[W_SEQ]`)."""
-        self.ws[W_SEQ] = seq
-        self.ws[W_ALIMIT] = min(self.ws[W_AEND], self.ws[W_ANEXT] + ARRIVALS_PER_CALL)
+        counter at `seq` (`ws[0].force` set: the first event was popped off the
+        event loop); returns the state (the counter is then `ws[0].seq`)."""
+        self.state["seq"] = seq
+        st = self.state
+        st["arrival_limit"] = min(st["arrival_end"], st["arrival_next"] + ARRIVALS_PER_CALL)
         checking = True if self.schedulers[0].cfg[0]["invariant_check"] else None
         return self._entry(*self.arguments(), float(horizon[0]), int(horizon[1]),
                            int(horizon[2]), *log_arguments(log), checking)
@@ -172,12 +168,12 @@ class WorkerLoop:
               if self.schedulers[0].kv_state is not None else None)
         self._grow_wakes()
         w = new_worker_arrays(*self._shared, *self._ranks, *self._side_args, self.outs,
-                              self.feats, self.pidx, self.ptime, self.pseq, self.ws, self.wt,
-                              self.xw_t, self.xw_s, self.finished, self.taken, self.pulls)
+                              self.feats, self.pidx, self.queue, self.ws, self.xw_t,
+                              self.xw_s, self.finished, self.taken, self.pulls)
         return w, kv
 
     def _grow_wakes(self):
-        if self.ws[W_NXW] + 1 >= len(self.xw_t):
+        if self.state["num_wakes"] + 1 >= len(self.xw_t):
             self.xw_t = np.concatenate([self.xw_t, np.zeros_like(self.xw_t)])
             self.xw_s = np.concatenate([self.xw_s, np.zeros_like(self.xw_s)])
             self._args = None

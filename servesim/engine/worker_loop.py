@@ -10,33 +10,46 @@ worker runs next, and the arrival step.
 - `pool_arrays`, `run_reporting`: the Python side of a pool handed to a loop,
   and the loop called until it hands back something the replay must see.
 
-The loop's int64 state `ps` is laid out below (`P_*`), and the replay's arrays
-a loop fills when it takes the arrivals itself (`R_*`).
+A loop's state `ps` is one record (`LOOP_DTYPE`); the replay's arrays
+a loop fills when it takes the arrivals itself are a tuple (`R_*`).
 """
 
 import numpy as np
 
 from servesim.engine.pass_loop import _before, add_request, next_arrival
-from servesim.engine.worker_state import (HORIZON, IDLE, T_NOW, W_FORCE, W_SEQ)
+from servesim.engine.worker_state import HORIZON, IDLE
 from servesim.engine import routing
 from servesim.engine.events import ARRIVAL, DECIDE
-from servesim.jit import njit
+from servesim.jit import njit, records
 
 
 
-# The int64 state of a compiled loop over workers (this one's `ps`, and the
-# aggregated cluster's, engine/aggregated_loop.py, its first NUM_LOOP fields):
-# the event loop's sequence counter, the worker returned for and the one to
-# carry on with, the first event popped off the event loop, the worker run
-# last; the arrivals the loop takes: the next one, the end, the next one's
-# sequence, the one the call stops before; the requests it finished or
-# rejected so far. Then this loop's: how many prefill workers (P_NUM_A), and
-# whether it takes the arrivals, hands requests off and marks finishes
-# itself (P_FINISH: an open loop, where a finish releases nothing).
-(P_SEQ, P_FROM, P_CONT, P_FORCE, P_LAST, P_ANEXT, P_AEND, P_ASEQ, P_ALIMIT, P_DONE, P_NUM_A,
- P_FINISH) = range(12)
-NUM_LOOP = P_NUM_A
-NUM_PS = 12
+# The state of a compiled loop over workers, `ps[0]` (one record, the
+# aggregated loop's and the disaggregated one's, `new_loop_state`):
+LOOP_DTYPE = np.dtype([
+    ("seq", np.int64),  # the event loop's sequence counter, handed in and out
+    # the worker the loop returned for (-1: none), the one the next call
+    # carries on with (-1: none), the one run last
+    ("from_worker", np.int64), ("carry_on", np.int64), ("last_worker", np.int64),
+    ("force", np.int64),  # the first event runs whatever its key (popped off the event loop)
+    # the arrivals the loop takes: as a worker's (engine/worker_state.py)
+    ("arrival_next", np.int64), ("arrival_end", np.int64), ("arrival_seq", np.int64),
+    ("arrival_limit", np.int64),
+    ("num_done", np.int64),  # requests finished or rejected so far
+    # the disaggregated loop's: how many prefill workers come first, and
+    # whether it takes the arrivals, hands requests off and marks finishes
+    # itself (an open loop, where a finish releases nothing)
+    ("num_prefill", np.int64), ("open_loop", np.int64),
+])
+
+
+def new_loop_state():
+    """A loop over workers' state record (`LOOP_DTYPE`): no worker to carry on with."""
+    ps = records(1, LOOP_DTYPE)
+    ps[0]["carry_on"] = -1
+    return ps
+
+
 ARRIVE = -1  # (`_arrival_due`: the next arrival runs now)
 # the replay's arrays the loop reads and fills when it takes the arrivals
 # (`DisaggregatedLoop.take_arrivals`), a tuple in this order
@@ -72,25 +85,26 @@ def offer_key(keys_t, keys_o, keys_s, slot, t, order, seq):
 @njit
 def next_worker(keys_t, keys_o, keys_s, ws_t, st, arrival_ms, h_time, h_order, h_seq):
     """The worker whose event a loop over workers runs next (`st`: its
-    state), popped (its run starts from that event: `W_FORCE`): the one the
+    state), popped (its run starts from that event: its `force`): the one the
     core said carries on, else the one with the first key, unless the next
-    arrival (key `(arrival_ms[a], ARRIVAL, st[P_ASEQ])`) or the horizon
+    arrival (key `(arrival_ms[a], ARRIVAL, st[0].arrival_seq)`) or the horizon
     comes first (the first event of a call may be at any key:
-    `st[P_FORCE]`). -1: none of them (`arrival_due`)."""
-    k = st[P_CONT]
+    `st[0].force`). -1: none of them (`arrival_due`)."""
+    k = st[0].carry_on
     if k >= 0:  # the core reported what k's loop returned for: k carries on
-        st[P_CONT] = -1
+        st[0].carry_on = -1
         return k
     k = _first(keys_t, keys_o, keys_s, -1)
-    a = st[P_ANEXT]
-    if k < 0 or ((a < st[P_AEND] and not _before(keys_t[k], keys_o[k], keys_s[k],
-                                                  arrival_ms[a], ARRIVAL, st[P_ASEQ]))
-                 or not (st[P_FORCE] or _before(keys_t[k], keys_o[k], keys_s[k],
+    a = st[0].arrival_next
+    if k < 0 or ((a < st[0].arrival_end
+                  and not _before(keys_t[k], keys_o[k], keys_s[k], arrival_ms[a], ARRIVAL,
+                                  st[0].arrival_seq))
+                 or not (st[0].force or _before(keys_t[k], keys_o[k], keys_s[k],
                                                 h_time, h_order, h_seq))):
         return -1  # the arrival, or the outside event, comes first
-    st[P_FORCE] = 0
+    st[0].force = 0
     keys_t[k] = np.inf  # popped: the worker runs from its event
-    ws_t[k][W_FORCE] = 1
+    ws_t[k][0].force = 1
     return k
 
 
@@ -100,14 +114,14 @@ def arrival_due(keys_t, keys_o, keys_s, st, arrival_ms, h_time, h_order, h_seq):
     arrival does, else the state the loop returns: HORIZON (the horizon
     comes first, or the call took its ARRIVALS_PER_CALL arrivals: the event
     loop gets a turn) or IDLE (nothing is pending)."""
-    st[P_FROM] = -1
-    a = st[P_ANEXT]
-    arriving = a < st[P_AEND]
-    if arriving and (st[P_FORCE] or _before(arrival_ms[a], ARRIVAL, st[P_ASEQ], h_time, h_order,
-                                            h_seq)):
-        if a >= st[P_ALIMIT]:
+    st[0].from_worker = -1
+    a = st[0].arrival_next
+    arriving = a < st[0].arrival_end
+    if arriving and (st[0].force or _before(arrival_ms[a], ARRIVAL, st[0].arrival_seq, h_time,
+                                            h_order, h_seq)):
+        if a >= st[0].arrival_limit:
             return HORIZON
-        st[P_FORCE] = 0
+        st[0].force = 0
         return ARRIVE
     if not arriving and _first(keys_t, keys_o, keys_s, -1) < 0:
         return IDLE
@@ -121,8 +135,8 @@ def worker_horizon(keys_t, keys_o, keys_s, k, st, arrival_ms, h_time, h_order, h
     before it, the decisions after it) and, with `others`, the first of the
     other workers' events."""
     t, order, seq = h_time, h_order, h_seq
-    a = st[P_ANEXT]
-    if a < st[P_AEND] and _before(arrival_ms[a], ARRIVAL, 0, t, order, seq):
+    a = st[0].arrival_next
+    if a < st[0].arrival_end and _before(arrival_ms[a], ARRIVAL, 0, t, order, seq):
         t, order, seq = arrival_ms[a], ARRIVAL, 0
     if others:
         j = _first(keys_t, keys_o, keys_s, k)
@@ -136,9 +150,9 @@ def next_key(keys_t, keys_o, keys_s, st, arrival_ms):
     over workers takes (`st`: its state), or None: nothing pending."""
     keys = [(float(keys_t[k]), int(keys_o[k]), int(keys_s[k]))
             for k in range(len(keys_t)) if keys_t[k] != np.inf]
-    a = int(st[P_ANEXT])
-    if a < st[P_AEND]:
-        keys.append((float(arrival_ms[a]), ARRIVAL, int(st[P_ASEQ])))
+    a = int(st[0]["arrival_next"])
+    if a < st[0]["arrival_end"]:
+        keys.append((float(arrival_ms[a]), ARRIVAL, int(st[0]["arrival_seq"])))
     return min(keys) if keys else None
 
 
@@ -159,22 +173,23 @@ def pool_arrays(ranks: routing.RankArrays, policy, table, extra_tokens=0):
 ROUTED, POOL_DP = 3, 6  # (fields of `pool_arrays`)
 
 
-def run_reporting(loop, cores, state, SEQ, FROM, CONT, call):
-    """Call a compiled loop over workers (`call()`, its int64 state array
-    `state`) until it returns for none of them, and return what it last
-    returned. The event loop's sequence counter goes in (`state[SEQ]`) and
-    comes back out; when the loop returns for worker `state[FROM]`, that
-    worker's core reports it (`EngineCore.report`), and when the core says
-    so the next call carries on with that worker (`state[CONT]`)."""
+def run_reporting(loop, cores, ps, call):
+    """Call a compiled loop over workers (`call()`, its state record `ps[0]`,
+    `LOOP_DTYPE`) until it returns for none of them, and return what it last
+    returned. The event loop's sequence counter goes in (`seq`) and comes
+    back out; when the loop returns for worker `from_worker`, that worker's
+    core reports it (`EngineCore.report`), and when the core says so the
+    next call carries on with that worker (`carry_on`)."""
+    st = ps[0]
     while True:
-        state[SEQ] = loop.seq
+        st["seq"] = loop.seq
         result = call()
-        loop.seq = int(state[SEQ])
-        k = int(state[FROM])
+        loop.seq = int(st["seq"])
+        k = int(st["from_worker"])
         if k < 0:
             return result
         if cores[k].report(result):
-            state[CONT] = k
+            st["carry_on"] = k
 
 
 @njit
@@ -194,22 +209,22 @@ def _route(pool, R, i, num_prompt_tokens, pinned, now, admit=True):
 
 
 @njit
-def _queue(pool, ws_t, wt_t, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prompt_tokens, now):
+def _queue(pool, ws_t, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prompt_tokens, now):
     """Request i arrives at rank `j` of `pool` (worker `slot` of the loop)
     now (pass_loop `add_request`, as the worker's core queues it); False if it
     can never fit there. A worker it wakes decides at this instant."""
     ws = ws_t[slot]
-    ws[W_SEQ] = ps[P_SEQ]
-    if not add_request(pool[2][j], ws, wt_t[slot], i, num_prompt_tokens, now):
+    ws[0].seq = ps[0].seq
+    if not add_request(pool[2][j], ws, i, num_prompt_tokens, now):
         return False
-    if ws[W_SEQ] != ps[P_SEQ]:  # it woke the engine: a decision at this instant
-        ps[P_SEQ] = ws[W_SEQ]
-        offer_key(keys_t, keys_o, keys_s, slot, now, DECIDE, ps[P_SEQ])
+    if ws[0].seq != ps[0].seq:  # it woke the engine: a decision at this instant
+        ps[0].seq = ws[0].seq
+        offer_key(keys_t, keys_o, keys_s, slot, now, DECIDE, ps[0].seq)
     return True
 
 
 @njit
-def arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, never_fits,
+def arrive(group, ws_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, never_fits,
            worker_of, rank_of, status, rejected_code):
     """The next arrival a loop over workers takes (`st`: its state), as the
     replay's `_on_arrival` would take it: routed to a rank of `pool` (the
@@ -218,15 +233,15 @@ def arrive(group, ws_t, wt_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinn
     disaggregated prefill pool's request whose prompt and first token can
     never fit the decode pool): rejected (`status[i] = rejected_code`)."""
     R = group[0][0].R
-    i = next_arrival(R, st, arrival_ms, P_ANEXT, P_AEND, P_ASEQ, P_SEQ)
+    i = next_arrival(R, st, arrival_ms)
     now = arrival_ms[i]
     dp = pool[POOL_DP]
     j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i], now, not never_fits[i])
     k = j // dp
     worker_of[i] = k
     rank_of[i] = j % dp
-    wt_t[k][T_NOW] = now  # its last event (the run ends at the last of any)
-    if never_fits[i] or not _queue(pool, ws_t, wt_t, keys_t, keys_o, keys_s, st, k, j, R, i,
+    ws_t[k][0].now_ms = now  # its last event (the run ends at the last of any)
+    if never_fits[i] or not _queue(pool, ws_t, keys_t, keys_o, keys_s, st, k, j, R, i,
                                    R[i].num_prompt_tokens, now):
         status[i] = rejected_code
-        st[P_DONE] += 1
+        st[0].num_done += 1

@@ -18,8 +18,8 @@ The fields carry the names the loop's docstring uses (the request table `R`,
 each rank's scheduler arrays `sched_t` (a tuple of
 `SchedulerArrays`, scheduler/scheduler_arrays.py, the bundle the scheduler's
 kernels take) and other per-rank tuples `*_t`, the batch queue's `outs` /
-`feats` / `pidx` / `ptime` / `pseq`,
-the worker's state `ws` / `wt`, ...); `WorkerLoop._make_args` builds one,
+`feats` / `pidx` / `queue` (`PASS_DTYPE` records),
+the worker's state `ws` (one `WORKER_DTYPE` record), ...); `WorkerLoop._make_args` builds one,
 again whenever one of its arrays is replaced by a larger one. The rank's `kv`
 bundle stays an argument of the loop: it is None on a worker without a CPU
 tier or remote KV, and the loop's code for it is chosen by that argument's
@@ -28,10 +28,11 @@ type when it compiles.
 
 import enum
 
+import numpy as np
 from numba.experimental import structref
 
 from servesim.bundles import BundleType, declare
-from servesim.jit import njit
+from servesim.jit import njit, records
 from servesim.kvcache.block_pool import kv_usage
 
 # usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
@@ -52,25 +53,62 @@ class LoopState(enum.IntEnum):
 
 
 IDLE, HORIZON, FINISHED, TAKEN_OUT, LOG_FULL, ROOM = (int(s) for s in LoopState)
-# ws (int64 worker state)
-(W_HEAD, W_COUNT, W_DECIDE, W_DSEQ, W_SEQ, W_PHASE, W_PASSES, W_ASYNC, W_STOP,
- W_NFIN, W_NOUT, W_NEXT_ORDER, W_NEXT_SEQ, W_WORKER, W_POOL, W_FORCE, W_NXW,
- W_NPULL, W_ENDED, W_ANEXT, W_AEND, W_ALIMIT, W_ASEQ) = range(23)
-NUM_WS = 23  # W_ENDED: rank 0's index of the last pass whose outputs were processed
-# W_ANEXT..W_ASEQ: the arrivals the loop admits itself (`WorkerLoop.take_arrivals`):
-# requests W_ANEXT up to W_AEND, in table order at `arrival_ms[i]`, the next
-# one's event sequence W_ASEQ; the loop stops before request W_ALIMIT
-POOL_PREFILL, POOL_DECODE = 0, 1  # ws[W_POOL] (-1: aggregated)
-# wt (float64 worker times); T_XWAKE: the pending transfer wake's instant (-1: none)
-T_DECIDE, T_BUSY, T_NOW, T_NEXT, T_XWAKE = range(5)
-NUM_WT = 5
+# A worker's state, `ws[0]` (one record, `new_worker_state`), read and
+# written by the pass loop and the loops over workers:
+WORKER_DTYPE = np.dtype([
+    # the batch queue: its first slot, and how many passes are in flight from it
+    ("head", np.int64), ("num_in_flight", np.int64),
+    # the decision pending (DEC_*), its instant and event sequence
+    ("decision", np.int64), ("decision_ms", np.float64), ("decision_seq", np.int64),
+    # the event loop's sequence counter, handed in and out at every call
+    ("seq", np.int64),
+    ("phase", np.int64),  # PH_*: what the call after a FINISHED or TAKEN_OUT return does first
+    ("num_passes", np.int64), ("busy_ms", np.float64),  # passes launched, their GPU time
+    ("async_scheduling", np.int64),
+    ("stop_on_finish", np.int64),  # return FINISHED when requests finish (their release matters)
+    # what the call hands back: requests finished (`finished`), taken out
+    # (`taken`), a decode decision's transfers (`pulls`)
+    ("num_finished", np.int64), ("num_taken_out", np.int64), ("num_pulls", np.int64),
+    ("now_ms", np.float64),  # the instant of the last event run
+    # HORIZON: the key of the next event (`(time, order, seq)`, engine/events.py)
+    ("next_ms", np.float64), ("next_order", np.int64), ("next_seq", np.int64),
+    ("worker", np.int64), ("pool", np.int64),  # its index, and POOL_* (-1: aggregated)
+    ("force", np.int64),  # the first event runs whatever its key (popped off the event loop)
+    # the transfer wakes pending (`xw_t[:num_wakes]`), the latest (-1: none)
+    ("num_wakes", np.int64), ("wake_ms", np.float64),
+    ("ended_pass", np.int64),  # rank 0's index of the last pass whose outputs were processed
+    # the arrivals the loop admits itself (`WorkerLoop.take_arrivals`):
+    # requests `arrival_next` up to `arrival_end`, in table order at
+    # `arrival_ms[i]`, the next one's event sequence `arrival_seq`; a call
+    # stops before request `arrival_limit`
+    ("arrival_next", np.int64), ("arrival_end", np.int64), ("arrival_seq", np.int64),
+    ("arrival_limit", np.int64),
+])
+POOL_PREFILL, POOL_DECODE = 0, 1  # ws[0].pool (-1: aggregated)
 # the kinds of the worker's events
 EV_NONE, EV_END, EV_DECIDE, EV_XWAKE, EV_ARRIVE = range(5)
-# ws[W_DECIDE]: the decision pending
+# ws[0].decision: the decision pending
 DEC_NONE, DEC_PASS, DEC_WAKE, DEC_NOW = 0, 1, 2, 3
 PH_NORMAL, PH_SETTLE, PH_ENDED = 0, 1, 2
-# ptime (per slot of the batch queue)
-P_DECIDED, P_LAUNCH_END, P_START, P_END = range(4)
+# the batch queue: one record per slot (`queue[slot]`), the pass in flight there
+PASS_DTYPE = np.dtype([
+    ("decided_ms", np.float64), ("launch_end_ms", np.float64), ("start_ms", np.float64),
+    ("end_ms", np.float64),
+    ("seq", np.int64),  # its end's event sequence
+])
+
+
+def new_worker_state(worker_index, pool_code, async_scheduling, stop_on_finish):
+    """A worker's state record (`WORKER_DTYPE`), as a new worker has it."""
+    ws = records(1, WORKER_DTYPE)
+    ws[0]["worker"] = worker_index
+    ws[0]["pool"] = pool_code
+    ws[0]["async_scheduling"] = async_scheduling
+    ws[0]["stop_on_finish"] = stop_on_finish
+    ws[0]["wake_ms"] = -1.0
+    return ws
+
+
 @njit
 def track_usage(usage, pscal, num_gpu_blocks, now):
     """Integrate vLLM's KV usage (1 - free / usable) up to `now`, then take its
@@ -95,7 +133,7 @@ FIELDS = (
     "side_pending_t", "side_state_t", "side_log_t", "XI", "XF", "link_free", "link_of",
     "xparams",
     # the batch queue, the worker's state, transfer wakes, what the loop hands back
-    "outs", "feats", "pidx", "ptime", "pseq", "ws", "wt", "xw_t", "xw_s", "finished",
+    "outs", "feats", "pidx", "queue", "ws", "xw_t", "xw_s", "finished",
     "taken", "pulls",
 )
 
