@@ -304,11 +304,10 @@ def test_a_ranks_kv_bundle_holds_its_tier_and_is_made_again_when_the_tier_grows(
     from numba import njit
 
     from helpers import make_config, make_workload
-    from servesim.kvcache import cpu_tier as ct
 
     @njit
     def fields(kv):
-        return kv.wfk, kv.KO, kv.KC, kv.tier, kv.jobs, kv.job_times, kv.lanes, kv.KS, kv.KF
+        return kv.wfk, kv.KO, kv.KC, kv.tier, kv.jobs, kv.job_times, kv.lanes, kv.KS
 
     rows = [{"id": f"r{i}", "t": 3 * i, "P": 40, "O": 6, "hash_ids": [i, 100 + i, 200 + i]}
             for i in range(8)]
@@ -321,13 +320,13 @@ def test_a_ranks_kv_bundle_holds_its_tier_and_is_made_again_when_the_tier_grows(
     t = scheduler.connector.tier
 
     def own():
-        return (*scheduler.kv_state, t.tier, t.jobs, t.job_times, t.lanes, t.KS, t.KF)
+        return (*scheduler.kv_state, t.tier, t.jobs, t.job_times, t.lanes, t.KS)
 
     kv = scheduler._kv()
     assert scheduler._kv() is kv  # (nothing grew: the same bundle)
     assert all(np.shares_memory(a, b) for a, b in zip(fields(kv), own()))
     jobs = t.jobs
-    t.KS[ct.K_JOBS] = len(jobs)  # the job arrays are full: the next call grows them
+    t.KS[0]["num_jobs"] = len(jobs)  # the job arrays are full: the next call grows them
     grown = scheduler._kv()
     assert t.jobs is not jobs and len(t.jobs) > len(jobs)
     assert all(np.shares_memory(a, b) for a, b in zip(fields(grown), own()))

@@ -39,7 +39,7 @@ def kernel_submit(t, kind, identities, gpu_blocks, request, at):
         j = ct.update_state_after_alloc(t.tier, t.slot_of, t.jobs, t.job_times, t.job_blocks,
                                         t.KS, request, ids, table, 0, len(ids))
     assert j >= 0
-    ct.submit(t.lanes, t.storing, t.jobs, t.job_times, t.job_blocks, t.KS, t.KF, j, at)
+    ct.submit(t.lanes, t.storing, t.jobs, t.job_times, t.job_blocks, t.KS, j, at)
     return j
 
 
@@ -97,7 +97,7 @@ def test_lanes_match_the_reference_connector(steps):
         now += advance
         ref.poll(now)
         ct.get_finished(t.tier, t.slot_of, t.lanes, t.jobs, t.job_times, t.job_blocks, t.KS,
-                        t.KF, R, 2, now)
+                        R, 2, now)
         expected = ref.next_completion_ms()
         found = ct.next_completion_ms(t.lanes, t.job_times, t.KS)
         assert (expected is None and found < 0) or expected == found
@@ -107,9 +107,9 @@ def test_lanes_match_the_reference_connector(steps):
                 assert bool(R["kv_load"][job.request] == 2) == job.done
         for i in stored:
             assert ref.tier.entry(i) == t.entry(i)
-    assert ref.num_stores == t.KS[ct.K_NUM_STORES] and ref.num_loads == t.KS[ct.K_NUM_LOADS]
-    assert ref.bytes_stored == t.KS[ct.K_BYTES_STORED]
-    assert ref.bytes_loaded == t.KS[ct.K_BYTES_LOADED]
+    assert ref.num_stores == t.KS[0]["num_stores"] and ref.num_loads == t.KS[0]["num_loads"]
+    assert ref.bytes_stored == t.KS[0]["bytes_stored"]
+    assert ref.bytes_loaded == t.KS[0]["bytes_loaded"]
 
 
 def test_lookup_waits_on_a_pending_block_or_one_being_loaded_and_touches_first_block_last():

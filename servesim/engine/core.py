@@ -27,7 +27,6 @@ outside events and what it returns for:
   when it lands (`transfer_pending`).
 """
 
-import numpy as np
 
 from servesim.engine.config import EngineConfig
 from servesim.engine import worker_state
@@ -37,6 +36,7 @@ from servesim.engine.worker import WorkerLoop
 from servesim.engine.events import ARRIVAL, DECIDE, EventLoop, wake_order
 from servesim.engine.launch import launch_params
 from servesim.engine.pricing import PassPricer
+from servesim.jit import records
 from servesim.kvcache.block_pool import BlockPool
 
 
@@ -48,7 +48,7 @@ class Rank:
     disaggregated mode the rank's side of the KV handoffs."""
 
     def __init__(self, worker: int, index: int, config: EngineConfig, num_identities: int,
-                 make_scheduler, data_parallel_size: int = 1, usage=None, counters=None,
+                 make_scheduler, data_parallel_size: int = 1, stats=None,
                  kv_event_lag_ms: float = 0.0):
         self.worker = worker
         self.index = index
@@ -64,20 +64,20 @@ class Rank:
         self.num_requests = 0
         # arrays (rows of the worker's), so that the compiled pass loop
         # (engine/pass_loop.py) keeps them too
-        self.counters = np.zeros(2, dtype=np.int64) if counters is None else counters
-        self.usage = np.zeros(4, dtype=np.float64) if usage is None else usage
-        # passes, tokens scheduled; KV usage: area, max, value, since
+        # (a `RANK_STATS_DTYPE` record: passes, tokens scheduled, KV usage)
+        self.stats = (records(1, worker_state.RANK_STATS_DTYPE)[0] if stats is None
+                      else stats)
 
-    num_passes = property(lambda self: int(self.counters[worker_state.C_PASSES]))
-    tokens_scheduled = property(lambda self: int(self.counters[worker_state.C_TOKENS]))
-    usage_max = property(lambda self: float(self.usage[worker_state.U_MAX]))
+    num_passes = property(lambda self: int(self.stats["num_passes"]))
+    tokens_scheduled = property(lambda self: int(self.stats["tokens_scheduled"]))
+    usage_max = property(lambda self: float(self.stats["usage_max"]))
 
     def cpu_tier_blocks(self) -> int:
         return self.connector.num_blocks if self.connector is not None else 0
 
     def usage_mean(self, end: float) -> float:
-        u = self.usage
-        area = u[worker_state.U_AREA] + u[worker_state.U_VALUE] * (end - u[worker_state.U_SINCE])
+        u = self.stats
+        area = u["usage_area"] + u["usage_value"] * (end - u["usage_since"])
         return float(area / end) if end > 0 else 0.0
 
 
@@ -103,18 +103,16 @@ class EngineCore:
         self.observer = observer
         self.async_scheduling = config.scheduler.async_scheduling
         self.launch = config.launch
-        usage = np.zeros((data_parallel_size, 4), dtype=np.float64)
-        counters = np.zeros((data_parallel_size, 2), dtype=np.int64)
+        stats = records(data_parallel_size, worker_state.RANK_STATS_DTYPE)
         self.ranks = [Rank(index, r, config, num_identities, make_scheduler, data_parallel_size,
-                           usage[r], counters[r], kv_event_lag_ms)
+                           stats[r], kv_event_lag_ms)
                       for r in range(data_parallel_size)]
         self.pass_log = pass_log
         # the compiled pass loop (engine/pass_loop.py); a disaggregated pool's
         # handoffs are attached to it after this (`attach_transfers`)
         self.compiled = WorkerLoop(
             self.ranks, index, {None: -1, "prefill": 0, "decode": 1}[pool],
-            self.async_scheduling, launch_params(self.launch, config.host_ms_per_pass), usage,
-            counters)
+            self.async_scheduling, launch_params(self.launch, config.host_ms_per_pass), stats)
         # the compiled loop's one live event on the event loop: its key and
         # token (an earlier wake replaces it; the one it replaced is ignored)
         self._resume_key = None

@@ -83,7 +83,7 @@ Times are in ms.
 
 import numpy as np
 
-from servesim.jit import njit
+from servesim.jit import njit, records
 from servesim.scheduler.kv_connector import free_delayed
 from servesim.scheduler.request import KVHandoff, KVLoad, RequestStatus
 from servesim.scheduler.scheduler_arrays import KV_SOURCE_NONE, KV_SOURCE_REMOTE
@@ -91,16 +91,22 @@ from servesim.scheduler.scheduler_arrays import KV_SOURCE_NONE, KV_SOURCE_REMOTE
 # Transfers.I fields (integers) and .F fields (instants)
 X_TOKENS, X_NBYTES, X_LINK, X_DONE = range(4)
 X_SUBMIT, X_START, X_FINISH, X_LAND, X_FREED = range(5)
-# a sender's or receiver's state: pending count, freed-log count
-P_COUNT, P_LOGGED = range(2)
+# a sender's or receiver's state, `state[0]` (one record, `new_side_state`):
+# how many transfers it waits on (`pending[:num_pending]`), how many frees
+# its log holds (`log[:num_logged]`)
+SIDE_DTYPE = np.dtype([("num_pending", np.int64), ("num_logged", np.int64)])
+
+
+def new_side_state():
+    return records(1, SIDE_DTYPE)
 
 
 @njit
 def wait_on(pending, state, i):
     """A sender or receiver waits on request i's transfer (its pending list
-    `pending[:state[P_COUNT]]`, in submission order)."""
-    pending[state[P_COUNT]] = i
-    state[P_COUNT] += 1
+    `pending[:state[0].num_pending]`, in submission order)."""
+    pending[state[0].num_pending] = i
+    state[0].num_pending += 1
 
 
 @njit
@@ -149,17 +155,17 @@ def poll_sender(s, pending, state, log, XF, now):
     transfer landed by `now`, in submission order (`free_delayed`), and
     log it; the others stay pending. `s`: the rank's `SchedulerArrays`."""
     kept = 0
-    for k in range(state[P_COUNT]):
+    for k in range(state[0].num_pending):
         i = pending[k]
         if XF[i, X_LAND] <= now:
             free_delayed(s, i)
             XF[i, X_FREED] = now
-            log[state[P_LOGGED]] = i
-            state[P_LOGGED] += 1
+            log[state[0].num_logged] = i
+            state[0].num_logged += 1
         else:
             pending[kept] = i
             kept += 1
-    state[P_COUNT] = kept
+    state[0].num_pending = kept
 
 
 @njit
@@ -167,7 +173,7 @@ def poll_receiver(R, pending, state, XI, XF, now):
     """A decode rank's poll: pulls landed by `now` are done, their requests
     `KVLoad.LANDED` (the compiled scheduler then admits them)."""
     kept = 0
-    for k in range(state[P_COUNT]):
+    for k in range(state[0].num_pending):
         i = pending[k]
         if XF[i, X_LAND] <= now:
             XI[i, X_DONE] = 1
@@ -175,7 +181,7 @@ def poll_receiver(R, pending, state, XI, XF, now):
         else:
             pending[kept] = i
             kept += 1
-    state[P_COUNT] = kept
+    state[0].num_pending = kept
 
 
 @njit
@@ -222,7 +228,7 @@ class HandoffSender:
         n = len(transfers.I)
         self._pending = np.zeros(n + 1, dtype=np.int64)
         self._log = np.zeros(n + 1, dtype=np.int64)
-        self._state = np.zeros(2, dtype=np.int64)
+        self._state = new_side_state()
 
     def holds(self, i) -> bool:
         return self.scheduler.holds(i)
@@ -236,7 +242,7 @@ class HandoffSender:
     @property
     def freed(self) -> list:
         F = self.transfers.F
-        return [(int(i), float(F[i, X_FREED])) for i in self._log[:self._state[P_LOGGED]]]
+        return [(int(i), float(F[i, X_FREED])) for i in self._log[:self._state[0]["num_logged"]]]
 
 
 class HandoffReceiver:
@@ -250,7 +256,7 @@ class HandoffReceiver:
         self.transfers = transfers
         n = len(transfers.I)
         self._pending = np.zeros(n + 1, dtype=np.int64)
-        self._state = np.zeros(2, dtype=np.int64)
+        self._state = new_side_state()
 
 
 

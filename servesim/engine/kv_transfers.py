@@ -44,8 +44,8 @@ def _kv_room(kv_t, sched_t, ranks, width, num_gpu_blocks):
         kv = kv_t[r]
         KS = kv.KS
         jobs = 2 * width + min(sched_t[r].S[0].num_waiting, num_gpu_blocks)
-        if (KS[ct.K_JOBS] + jobs > kv.jobs.shape[0]
-                or KS[ct.K_JB] + 3 * num_gpu_blocks > kv.job_blocks.shape[1]):
+        if (KS[0].num_jobs + jobs > kv.jobs.shape[0]
+                or KS[0].num_job_blocks + 3 * num_gpu_blocks > kv.job_blocks.shape[1]):
             return False
     return True
 
@@ -53,7 +53,7 @@ def _kv_room(kv_t, sched_t, ranks, width, num_gpu_blocks):
 @njit
 def _submit(kv, j, at_ms):
     """A decided CPU-tier job onto its lane at `at_ms` (cpu_tier.submit)."""
-    ct.submit(kv.lanes, kv.storing, kv.jobs, kv.job_times, kv.job_blocks, kv.KS, kv.KF, j, at_ms)
+    ct.submit(kv.lanes, kv.storing, kv.jobs, kv.job_times, kv.job_blocks, kv.KS, j, at_ms)
 
 
 @njit
@@ -74,9 +74,9 @@ def _poll(kv, R, now):
     """The CPU tier's `get_finished` at a decision: transfers done by now
     take effect (a landed load marks its request KVLoad.LANDED)."""
     KS = kv.KS
-    if KS[ct.K_LEN + ct.STORE] or KS[ct.K_LEN + ct.LOAD]:
+    if KS[0].lane_len[ct.STORE] or KS[0].lane_len[ct.LOAD]:
         ct.get_finished(kv.tier, kv.slot_of, kv.lanes, kv.jobs, kv.job_times, kv.job_blocks, KS,
-                        kv.KF, R, KVLoad.LANDED, now)
+                        R, KVLoad.LANDED, now)
 
 
 @njit
@@ -117,7 +117,7 @@ def _next_land(side_pending_t, side_state_t, XF, ranks):
     (-1.0: none)."""
     t = np.inf
     for r in range(ranks):
-        t = min(t, kv_handoff.next_land(side_pending_t[r], side_state_t[r][kv_handoff.P_COUNT],
+        t = min(t, kv_handoff.next_land(side_pending_t[r], side_state_t[r][0].num_pending,
                                          XF))
     return t if t < np.inf else -1.0
 

@@ -98,7 +98,7 @@ from servesim.engine.kv_transfers import (_kv_room, _next_completion_ms, _next_l
                                           _store_done_ms, _submit, _submit_decided,
                                           _submit_finished_stores, _submit_pulls, rank_kv)
 from servesim.engine.pass_log_buffer import _log_pass, _log_room
-from servesim.engine.worker_state import (C_PASSES, C_TOKENS, DEC_NONE, DEC_NOW, DEC_PASS,
+from servesim.engine.worker_state import (DEC_NONE, DEC_NOW, DEC_PASS,
                                           DEC_WAKE, EV_ARRIVE, EV_DECIDE, EV_END, EV_NONE,
                                           EV_XWAKE, FINISHED, HORIZON, IDLE, LOG_FULL, PH_ENDED,
                                           PH_NORMAL, PH_SETTLE, POOL_DECODE, POOL_PREFILL, ROOM,
@@ -305,7 +305,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                                   w.feats[head, r], w.finished[n_fin:], n)
                     n_fin += n
                     finished_here += n
-                    track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
+                    track_usage(w.stats[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
                     stamp_events(w.sched_t[r].events, t)
                 ws[0].head = following
                 ws[0].num_in_flight = count - 1
@@ -342,12 +342,12 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                         _poll(kv_t[r], w.R, t)
             if pool == POOL_PREFILL:
                 for r in range(ranks):
-                    if w.side_state_t[r][kv_handoff.P_COUNT]:
+                    if w.side_state_t[r][0].num_pending:
                         kv_handoff.poll_sender(w.sched_t[r], w.side_pending_t[r],
                                                 w.side_state_t[r], w.side_log_t[r], w.XF, t)
             elif pool == POOL_DECODE:
                 for r in range(ranks):
-                    if w.side_state_t[r][kv_handoff.P_COUNT]:
+                    if w.side_state_t[r][0].num_pending:
                         kv_handoff.poll_receiver(w.R, w.side_pending_t[r], w.side_state_t[r],
                                                   w.XI, w.XF, t)
             n_taken = 0
@@ -382,7 +382,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                                                 w.side_state_t[r], w.XI, w.XF, w.link_free,
                                                 w.link_of, w.xparams, t, w.pulls, n_pulls)
             for r in range(ranks):
-                track_usage(w.usage[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
+                track_usage(w.stats[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
                 stamp_events(w.sched_t[r].events, t)
             if n_taken or n_pulls:
                 ws[0].phase = PH_SETTLE
@@ -427,9 +427,10 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
             if n_sched == 0:
                 w.pidx[tail, r] = -1
                 continue
-            w.pidx[tail, r] = w.counters[r, C_PASSES]
-            w.counters[r, C_PASSES] += 1
-            w.counters[r, C_TOKENS] += f[output.TOTAL_TOKENS]
+            stats = w.stats[r]
+            w.pidx[tail, r] = stats.num_passes
+            stats.num_passes += 1
+            stats.tokens_scheduled += f[output.TOTAL_TOKENS]
             prefill_tokens += f[output.PREFILL_TOKENS]
             total_tokens += f[output.TOTAL_TOKENS]
             duration = max(duration, price_features(w.model, w.params, f, w.kv_capacity))

@@ -14,6 +14,7 @@ from servesim.jit import Entry
 from servesim.scheduler import output
 from servesim.engine.worker_state import new_worker_arrays
 
+from servesim.engine.kv_handoff import new_side_state
 from servesim.engine.kv_transfers import _next_land
 from servesim.engine.pass_log_buffer import log_arguments
 from servesim.engine.pass_loop import _wake_at, run_passes
@@ -49,7 +50,7 @@ class WorkerLoop:
     the ranks' arrays as tuples (one entry per attention-DP rank, `padded`)."""
 
     def __init__(self, ranks, worker_index, pool_code, async_scheduling, launch_params,
-                 usage, counters):
+                 stats):
         schedulers = [rank.scheduler for rank in ranks]
         s0 = schedulers[0]
         self.ranks = ranks
@@ -71,7 +72,7 @@ class WorkerLoop:
         # disaggregated mode: each rank's sender or receiver arrays and the
         # transfers (`attach_side`); stand-ins of the same types otherwise
         none = np.zeros(1, dtype=np.int64)
-        self._side = [(none, np.zeros(2, dtype=np.int64), none)] * d
+        self._side = [(none, new_side_state(), none)] * d
         self._xfer = (np.zeros((1, 4), dtype=np.int64), np.zeros((1, 5), dtype=np.float64),
                       np.zeros(1, dtype=np.float64), none, np.zeros(3, dtype=np.float64))
         self._side_args = self._side_tuple()
@@ -82,14 +83,13 @@ class WorkerLoop:
         # whose types stay those of the first call until `_args` is rebuilt
         self._entry = Entry(run_passes)
         self.launch = launch_params
-        self.usage = usage
-        self.counters = counters
+        self.stats = stats
         self.width = width
         table = s0.table
         pricer = ranks[0].pricer
         self._shared = (table.R, np.zeros(0, dtype=np.float64))  # arrival_ms (`take_arrivals`)
         self._ranks = (padded([s.arrays for s in schedulers]),
-                       usage, counters, pricer.model, pricer.params, pricer.kv_capacity_tokens,
+                       stats, pricer.model, pricer.params, pricer.kv_capacity_tokens,
                        s0.pool.num_gpu_blocks, launch_params)
 
     idle = property(lambda self: (self.state["num_in_flight"] == 0

@@ -35,9 +35,14 @@ from servesim.bundles import BundleType, declare
 from servesim.jit import njit, records
 from servesim.kvcache.block_pool import kv_usage
 
-# usage: [area, max, value, since]; counters: [passes, tokens_scheduled]
-U_AREA, U_MAX, U_VALUE, U_SINCE = range(4)
-C_PASSES, C_TOKENS = range(2)
+# each rank's counters, `stats[r]` (one record per rank, `RANK_STATS_DTYPE`):
+# passes and tokens scheduled, and vLLM's KV usage over time (its integral
+# since the start, its max, its value and since when it holds)
+RANK_STATS_DTYPE = np.dtype([
+    ("num_passes", np.int64), ("tokens_scheduled", np.int64),
+    ("usage_area", np.float64), ("usage_max", np.float64), ("usage_value", np.float64),
+    ("usage_since", np.float64),
+])
 
 
 
@@ -110,15 +115,15 @@ def new_worker_state(worker_index, pool_code, async_scheduling, stop_on_finish):
 
 
 @njit
-def track_usage(usage, pscal, num_gpu_blocks, now):
+def track_usage(stats, pscal, num_gpu_blocks, now):
     """Integrate vLLM's KV usage (1 - free / usable) up to `now`, then take its
-    new value."""
-    usage[U_AREA] += usage[U_VALUE] * (now - usage[U_SINCE])
-    usage[U_SINCE] = now
+    new value (`stats`: the rank's `RANK_STATS_DTYPE` record)."""
+    stats.usage_area += stats.usage_value * (now - stats.usage_since)
+    stats.usage_since = now
     value = kv_usage(pscal, num_gpu_blocks)
-    usage[U_VALUE] = value
-    if value > usage[U_MAX]:
-        usage[U_MAX] = value
+    stats.usage_value = value
+    if value > stats.usage_max:
+        stats.usage_max = value
 
 
 FIELDS = (
@@ -128,7 +133,7 @@ FIELDS = (
     # a tuple, `padded`), its state, configuration and block pool's among them
     "sched_t",
     # KV usage, counters and pricing
-    "usage", "counters", "model", "params", "kv_capacity", "num_gpu_blocks", "launch",
+    "stats", "model", "params", "kv_capacity", "num_gpu_blocks", "launch",
     # disaggregated mode: each rank's sender or receiver, the handoffs' transfers
     "side_pending_t", "side_state_t", "side_log_t", "XI", "XF", "link_free", "link_of",
     "xparams",

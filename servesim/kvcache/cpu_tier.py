@@ -48,7 +48,7 @@ State of one rank's tier (a :class:`TierArrays`):
   identities) (the tier can never hold more): a held block's identity, READY (0 while its
   store is pending: vLLM's `ref_cnt == -1`), REFS (loads in flight reading
   it) and its neighbours in LRU order, least recently used first (HEAD's
-  next). `slot_of[identity]` is its slot or -1; `free_slots[:KS[K_FREE]]`
+  next). `slot_of[identity]` is its slot or -1; `free_slots[:KS[0].num_free_slots]`
   the slots holding nothing.
 - Jobs (stores, loads) are rows of `jobs` (kind, loading request or -1,
   offset and count of its blocks in `job_blocks`, bytes, submission
@@ -56,7 +56,7 @@ State of one rank's tier (a :class:`TierArrays`):
   block's identity, `job_blocks[1, k]` its G1 block. Job ids only grow; a
   job is never reused.
 - Each lane is `lanes[LANE, :]`: the job ids not yet retired, in service
-  order, from `KS[K_HEAD + LANE]` for `KS[K_LEN + LANE]` entries.
+  order, from `KS[0].lane_head[LANE]` for `KS[0].lane_len[LANE]` entries.
 - `storing[b]` is the latest store job submitted that reads G1 block b (-1:
   none). A retired job's finish is at or before the last poll, so it cannot
   raise `store_done_ms` past "now" — the bound every caller takes a max with.
@@ -68,7 +68,7 @@ admission path that waits for it does not know where the KV comes from.
 
 import numpy as np
 
-from servesim.jit import njit
+from servesim.jit import njit, records
 
 # tier rows
 T_IDENT, T_READY, T_REFS, T_PREV, T_NEXT = range(5)
@@ -79,17 +79,23 @@ NUM_JOB_FIELDS = 6
 JT_SUBMIT, JT_START, JT_FINISH = range(3)
 STORE, LOAD = 0, 1  # job kinds, and lane indices (d2h carries stores, h2d loads)
 STORE_NAME, LOAD_NAME = "store", "load"  # job kinds by name (cpu_tier_connector.JobView.kind)
-# KS: integer scalars
-(K_COUNT, K_MAX, K_FREE, K_JOBS, K_JB, K_SEQ, K_NUM_LOADS, K_NUM_STORES, K_BYTES_LOADED,
- K_BYTES_STORED, K_HIT_TOKENS, K_BLOCK_BYTES, K_FILL, K_BLOCK_SIZE) = range(14)
-K_HEAD = 14  # + lane
-K_LEN = 16  # + lane
-K_CAPACITY = 18  # num_cpu_blocks (the slots are fewer when the workload has fewer identities)
-NUM_KS = 19
-# KF: float scalars
-KF_RATE = 0  # + lane: bytes per ms
-KF_FREE = 2  # + lane: finish of the lane's last retired job
-NUM_KF = 4
+# KS[0]: the tier's scalars, one record (`TIER_DTYPE`)
+TIER_DTYPE = np.dtype([
+    ("num_blocks", np.int64), ("max_blocks", np.int64),  # blocks held, the most ever held
+    # num_cpu_blocks (the slots are fewer when the workload has fewer identities)
+    ("capacity", np.int64),
+    ("num_free_slots", np.int64),  # free_slots[:num_free_slots]
+    ("num_jobs", np.int64), ("num_job_blocks", np.int64),  # jobs made, job_blocks used
+    ("seq", np.int64),  # the last submission sequence drawn
+    ("num_loads", np.int64), ("num_stores", np.int64),
+    ("bytes_loaded", np.int64), ("bytes_stored", np.int64), ("hit_tokens", np.int64),
+    ("block_bytes", np.int64), ("block_size", np.int64),
+    ("fill", np.int64),  # the `offloading` connector: stores follow the computed blocks
+    # per lane (STORE, LOAD): its queue `lanes[lane, lane_head:lane_head + lane_len]`,
+    # its rate in bytes per ms, the finish of its last retired job
+    ("lane_head", np.int64, (2,)), ("lane_len", np.int64, (2,)),
+    ("lane_rate", np.float64, (2,)), ("lane_free_ms", np.float64, (2,)),
+])
 NO_JOB = -1  # prepare_store: the tier has no room, nothing changed
 EMPTY_JOB = -2  # prepare_store: every block is in the tier already
 
@@ -126,8 +132,8 @@ def init_tier(tier, slot_of, free_slots, KS):
     slot_of[:] = -1
     for k in range(cap):
         free_slots[k] = cap - 1 - k  # popped from the end: slot 0 first
-    KS[K_FREE] = cap
-    KS[K_COUNT] = 0
+    KS[0].num_free_slots = cap
+    KS[0].num_blocks = 0
 
 
 @njit
@@ -169,7 +175,7 @@ def prepare_store_blocks(tier, slot_of, free_slots, KS, new, n):
     nothing and return False (the job is dropped). Invariant: the tier never
     holds more than its capacity (`num_cpu_blocks`), each identity once."""
     head = tier.shape[1] - 2
-    to_evict = KS[K_COUNT] + n - KS[K_CAPACITY]
+    to_evict = KS[0].num_blocks + n - KS[0].capacity
     if to_evict > 0:
         found = 0
         s = tier[T_NEXT, head]
@@ -186,22 +192,22 @@ def prepare_store_blocks(tier, slot_of, free_slots, KS, new, n):
                 _unlink(tier, s)
                 slot_of[tier[T_IDENT, s]] = -1
                 tier[T_IDENT, s] = -1
-                free_slots[KS[K_FREE]] = s
-                KS[K_FREE] += 1
-                KS[K_COUNT] -= 1
+                free_slots[KS[0].num_free_slots] = s
+                KS[0].num_free_slots += 1
+                KS[0].num_blocks -= 1
                 to_evict -= 1
             s = nxt
     for k in range(n):
-        KS[K_FREE] -= 1
-        s = free_slots[KS[K_FREE]]
+        KS[0].num_free_slots -= 1
+        s = free_slots[KS[0].num_free_slots]
         tier[T_IDENT, s] = new[k]
         tier[T_READY, s] = 0
         tier[T_REFS, s] = 0
         slot_of[new[k]] = s
         _link_last(tier, s)
-    KS[K_COUNT] += n
-    if KS[K_COUNT] > KS[K_MAX]:
-        KS[K_MAX] = KS[K_COUNT]
+    KS[0].num_blocks += n
+    if KS[0].num_blocks > KS[0].max_blocks:
+        KS[0].max_blocks = KS[0].num_blocks
     return True
 
 
@@ -226,20 +232,20 @@ def complete_load(tier, slot_of, job_blocks, off, n):
 
 @njit
 def _new_job(jobs, job_times, KS, kind, request, nblocks, job_blocks):
-    j = KS[K_JOBS]
-    if j >= len(jobs) or KS[K_JB] + nblocks > job_blocks.shape[1]:
+    j = KS[0].num_jobs
+    if j >= len(jobs) or KS[0].num_job_blocks + nblocks > job_blocks.shape[1]:
         raise RuntimeError("CPU tier: no room for a job (TierArrays.ensure_room)")
-    KS[K_JOBS] = j + 1
+    KS[0].num_jobs = j + 1
     jobs[j, J_KIND] = kind
     jobs[j, J_REQ] = request
-    jobs[j, J_OFF] = KS[K_JB]
+    jobs[j, J_OFF] = KS[0].num_job_blocks
     jobs[j, J_N] = nblocks
-    jobs[j, J_BYTES] = nblocks * KS[K_BLOCK_BYTES]
+    jobs[j, J_BYTES] = nblocks * KS[0].block_bytes
     jobs[j, J_SEQ] = -1
     job_times[j, JT_SUBMIT] = np.nan
     job_times[j, JT_START] = np.nan
     job_times[j, JT_FINISH] = np.nan
-    KS[K_JB] += nblocks
+    KS[0].num_job_blocks += nblocks
     return j
 
 
@@ -321,7 +327,7 @@ def prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS, id
 
 
 @njit
-def transfer_async(lanes, jobs, job_times, KS, KF, j, at_ms):
+def transfer_async(lanes, jobs, job_times, KS, j, at_ms):
     """Put job j on its lane (stores: device to host, loads: host to
     device) at `at_ms`. A lane is FIFO by submission instant, ties in
     submission order: j goes after every queued job submitted at or before
@@ -330,20 +336,20 @@ def transfer_async(lanes, jobs, job_times, KS, KF, j, at_ms):
     takes n / rate). Nothing is submitted for an instant before the last
     poll, so j never goes ahead of a job already started."""
     lane = jobs[j, J_KIND]
-    KS[K_SEQ] += 1
-    jobs[j, J_SEQ] = KS[K_SEQ]
+    KS[0].seq += 1
+    jobs[j, J_SEQ] = KS[0].seq
     job_times[j, JT_SUBMIT] = at_ms
-    head = KS[K_HEAD + lane]
-    n = KS[K_LEN + lane]
+    head = KS[0].lane_head[lane]
+    n = KS[0].lane_len[lane]
     q = lanes[lane]
     pos = head + n
     while pos > head and job_times[q[pos - 1], JT_SUBMIT] > at_ms:
         q[pos] = q[pos - 1]
         pos -= 1
     q[pos] = j
-    KS[K_LEN + lane] = n + 1
-    t = job_times[q[pos - 1], JT_FINISH] if pos > head else KF[KF_FREE + lane]
-    rate = KF[KF_RATE + lane]
+    KS[0].lane_len[lane] = n + 1
+    t = job_times[q[pos - 1], JT_FINISH] if pos > head else KS[0].lane_free_ms[lane]
+    rate = KS[0].lane_rate[lane]
     for k in range(pos, head + n + 1):
         queued = q[k]
         start = max(t, job_times[queued, JT_SUBMIT])
@@ -366,7 +372,7 @@ def store_done_ms(storing, job_times, gpu_blocks, n):
 
 
 @njit
-def submit(lanes, storing, jobs, job_times, job_blocks, KS, KF, j, at_ms):
+def submit(lanes, storing, jobs, job_times, job_blocks, KS, j, at_ms):
     """The engine's submission of a decided job at `at_ms`: a store goes on
     the device-to-host lane and marks its G1 blocks as read; a load goes on
     the host-to-device lane no earlier than the end of the stores still
@@ -374,20 +380,20 @@ def submit(lanes, storing, jobs, job_times, job_blocks, KS, KF, j, at_ms):
     off = jobs[j, J_OFF]
     n = jobs[j, J_N]
     if jobs[j, J_KIND] == STORE:
-        transfer_async(lanes, jobs, job_times, KS, KF, j, at_ms)
+        transfer_async(lanes, jobs, job_times, KS, j, at_ms)
         for k in range(off, off + n):
             storing[job_blocks[1, k]] = j
-        KS[K_NUM_STORES] += 1
-        KS[K_BYTES_STORED] += jobs[j, J_BYTES]
+        KS[0].num_stores += 1
+        KS[0].bytes_stored += jobs[j, J_BYTES]
     else:
         t = store_done_ms(storing, job_times, job_blocks[1, off:off + n], n)
-        transfer_async(lanes, jobs, job_times, KS, KF, j, max(at_ms, t))
-        KS[K_NUM_LOADS] += 1
-        KS[K_BYTES_LOADED] += jobs[j, J_BYTES]
+        transfer_async(lanes, jobs, job_times, KS, j, max(at_ms, t))
+        KS[0].num_loads += 1
+        KS[0].bytes_loaded += jobs[j, J_BYTES]
 
 
 @njit
-def get_finished(tier, slot_of, lanes, jobs, job_times, job_blocks, KS, KF, R,
+def get_finished(tier, slot_of, lanes, jobs, job_times, job_blocks, KS, R,
                  landed, now):
     """Let every transfer finished by `now` take effect, each lane in
     service order: stored blocks become ready (`complete_store`), loaded
@@ -396,11 +402,11 @@ def get_finished(tier, slot_of, lanes, jobs, job_times, job_blocks, KS, KF, R,
     retired = 0
     for lane in range(2):
         q = lanes[lane]
-        head = KS[K_HEAD + lane]
-        n = KS[K_LEN + lane]
+        head = KS[0].lane_head[lane]
+        n = KS[0].lane_len[lane]
         while n > 0 and job_times[q[head], JT_FINISH] <= now:
             j = q[head]
-            KF[KF_FREE + lane] = job_times[j, JT_FINISH]
+            KS[0].lane_free_ms[lane] = job_times[j, JT_FINISH]
             if lane == STORE:
                 complete_store(tier, slot_of, job_blocks, jobs[j, J_OFF], jobs[j, J_N])
             else:
@@ -409,8 +415,8 @@ def get_finished(tier, slot_of, lanes, jobs, job_times, job_blocks, KS, KF, R,
             head += 1
             n -= 1
             retired += 1
-        KS[K_HEAD + lane] = head
-        KS[K_LEN + lane] = n
+        KS[0].lane_head[lane] = head
+        KS[0].lane_len[lane] = n
     return retired
 
 
@@ -419,8 +425,8 @@ def next_completion_ms(lanes, job_times, KS):
     """The earliest finish of a transfer not yet retired, or -1.0 if none."""
     t = -1.0
     for lane in range(2):
-        if KS[K_LEN + lane] > 0:
-            f = job_times[lanes[lane][KS[K_HEAD + lane]], JT_FINISH]
+        if KS[0].lane_len[lane] > 0:
+            f = job_times[lanes[lane][KS[0].lane_head[lane]], JT_FINISH]
             if t < 0 or f < t:
                 t = f
     return t
@@ -438,15 +444,14 @@ class TierArrays:
         self.tier = np.empty((NUM_TIER_ROWS, slots + 2), dtype=np.int64)
         self.slot_of = np.empty(max(num_identities, 1), dtype=np.int32)
         self.free_slots = np.empty(max(slots, 1), dtype=np.int64)
-        self.KS = np.zeros(NUM_KS, dtype=np.int64)
-        self.KF = np.zeros(NUM_KF, dtype=np.float64)
+        self.KS = records(1, TIER_DTYPE)
         init_tier(self.tier, self.slot_of, self.free_slots, self.KS)
-        self.KS[K_CAPACITY] = self.capacity
-        self.KS[K_BLOCK_BYTES] = config.bytes_per_token * block_size
-        self.KS[K_FILL] = config.connector == "offloading"
-        self.KS[K_BLOCK_SIZE] = block_size
-        self.KF[KF_RATE + STORE] = config.d2h_gbps * 1e6  # GB/s = 1e6 B/ms
-        self.KF[KF_RATE + LOAD] = config.h2d_gbps * 1e6
+        self.KS[0]["capacity"] = self.capacity
+        self.KS[0]["block_bytes"] = config.bytes_per_token * block_size
+        self.KS[0]["fill"] = config.connector == "offloading"
+        self.KS[0]["block_size"] = block_size
+        self.KS[0]["lane_rate"][STORE] = config.d2h_gbps * 1e6  # GB/s = 1e6 B/ms
+        self.KS[0]["lane_rate"][LOAD] = config.h2d_gbps * 1e6
         self.storing = np.full(num_gpu_blocks, -1, dtype=np.int64)
         n = 64
         self.jobs = np.zeros((n, NUM_JOB_FIELDS), dtype=np.int64)
@@ -468,14 +473,14 @@ class TierArrays:
         """True if an array was replaced (callers holding them must re-read)."""
         KS = self.KS
         grown = False
-        need = KS[K_JOBS] + num_jobs
+        need = KS[0]["num_jobs"] + num_jobs
         if need > len(self.jobs):
             size = max(need, 2 * len(self.jobs))
             self.jobs = _grown(self.jobs, size, 0)
             self.job_times = _grown(self.job_times, size, 0)
             self.lanes = _grown(self.lanes, size + 1, 1)
             grown = True
-        need = KS[K_JB] + num_blocks
+        need = KS[0]["num_job_blocks"] + num_blocks
         if need > self.job_blocks.shape[1]:
             self.job_blocks = _grown(self.job_blocks, max(need, 2 * self.job_blocks.shape[1]), 1)
             grown = True
@@ -489,12 +494,12 @@ class TierArrays:
     # -- for tests and summaries -----------------------------------------------
 
     def __len__(self):
-        return int(self.KS[K_COUNT])
+        return int(self.KS[0]["num_blocks"])
 
     def __contains__(self, identity):
         return self.slot_of[identity] >= 0
 
-    max_blocks = property(lambda self: int(self.KS[K_MAX]))
+    max_blocks = property(lambda self: int(self.KS[0]["max_blocks"]))
 
     def identities(self) -> list:
         """Identities held, least recently used first."""
@@ -517,7 +522,7 @@ class TierArrays:
 
     def lane_jobs(self, lane) -> list:
         """Job ids not retired on a lane, in service order."""
-        head, n = int(self.KS[K_HEAD + lane]), int(self.KS[K_LEN + lane])
+        head, n = int(self.KS[0]["lane_head"][lane]), int(self.KS[0]["lane_len"][lane])
         return self.lanes[lane, head:head + n].tolist()
 
 

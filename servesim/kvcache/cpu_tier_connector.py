@@ -53,17 +53,17 @@ class CPUTierConnector:
         self.table = table
 
     num_blocks = property(lambda self: len(self.tier))
-    hit_tokens = property(lambda self: int(self.tier.KS[ct.K_HIT_TOKENS]))
-    num_loads = property(lambda self: int(self.tier.KS[ct.K_NUM_LOADS]))
-    num_stores = property(lambda self: int(self.tier.KS[ct.K_NUM_STORES]))
-    bytes_loaded = property(lambda self: int(self.tier.KS[ct.K_BYTES_LOADED]))
-    bytes_stored = property(lambda self: int(self.tier.KS[ct.K_BYTES_STORED]))
+    hit_tokens = property(lambda self: int(self.tier.KS[0]["hit_tokens"]))
+    num_loads = property(lambda self: int(self.tier.KS[0]["num_loads"]))
+    num_stores = property(lambda self: int(self.tier.KS[0]["num_stores"]))
+    bytes_loaded = property(lambda self: int(self.tier.KS[0]["bytes_loaded"]))
+    bytes_stored = property(lambda self: int(self.tier.KS[0]["bytes_stored"]))
 
     def submitted_jobs(self) -> list:
         """Views of every job submitted, in submission order (job ids only
         grow and every job keeps its row; `J_SEQ` is its submission's rank)."""
         t = self.tier
-        seq = t.jobs[:t.KS[ct.K_JOBS], ct.J_SEQ]
+        seq = t.jobs[:t.KS[0]["num_jobs"], ct.J_SEQ]
         order = np.flatnonzero(seq >= 0)
         return [JobView(t, int(j)) for j in order[np.argsort(seq[order], kind="stable")]]
 

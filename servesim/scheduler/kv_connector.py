@@ -86,7 +86,7 @@ def _connector_lookup(s, kv, i, num_hit):
     off = R[i].block_offset
     return ct.get_num_new_matched_tokens(kv.tier, kv.slot_of,
                                          s.idents[off:off + R[i].block_capacity],
-                                         R[i].num_tokens, kv.KS[ct.K_BLOCK_SIZE], num_hit)
+                                         R[i].num_tokens, kv.KS[0].block_size, num_hit)
 
 
 @njit
@@ -116,10 +116,10 @@ def _store_on_free(s, kv, i):
     """`simple_cpu`: the store job of a finishing or preempted request's
     full computed blocks not yet in the tier; < 0 if nothing to store or no
     room."""
-    if kv.KS[ct.K_FILL]:
+    if kv.KS[0].fill:
         return ct.EMPTY_JOB
     R = s.R
-    full = min(R[i].num_computed_tokens, R[i].num_tokens) // kv.KS[ct.K_BLOCK_SIZE]
+    full = min(R[i].num_computed_tokens, R[i].num_tokens) // kv.KS[0].block_size
     return _prepare_store(s, kv, i, 0, full)
 
 
@@ -138,7 +138,7 @@ def _connector_after_schedule(s, out, feats, kv):
         i = out[O_REQ, e]
         if cfg[0].async_scheduling:
             R[i].num_passes_in_flight += 1
-        if not KS[ct.K_FILL]:
+        if not KS[0].fill:
             continue
         full = min(R[i].num_computed_tokens, R[i].num_tokens) // bs
         if full > R[i].cpu_store_cursor:
@@ -162,7 +162,7 @@ def _connector_request_finished(s, kv, i):
     later. A sync engine's last pass already stored every block full at its
     end: nothing."""
     R, cfg = s.R, s.cfg
-    if not kv.KS[ct.K_FILL]:
+    if not kv.KS[0].fill:
         return _store_on_free(s, kv, i)
     if not cfg[0].async_scheduling:
         return ct.EMPTY_JOB

@@ -138,8 +138,7 @@ class RankScheduler:
             jobs = 2 * self._out_width + min(int(self.S[0]["num_waiting"]), self.num_gpu_blocks)
             grown = t.ensure_room(jobs, 3 * self.num_gpu_blocks)
         if grown or self._kv_arrays is None:
-            self._kv_arrays = new_kv_arrays(*self.kv_state, *t.arrays(), t.lanes, t.storing,
-                                            t.KF)
+            self._kv_arrays = new_kv_arrays(*self.kv_state, *t.arrays(), t.lanes, t.storing)
         return self._kv_arrays
 
     @property

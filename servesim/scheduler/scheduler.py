@@ -30,7 +30,6 @@ import numpy as np
 
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
-from servesim.kvcache import cpu_tier as ct
 from servesim.scheduler import check
 from servesim.scheduler.request_queue import wq_add, wq_peek, wq_pop, wq_prepend, wq_remove
 from servesim.scheduler.request import KVHandoff, KVLoad, RequestStatus
@@ -312,7 +311,7 @@ def _admit(s, out, feats, i, hit, num_new, g1_hit, drafts, kv=None):
         if cfg[0].kv_source == KV_SOURCE_CPU:
             if hit > g1_hit:
                 R[i].num_cpu_cached_tokens += hit - g1_hit
-                kv.KS[ct.K_HIT_TOKENS] += hit - g1_hit
+                kv.KS[0].hit_tokens += hit - g1_hit
             R[i].cpu_store_cursor = 0
         elif cfg[0].kv_source == KV_SOURCE_REMOTE and R[i].kv_handoff:
             target = R[i].num_prompt_tokens  # its first admission: the prefill is the prompt only

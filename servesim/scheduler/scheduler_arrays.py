@@ -25,8 +25,8 @@ so that its code is compiled away there. It is a `KVArrays`:
   KO rows (loads, stores, new blocks, ...);
 - the CPU tier's arrays (kvcache/cpu_tier.py `TierArrays`): `tier`,
   `slot_of`, `free_slots`, the transfer jobs `jobs`, `job_times`,
-  `job_blocks`, its scalars `KS`, the transfer lanes `lanes`, the stores
-  reading G1 blocks `storing`, and `KF`; a disaggregated decode rank has an
+  `job_blocks`, its scalars `KS` (one `TIER_DTYPE` record), the transfer
+  lanes `lanes`, the stores reading G1 blocks `storing`; a disaggregated decode rank has an
   empty tier, which its code never touches.
 The tier's job arrays grow (`TierArrays.ensure_room`): the bundle is made
 again then (`RankScheduler._kv`).
@@ -101,7 +101,7 @@ new_scheduler_arrays = declare(SchedulerArraysType, SchedulerArrays, FIELDS,
 
 
 KV_FIELDS = ("wfk", "KO", "KC", "tier", "slot_of", "free_slots", "jobs", "job_times",
-             "job_blocks", "KS", "lanes", "storing", "KF")
+             "job_blocks", "KS", "lanes", "storing")
 
 
 class KVArraysType(BundleType):
