@@ -213,23 +213,46 @@ def compiled_for(dispatcher, args):
         return dispatcher
 
 
+def _give_back(args):
+    """Give back the reference Numba's call took on each bundle in `args`
+    (tuples searched too): see `Entry`."""
+    from numba.experimental.structref import StructRefProxy
+
+    for a in args:
+        if isinstance(a, StructRefProxy):
+            a._meminfo.release()
+        elif isinstance(a, tuple):
+            _give_back(a)
+
+
 class Entry:
     """A kernel that one caller calls again and again with arguments of the
     same types (a worker's pass loop, the loops over workers): the first
     call goes through the dispatcher (which compiles or loads it), later
     ones straight to the function compiled for those types (`compiled_for`).
-    `reset()` when the arguments' types may change."""
+    `reset()` when the arguments' types may change.
+
+    NOTE(refcounts): Numba's call from Python takes a reference on every
+    bundle (servesim/bundles.py) it hands a kernel, for the kernel to give
+    back when it returns; a kernel compiled without reference counts never
+    does, so after each call of one the references taken are given back
+    here (`_give_back`), or every bundle it was ever handed, and all the
+    arrays it holds, would outlive the run."""
 
     def __init__(self, kernel):
         self.kernel = kernel
         self.function = None
+        self.uncounted = getattr(kernel, "targetoptions", {}).get("_nrt") is False
 
     def __call__(self, *args):
         if self.function is None:
             result = self.kernel(*args)
             self.function = compiled_for(self.kernel, args)
-            return result
-        return self.function(*args)
+        else:
+            result = self.function(*args)
+        if self.uncounted:
+            _give_back(args)
+        return result
 
     def reset(self):
         self.function = None
