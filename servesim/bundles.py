@@ -21,14 +21,16 @@ function that makes one. As plain Python (servesim/jit.py `plain_python`) a
 bundle is a `PlainBundle` of the same fields.
 """
 
+import numpy as np
 from numba.core import cgutils, imputils, types
 from numba.core.datamodel import default_manager, models
 from numba.core.runtime.nrtdynmod import _meminfo_struct_type
 from numba.core.typing.templates import AttributeTemplate
 from numba.experimental import structref
-from numba.extending import infer_getattr, lower_getattr_generic, lower_setattr_generic
+from numba.extending import (infer_getattr, intrinsic, lower_getattr_generic, lower_setattr_generic,
+                             overload)
 
-from servesim.jit import plain_python
+from servesim.jit import njit, plain_python
 
 
 class BundleType(types.StructRef):
@@ -110,3 +112,73 @@ def declare(type_class, proxy_class, fields, constructor):
 
     make.__doc__ = f"A `{proxy_class.__name__}` of the values of `{fields}`, in order."
     return make
+
+
+# -- bundles by address: a loop over any number of them, compiled once ----------
+
+
+@intrinsic
+def _address(typingctx, bundle):
+    """The address of `bundle`'s MemInfo (an int64)."""
+    if not isinstance(bundle, BundleType):
+        return None
+
+    def codegen(context, builder, sig, args):
+        meminfo = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=args[0]).meminfo
+        return builder.ptrtoint(meminfo, context.get_value_type(types.int64))
+
+    return types.int64(bundle), codegen
+
+
+@intrinsic
+def _bundle_at(typingctx, addresses, k, like):
+    """The bundle of `like`'s type whose MemInfo is at `addresses[k]`
+    (`bundle_at`). A kernel compiled with reference counts gets a new
+    reference (it counts it down when done); one compiled without them
+    gets the bundle as its caller holds it."""
+    if not isinstance(like, BundleType):
+        return None
+
+    def codegen(context, builder, sig, args):
+        array_type = sig.args[0]
+        array = context.make_array(array_type)(context, builder, args[0])
+        address = builder.load(cgutils.get_item_pointer(context, builder, array_type, array,
+                                                        [args[1]]))
+        bundle = cgutils.create_struct_proxy(sig.args[2])(context, builder)
+        meminfo_type = bundle._get_ptr_by_name("meminfo").type.pointee
+        bundle.meminfo = builder.inttoptr(address, meminfo_type)
+        value = bundle._getvalue()
+        if context.enable_nrt:
+            context.nrt.incref(builder, sig.args[2], value)
+        return value
+
+    return like(addresses, k, like), codegen
+
+
+def bundle_at(addresses, k, like):
+    """Bundle k of `addresses` (`addresses_of`), of the type of `like` (one of
+    them): a loop over many bundles of one type takes them as an array of
+    addresses and one of them, and is compiled once whatever their number
+    (a tuple of them would compile once per length, its code growing with
+    it). Their holder keeps them alive while the loop runs. As plain Python
+    `addresses` is the list of bundles."""
+    return addresses[k]
+
+
+@overload(bundle_at)
+def _bundle_at_compiled(addresses, k, like):
+    if isinstance(like, BundleType):
+        return lambda addresses, k, like: _bundle_at(addresses, k, like)
+
+
+@njit
+def bundle_address(bundle):
+    """`bundle`'s address (`addresses_of`)."""
+    return _address(bundle)
+
+
+def addresses_of(bundles) -> "np.ndarray | list":
+    """The bundles' addresses, for `bundle_at` (as plain Python: the list)."""
+    if plain_python():
+        return list(bundles)
+    return np.array([bundle_address(b) for b in bundles], dtype=np.int64)

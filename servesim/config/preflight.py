@@ -48,7 +48,7 @@ RANK_BYTES = 128 * 1024
 SAMPLE_BYTES = 1024  # replay/telemetry.py: one dict per worker-rank per sample
 TELEMETRY_WARN_SAMPLES = 1_000_000
 MAX_TRACE_BLOCK = 32  # engine blocks in a synthetic trace block, at most
-MAX_COMPILED = 512  # workers per pool, DP ranks per worker (`check_compiled_limits`)
+MAX_COMPILED = 512  # DP ranks per worker (`check_compiled_limits`)
 SYNTHETIC_PLACES = {"output_length": "workload.synthetic.requests x output_tokens",
                     "input_length": "workload.synthetic.requests x input_tokens"}
 
@@ -205,20 +205,15 @@ def session_sizes(sc, block_size: int) -> tuple:
 
 
 def check_compiled_limits(cluster) -> None:
-    """Refuse more workers in a pool, or DP ranks in a worker, than the
-    compiled loops take (MAX_COMPILED): they get them as a tuple padded to a
-    power of two (engine/worker.py `padded`), and Numba compiles no tuple
-    of 1,000 entries or more."""
-    if cluster.disaggregated:
-        counts = [("cluster.prefill_workers", cluster.prefill_workers),
-                  ("cluster.decode_workers", cluster.decode_workers)]
-    else:
-        counts = [("cluster.workers", cluster.workers)]
-    for key, n in counts + cluster.data_parallel_widths():
+    """Refuse more DP ranks in a worker than the compiled pass loop takes
+    (MAX_COMPILED): it gets each rank's arrays in a tuple padded to a power
+    of two (engine/worker.py `padded`), and Numba compiles no tuple of 1,000
+    entries or more. (The loops over workers take any number of them: by
+    address, servesim/bundles.py `bundle_at`.)"""
+    for key, n in cluster.data_parallel_widths():
         if n > MAX_COMPILED:
-            what = "DP ranks per worker" if key.endswith("data_parallel_size") else "workers per pool"
-            raise InputError(f"{key}: {n} is more than the {MAX_COMPILED} {what} servesim simulates "
-                             "(its compiled loops take at most that many)")
+            raise InputError(f"{key}: {n} is more than the {MAX_COMPILED} DP ranks per worker "
+                             "servesim simulates (its compiled pass loop takes at most that many)")
 
 
 def check_timing_packages(cfg) -> None:

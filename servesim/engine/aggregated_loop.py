@@ -31,61 +31,60 @@ import numpy as np
 
 from servesim.engine.pass_log_buffer import log_arguments
 from servesim.engine.pass_loop import run_passes
-from servesim.engine.worker import ARRIVALS_PER_CALL, padded
+from servesim.engine.worker import ARRIVALS_PER_CALL
 from servesim.engine.worker_state import HORIZON, IDLE
 from servesim.engine.worker_loop import (ARRIVE, ROUTED, arrival_due, arrive, new_loop_state,
                                          next_key, next_worker, offer_key, pool_arrays,
                                          run_reporting, worker_horizon)
 from servesim.engine import routing
+from servesim.bundles import addresses_of, bundle_at
 from servesim.jit import Entry, njit, plain_python
 
 # cs: the state of the cluster's loop, that of any loop over workers
 # (engine/worker_loop.py `LOOP_DTYPE`)
 
-# the workers' tuples are this long at least: one compile of the loop for every
-# deployment of up to 8 workers (a tuple's length is part of its type)
-WORKERS_PADDED = 8
-
-
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
-def run_cluster(group, ws_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
+def run_cluster(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
                 never_fits, worker_of, rank_of, status, finished_code, rejected_code,
                 h_time, h_order, h_seq, log_on, log):
     """Run the workers' events and the arrivals up to the horizon (module
-    docstring). Worker k is `group[k]` (its `run_passes` arguments but the
-    horizon and the pass log), `ws_t[k]` its state record, its
-    next event's key `(keys_t[k], keys_o[k], keys_s[k])` (`inf` time: none
-    pending); `pool` is its ranks' routing arrays (fast_workers
-    `pool_arrays`: ranks numbered `worker * dp + rank`). Request i arrives
-    at `arrival_ms[i]` (worker_loop `arrive`), pinned to rank `pinned[i]`
-    (-1: none); where it went goes into `worker_of`, `rank_of` and the
-    pool's count of requests per rank, and `status` gets `finished_code` or
-    `rejected_code` when it is done."""
+    docstring). Worker k is `bundle_at(workers, k, w0)` (its `run_passes`
+    bundle; servesim/bundles.py: the loop is compiled once for any number of
+    workers), its next event's key `(keys_t[k], keys_o[k], keys_s[k])`
+    (`inf` time: none pending); `pool` is its ranks' routing arrays
+    (worker_loop `pool_arrays`: ranks numbered `worker * dp + rank`).
+    Request i arrives at `arrival_ms[i]` (worker_loop `arrive`), pinned to
+    rank `pinned[i]` (-1: none); where it went goes into `worker_of`,
+    `rank_of` and the pool's count of requests per rank, and `status` gets
+    `finished_code` or `rejected_code` when it is done."""
     while True:
-        k = next_worker(keys_t, keys_o, keys_s, ws_t, cs, arrival_ms, h_time, h_order, h_seq)
+        k, popped = next_worker(keys_t, keys_o, keys_s, cs, arrival_ms, h_time, h_order, h_seq)
         if k < 0:
             state = arrival_due(keys_t, keys_o, keys_s, cs, arrival_ms, h_time, h_order, h_seq)
             if state != ARRIVE:
                 return state
-            arrive(group, ws_t, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
+            arrive(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
                    never_fits, worker_of, rank_of, status, rejected_code)
             continue
         # a worker runs up to the next arrival (and the outside horizon); the
         # pass log takes the workers' passes in event order
         t, order, seq = worker_horizon(keys_t, keys_o, keys_s, k, cs, arrival_ms, h_time,
                                        h_order, h_seq, log_on)
-        ws = ws_t[k]
+        w = bundle_at(workers, k, w0)
+        ws = w.ws
+        if popped:
+            ws[0].force = 1  # it runs from its event
         ws[0].seq = cs[0].seq
-        state = run_passes(*(group[k] + (t, order, seq, log_on, log, None)))  # (never checking)
+        state = run_passes(w, None, t, order, seq, log_on, log, None)  # (never checking)
         cs[0].seq = ws[0].seq
         cs[0].last_worker = k
-        finished = group[k][0].finished
+        finished = w.finished
         for e in range(ws[0].num_finished):
             status[finished[e]] = finished_code
         cs[0].num_done += ws[0].num_finished
         ws[0].num_finished = 0
         if state == HORIZON:
-            offer_key(keys_t, keys_o, keys_s, k, ws_t[k][0].next_ms, ws[0].next_order,
+            offer_key(keys_t, keys_o, keys_s, k, ws[0].next_ms, ws[0].next_order,
                       ws[0].next_seq)
         elif state != IDLE:
             cs[0].from_worker = k
@@ -120,7 +119,6 @@ class AggregatedLoop:
         self.keys_s = np.zeros(n, dtype=np.int64)
         self.cs = new_loop_state()
         self.never_fits = np.zeros(len(arrival_ms), dtype=bool)  # (one pool: its own check)
-        self.ws_t = padded([core.compiled.ws for core in cores], WORKERS_PADDED)
         self._group = None
         self._args = None
         self._entry = Entry(run_cluster)
@@ -131,8 +129,8 @@ class AggregatedLoop:
 
     @staticmethod
     def fit(cores) -> bool:
-        """Whether the workers pass arguments of one type (a tuple
-        `run_cluster` indexes at run time) and have no KV transfers (a CPU
+        """Whether the workers pass arguments of one type (`run_cluster`
+        reads their bundles by address as one type) and have no KV transfers (a CPU
         tier's workers route each arrival from the replay: the loop would
         be compiled once more for their type, ~10 s cold, for a saving of
         a few µs an arrival)."""
@@ -173,12 +171,14 @@ class AggregatedLoop:
         self.loop.push(*key, self._resume, self._token)
 
     def _arguments(self):
-        """The workers' `run_passes` arguments, made again when a worker's
-        were (`WorkerLoop.regrow`)."""
+        """The workers' bundles for `run_cluster`, as their addresses and the
+        first of them (servesim/bundles.py `bundle_at`), made again when a
+        worker's bundle was (`WorkerLoop.regrow`); `_args` holds them."""
         args = [core.compiled.arguments() for core in self.cores]
         if self._group is None or any(a is not b for a, b in zip(args, self._args)):
             self._args = args
-            self._group = padded(args, WORKERS_PADDED)
+            bundles = [w for w, _ in args]
+            self._group = (addresses_of(bundles), bundles[0])
         return self._group
 
     def _resume(self, token):
@@ -195,7 +195,7 @@ class AggregatedLoop:
         def call():
             st["arrival_limit"] = min(st["arrival_end"], st["arrival_next"] + ARRIVALS_PER_CALL)
             h = self.observer.horizon_key()
-            return self._entry(self._arguments(), self.ws_t, self.keys_t,
+            return self._entry(*self._arguments(), self.keys_t,
                                self.keys_o, self.keys_s, cs, self.pool, self.arrival_ms,
                                self.pinned, self.never_fits, self.worker_of, self.rank_of,
                                self.status, *self.codes, float(h[0]), int(h[1]),

@@ -42,11 +42,11 @@ a call may be at any key (`ps[0].force`: the workers' event was just popped
 off the event loop), as a core's run may (`ws[0].force`).
 
 Numba compiles `run_workers` once per type of its arguments, and a tuple's
-length is part of its type: a pool's group of workers, and the state arrays,
-are handed over padded to a power of two (engine/worker.py `padded`; the padding is
-never read, the loop reads how many workers there are from `ps[0].num_prefill` and
-`keys_t`). A deployment of 1 or 2 workers per pool compiles
-one loop, not four (each ~12 s on a cold cache), 3 or 4 the next.
+length is part of its type: each pool's workers are handed over as the
+addresses of their bundles and the first of them (servesim/bundles.py
+`bundle_at`), so one compile serves any number of workers (as tuples, the
+loop compiled once per power of two, its code growing with the count: 300
+workers compiled a 512-worker loop for ~200 s).
 
 What the aggregated loop shares with it (the next worker, the arrival step,
 routing) is engine/worker_loop.py.
@@ -60,10 +60,11 @@ import numpy as np
 from servesim.engine.kv_transfers import _next_land
 from servesim.engine.pass_log_buffer import log_arguments
 from servesim.engine.pass_loop import _wake_at, run_passes
-from servesim.engine.worker import ARRIVALS_PER_CALL, padded
+from servesim.engine.worker import ARRIVALS_PER_CALL
 from servesim.engine.worker_state import DEC_NONE, FINISHED, HORIZON, IDLE, TAKEN_OUT
 from servesim.engine.events import DECIDE
 from servesim.engine.kv_handoff import hand_off, wait_on
+from servesim.bundles import addresses_of, bundle_at
 from servesim.jit import Entry, njit, plain_python
 
 from servesim.engine.worker_loop import (ARRIVE, POOL_DP, ROUTED, R_ARRIVAL_MS, R_FINISHED,
@@ -75,7 +76,7 @@ from servesim.engine.worker_loop import (ARRIVE, POOL_DP, ROUTED, R_ARRIVAL_MS, 
 
 
 @njit
-def _tell_senders(group_a, ws_t, keys_t, keys_o, keys_s, ps, w, n_a):
+def _tell_senders(workers_a, wa0, keys_t, keys_o, keys_s, ps, w, n_a):
     """A decode decision's pulls (`w`: the decode worker's arrays), each
     told to its prefill rank's sender (`HandoffSender.scheduled`: the rank
     waits on it), an idle prefill worker woken when its next transfer lands
@@ -83,39 +84,39 @@ def _tell_senders(group_a, ws_t, keys_t, keys_o, keys_s, ps, w, n_a):
     worker's core does. False, with nothing done, when a prefill worker's
     transfer wakes might not hold them and one more (the cores grow them)."""
     for pw in range(n_a):
-        if ws_t[pw][0].num_wakes + w.ws[0].num_pulls + 1 >= len(group_a[pw][0].xw_t):
+        a = bundle_at(workers_a, pw, wa0)
+        if a.ws[0].num_wakes + w.ws[0].num_pulls + 1 >= len(a.xw_t):
             return False
-    dp = group_a[0][0].feats.shape[1]  # links: the prefill ranks, worker by worker
+    dp = wa0.feats.shape[1]  # links: the prefill ranks, worker by worker
     for e in range(w.ws[0].num_pulls):
         i = w.pulls[e]
         pw = w.link_of[i] // dp
         pr = w.link_of[i] % dp
-        a = group_a[pw][0]
+        a = bundle_at(workers_a, pw, wa0)
         wait_on(a.side_pending_t[pr], a.side_state_t[pr], i)
-        ws = ws_t[pw]
+        ws = a.ws
         if ws[0].num_in_flight == 0 and ws[0].decision == DEC_NONE:
             ws[0].seq = ps[0].seq
             if _wake_at(_next_land(a.side_pending_t, a.side_state_t, a.XF, dp), a.sched_t, dp, ws,
                         a.xw_t, a.xw_s):
                 ps[0].seq = ws[0].seq
-                offer_key(keys_t, keys_o, keys_s, pw, ws_t[pw][0].wake_ms, DECIDE, ps[0].seq)
+                offer_key(keys_t, keys_o, keys_s, pw, ws[0].wake_ms, DECIDE, ps[0].seq)
     w.ws[0].num_pulls = 0
     return True
 
 
 @njit
-def _hand_off(group_a, group_b, ws_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp):
-    """Prefill worker k's finishes (`DisaggregatedReplay.on_prefill_done`),
+def _hand_off(a, workers_b, wb0, keys_t, keys_o, keys_s, ps, pool_b, rp):
+    """Prefill worker `a`'s finishes (`DisaggregatedReplay.on_prefill_done`),
     in order: a request that asked for more than its first token is routed
     to a decode rank and handed off there (kv_handoff `hand_off`, queued);
     the others are done."""
-    a = group_a[k][0]
     P = a.R
-    D = group_b[0][0].R
-    now = ws_t[k][0].now_ms
+    D = wb0.R
+    now = a.ws[0].now_ms
     dp_a = a.feats.shape[1]  # links: the prefill ranks, worker by worker
     dp = pool_b[POOL_DP]
-    for e in range(ws_t[k][0].num_finished):
+    for e in range(a.ws[0].num_finished):
         i = a.finished[e]
         if not P[i].do_remote_decode:
             rp[R_STATUS][i] = rp[R_FINISHED]
@@ -128,34 +129,34 @@ def _hand_off(group_a, group_b, ws_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp)
         hand_off(P, D, i, now)
         a.link_of[i] = rp[R_PREFILL_WORKER][i] * dp_a + rp[R_PREFILL_RANK][i]
         rp[R_HANDED][i] = True
-        _queue(pool_b, ws_t, keys_t, keys_o, keys_s, ps, ps[0].num_prefill + j // dp, j, D, i,
-               prompt + 1, now)
-    ws_t[k][0].num_finished = 0
+        _queue(pool_b, bundle_at(workers_b, j // dp, wb0), keys_t, keys_o, keys_s, ps,
+               ps[0].num_prefill + j // dp, j, D, i, prompt + 1, now)
+    a.ws[0].num_finished = 0
 
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
-def run_workers(group_a, group_b, ws_t, keys_t, keys_o, keys_s, ps, pool_a, pool_b, rp,
+def run_workers(workers_a, wa0, workers_b, wb0, keys_t, keys_o, keys_s, ps, pool_a, pool_b, rp,
                 h_time, h_order, h_seq, log_on, log, checking):
     """Run the workers' events up to the horizon (module docstring). Worker k
-    is `group_a[k]` (a prefill worker's `run_passes` arguments but the
-    horizon, the pass log and `checking`, the debug mode: None or True) for
-    k below `ps[0].num_prefill`, else `group_b[k - ps[0].num_prefill]`; `ws_t[k]` is its state record
-    (each tuple `padded`: its entries past the workers are never read).
-    A decode decision's pulls are taken here as its core would take them
-    (`_tell_senders`), and the worker carries on. With `ps[0].open_loop` (an
-    open loop) so are the arrivals (`arrive`, the pools' routing arrays
-    `pool_a`, `pool_b`, the replay's arrays `rp`), a prefill worker's
+    is the prefill worker `bundle_at(workers_a, k, wa0)` for k below
+    `ps[0].num_prefill`, else the decode worker `bundle_at(workers_b, k -
+    ps[0].num_prefill, wb0)` (its `run_passes` bundle, servesim/bundles.py:
+    the loop is compiled once for any number of workers; `checking`: the
+    debug mode, None or True). A decode decision's pulls are taken here as
+    its core would take them (`_tell_senders`), and the worker carries on.
+    With `ps[0].open_loop` so are the arrivals (`arrive`, the pools' routing
+    arrays `pool_a`, `pool_b`, the replay's arrays `rp`), a prefill worker's
     finishes (`_hand_off`) and a decode worker's (`rp[R_STATUS][i]` set
     finished); `ps[0].num_done` counts the requests finished or rejected."""
     n_a = ps[0].num_prefill
     arrival_ms = rp[R_ARRIVAL_MS]
     while True:
-        k = next_worker(keys_t, keys_o, keys_s, ws_t, ps, arrival_ms, h_time, h_order, h_seq)
+        k, popped = next_worker(keys_t, keys_o, keys_s, ps, arrival_ms, h_time, h_order, h_seq)
         if k < 0:
             state = arrival_due(keys_t, keys_o, keys_s, ps, arrival_ms, h_time, h_order, h_seq)
             if state != ARRIVE:
                 return state
-            arrive(group_a, ws_t, keys_t, keys_o, keys_s, ps, pool_a, arrival_ms,
+            arrive(workers_a, wa0, keys_t, keys_o, keys_s, ps, pool_a, arrival_ms,
                    rp[R_PINNED], rp[R_NEVER_FITS], rp[R_PREFILL_WORKER], rp[R_PREFILL_RANK],
                    rp[R_STATUS], rp[R_REJECTED])
             continue
@@ -163,20 +164,19 @@ def run_workers(group_a, group_b, ws_t, keys_t, keys_o, keys_s, ps, pool_a, pool
         # the outside event
         t, order, seq = worker_horizon(keys_t, keys_o, keys_s, k, ps, arrival_ms, h_time,
                                        h_order, h_seq, True)
-        ws = ws_t[k]
+        w = bundle_at(workers_a, k, wa0) if k < n_a else bundle_at(workers_b, k - n_a, wb0)
+        ws = w.ws
+        if popped:
+            ws[0].force = 1  # it runs from its event
         ws[0].seq = ps[0].seq
-        tail = (t, order, seq, log_on, log, checking)
-        if k < n_a:
-            state = run_passes(*(group_a[k] + tail))
-        else:
-            state = run_passes(*(group_b[k - n_a] + tail))
+        state = run_passes(w, w.kv_t, t, order, seq, log_on, log, checking)
         ps[0].seq = ws[0].seq
         ps[0].last_worker = k
         if state == FINISHED and ps[0].open_loop and ws[0].num_taken_out == 0:
             if k < n_a:
-                _hand_off(group_a, group_b, ws_t, keys_t, keys_o, keys_s, ps, k, pool_b, rp)
+                _hand_off(w, workers_b, wb0, keys_t, keys_o, keys_s, ps, pool_b, rp)
             else:
-                finished = group_b[k - n_a][0].finished
+                finished = w.finished
                 for e in range(ws[0].num_finished):
                     rp[R_STATUS][finished[e]] = rp[R_FINISHED]
                 ps[0].num_done += ws[0].num_finished
@@ -184,14 +184,13 @@ def run_workers(group_a, group_b, ws_t, keys_t, keys_o, keys_s, ps, pool_a, pool
             ps[0].carry_on = k
             continue
         if k >= n_a and ws[0].num_taken_out == 0:
-            w = group_b[k - n_a][0]
             if (state == TAKEN_OUT and ws[0].num_finished == 0
-                    and _tell_senders(group_a, ws_t, keys_t, keys_o, keys_s, ps, w, n_a)):
+                    and _tell_senders(workers_a, wa0, keys_t, keys_o, keys_s, ps, w, n_a)):
                 ps[0].carry_on = k
                 continue
         if state == HORIZON:
             # its next event, unless one pushed meanwhile comes first
-            offer_key(keys_t, keys_o, keys_s, k, ws_t[k][0].next_ms, ws[0].next_order,
+            offer_key(keys_t, keys_o, keys_s, k, ws[0].next_ms, ws[0].next_order,
                       ws[0].next_seq)
         if ws[0].num_finished or (state != HORIZON and state != IDLE):
             ps[0].from_worker = k
@@ -217,10 +216,6 @@ class DisaggregatedLoop:
         self.keys_s = np.zeros(n, dtype=np.int64)
         self.ps = new_loop_state()
         self.ps[0]["num_prefill"] = num_prefill
-        # as long as the two groups padded: 4 for 1-2 workers per pool
-        self._num_slots = (len(padded(cores[:num_prefill]))
-                           + len(padded(cores[num_prefill:])))
-        self.ws_t = padded([core.compiled.ws for core in cores], self._num_slots)
         self._groups = None
         self._args = None
         self._entry = Entry(run_workers)
@@ -233,8 +228,8 @@ class DisaggregatedLoop:
 
     @staticmethod
     def fit(cores, num_prefill) -> bool:
-        """Whether each pool's workers pass arguments of one type (a tuple
-        `run_workers` indexes at run time)."""
+        """Whether each pool's workers pass arguments of one type
+        (`run_workers` reads each pool's bundles by address, as one type)."""
         from numba import typeof
 
         if plain_python():
@@ -291,13 +286,16 @@ class DisaggregatedLoop:
             self._schedule(key)
 
     def _arguments(self):
-        """`run_workers`' groups and state arrays, made again when a worker's
-        arguments were (`WorkerLoop.regrow`)."""
+        """Each pool's workers' bundles for `run_workers`, as their addresses
+        and the first of them (servesim/bundles.py `bundle_at`), made again
+        when a worker's bundle was (`WorkerLoop.regrow`); `_args` holds them."""
         args = [core.compiled.arguments() for core in self.cores]
         if self._groups is None or any(a is not b for a, b in zip(args, self._args)):
             self._args = args
             p = self.num_prefill
-            self._groups = (padded(args[:p]), padded(args[p:]), self.ws_t)
+            a = [w for w, _ in args[:p]]
+            b = [w for w, _ in args[p:]]
+            self._groups = (addresses_of(a), a[0], addresses_of(b), b[0])
         return self._groups
 
     def _resume(self, token):

@@ -5,8 +5,11 @@ the compiled loop of an aggregated cluster that takes its open-loop arrivals
 itself (engine/aggregated_loop.py `run_cluster`).
 
 Ranks are numbered `j = worker * data_parallel_size + rank` ((worker, rank)
-order); the ranks' scheduler arrays `sched_t` (a tuple of `SchedulerArrays`,
-scheduler/scheduler_arrays.py) are indexed by j. A request pinned to a rank
+order); the ranks' scheduler arrays (each a `SchedulerArrays`,
+scheduler/scheduler_arrays.py) are a `rank_set`, `(addresses, first)`:
+their addresses and the first of them (servesim/bundles.py `bundle_at`),
+read as rank j's by `rank_at(rank_set, j)`, so that each rule compiles once
+for any number of ranks. A request pinned to a rank
 (`pinned` >= 0, the trace's `dp_rank`) is routed among the ranks with that
 index only.
 
@@ -55,7 +58,7 @@ from enum import IntEnum
 import numpy as np
 
 from servesim.engine.config import RouterConfig
-from servesim.engine.worker import padded
+from servesim.bundles import addresses_of, bundle_at
 from servesim.jit import njit
 from servesim.kvcache import block_pool as bp
 from servesim.scheduler.kv_cache_manager import can_ever_fit
@@ -75,7 +78,6 @@ class RoutePolicy(IntEnum):
 # worker of each pinned rank's cycle (RR_PINNED + rank)
 RR_NEXT, RR_PINNED = 0, 1
 
-RANKS_PADDED = 16  # (`RankArrays`)
 
 
 @njit
@@ -198,7 +200,13 @@ def cached_prefix_seen(s, idents, num_full, scratch, now):
 
 
 @njit
-def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt_tokens,
+def rank_at(rank_set, j):
+    """Rank j's scheduler arrays in `rank_set` (module docstring)."""
+    return bundle_at(rank_set[0], j, rank_set[1])
+
+
+@njit
+def kv_router(rank_set, kvr, num_workers, dp, pinned, idents, scratch, num_prompt_tokens,
               block_size, enable_caching, i, admit, now):
     """`kv_router`'s choice (module docstring) for request i arriving at
     `now`; the request enters the chosen rank's book unless it is rejected
@@ -216,7 +224,7 @@ def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt
         logits[j] = np.inf
         if pinned >= 0 and j % dp != pinned:
             continue
-        s = sched_t[j]
+        s = rank_at(rank_set, j)
         forget_finished(kvr, s.R, s.idents, j)
         hit = 0
         if enable_caching and not ints[KI_LOAD_ONLY]:
@@ -234,7 +242,7 @@ def kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch, num_prompt
                 best = j  # reservoir sampling: each tied rank alike
     if temperature > 0.0:
         best = softmax_sample(logits, n, lo, hi, temperature, uniform(ints))
-    if admit and can_ever_fit(sched_t[best].cfg, num_prompt_tokens):
+    if admit and can_ever_fit(rank_at(rank_set, best).cfg, num_prompt_tokens):
         hit = kvr.hits[best]
         kv_router_book(kvr, best, i, idents, num_full, num_prompt_tokens - hit * block_size)
     return best
@@ -267,7 +275,7 @@ def softmax_sample(logits, n, lo, hi, temperature, u):
 
 
 @njit
-def least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned):
+def least_loaded(rank_set, num_gpu_blocks, num_workers, dp, pinned):
     """`least_loaded`'s choice: the first rank of least (running + waiting
     requests — loads waiting ahead of the queue included —, used blocks)."""
     best = -1
@@ -275,9 +283,9 @@ def least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned):
     for j in range(num_workers * dp):
         if pinned >= 0 and j % dp != pinned:
             continue
-        S = sched_t[j].S
+        S = rank_at(rank_set, j).S
         requests = S[0].num_running + S[0].num_waiting + S[0].num_waiting_for_kv
-        used = bp.usable_blocks(num_gpu_blocks) - sched_t[j].pscal[bp.NUM_FREE]
+        used = bp.usable_blocks(num_gpu_blocks) - rank_at(rank_set, j).pscal[bp.NUM_FREE]
         if best < 0 or requests < best_requests or (requests == best_requests
                                                     and used < best_used):
             best, best_requests, best_used = j, requests, used
@@ -305,7 +313,7 @@ def weighted_score(weights, cached, hit, num_full, waiting, lo, hi, usage):
 
 
 @njit
-def least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
+def least_prefill(rank_set, num_workers, dp, pinned, idents, max_blocks, scratch,
              num_prompt_tokens, block_size):
     """`least_prefill`'s choice: the first rank of least cost, a rank's cost being
     the prompt tokens not in its prefix cache (the longest cached run of the
@@ -317,7 +325,7 @@ def least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
     for j in range(num_workers * dp):
         if pinned >= 0 and j % dp != pinned:
             continue
-        s = sched_t[j]
+        s = rank_at(rank_set, j)
         hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, max_blocks, scratch)
         cost = least_prefill_cost(num_prompt_tokens, hit, block_size, pending_prefill_tokens(s.S))
         if best < 0 or cost < best_cost:
@@ -326,7 +334,7 @@ def least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
 
 
 @njit
-def weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
+def weighted(rank_set, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
              num_prompt_tokens, block_size, enable_caching):
     """`weighted`'s choice (module docstring): the rank of greatest
     `prefix_cache * hit blocks / prompt blocks + queue_depth * (max - waiting)
@@ -338,7 +346,7 @@ def weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scra
     for j in range(num_workers * dp):
         if pinned >= 0 and j % dp != pinned:
             continue
-        S = sched_t[j].S
+        S = rank_at(rank_set, j).S
         waiting = S[0].num_waiting + S[0].num_waiting_for_kv
         lo = min(lo, waiting)
         hi = max(hi, waiting)
@@ -348,7 +356,7 @@ def weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scra
     for j in range(num_workers * dp):
         if pinned >= 0 and j % dp != pinned:
             continue
-        s = sched_t[j]
+        s = rank_at(rank_set, j)
         cached = num_full > 0 and enable_caching
         hit = bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch) if cached else 0
         waiting = s.S[0].num_waiting + s.S[0].num_waiting_for_kv
@@ -364,22 +372,22 @@ def weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scra
 
 
 @njit
-def route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
+def route(policy, rr, rank_set, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
           num_prompt_tokens, block_size, enable_caching, kvr, i, admit, now):
     """The rank `j` (module docstring) `policy` sends request i, arriving at
     `now`, to (`admit` False: it is rejected whichever rank it goes to)."""
     if policy == RoutePolicy.KV_ROUTER:
-        return kv_router(sched_t, kvr, num_workers, dp, pinned, idents, scratch,
+        return kv_router(rank_set, kvr, num_workers, dp, pinned, idents, scratch,
                          num_prompt_tokens, block_size, enable_caching, i, admit, now)
     if policy == RoutePolicy.WEIGHTED:
-        return weighted(sched_t, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
+        return weighted(rank_set, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
                         num_prompt_tokens, block_size, enable_caching)
     if policy == RoutePolicy.LEAST_PREFILL:
         max_blocks = (num_prompt_tokens - 1) // block_size if enable_caching else 0
-        return least_prefill(sched_t, num_workers, dp, pinned, idents, max_blocks, scratch,
+        return least_prefill(rank_set, num_workers, dp, pinned, idents, max_blocks, scratch,
                              num_prompt_tokens, block_size)
     if policy == RoutePolicy.LEAST_LOADED:
-        return least_loaded(sched_t, num_gpu_blocks, num_workers, dp, pinned)
+        return least_loaded(rank_set, num_gpu_blocks, num_workers, dp, pinned)
     return round_robin(rr, num_workers, dp, pinned)
 
 
@@ -423,10 +431,8 @@ class RouterArrays:
 
 class RankArrays:
     """The scheduler arrays of a pool's ranks, which the routing rules read
-    (and the compiled loops over workers queue arrivals on), as a tuple in
-    (worker, rank) order, `padded` to RANKS_PADDED at least (a tuple's length is part of
-    its type: one compile of each rule, and of the cluster loop, for every
-    deployment of up to 16 ranks; the rules never index the padding), the
+    (and the compiled loops over workers queue arrivals on), as a `rank_set`
+    in (worker, rank) order (module docstring), the
     round-robin state and the `RouterArrays` of `options` (a RouterConfig;
     `load_only` on a disaggregated decode pool)."""
 
@@ -439,7 +445,9 @@ class RankArrays:
         self.num_gpu_blocks = pool.num_gpu_blocks
         self.block_size = pool.block_size
         self.enable_caching = bool(pool.enable_caching)
-        self.sched_t = padded([rk.scheduler.arrays for rk in ranks], RANKS_PADDED)
+        arrays = [rk.scheduler.arrays for rk in ranks]
+        self.rank_set = (addresses_of(arrays), arrays[0])
+        self._arrays = arrays  # (the bundles the addresses point to, held for the run)
         self.rr = np.zeros(RR_PINNED + data_parallel_size, dtype=np.int64)
         book = options is not None and options.policy == "kv_router"
         self.router = RouterArrays(options, len(ranks), len(ranks[0].scheduler.table.R),

@@ -169,7 +169,7 @@ class WorkerLoop:
         self._grow_wakes()
         w = new_worker_arrays(*self._shared, *self._ranks, *self._side_args, self.outs,
                               self.feats, self.pidx, self.queue, self.ws, self.xw_t,
-                              self.xw_s, self.finished, self.taken, self.pulls)
+                              self.xw_s, self.finished, self.taken, self.pulls, kv)
         return w, kv
 
     def _grow_wakes(self):

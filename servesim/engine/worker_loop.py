@@ -20,6 +20,7 @@ from servesim.engine.pass_loop import _before, add_request, next_arrival
 from servesim.engine.worker_state import HORIZON, IDLE
 from servesim.engine import routing
 from servesim.engine.events import ARRIVAL, DECIDE
+from servesim.bundles import bundle_at
 from servesim.jit import njit, records
 
 
@@ -83,17 +84,18 @@ def offer_key(keys_t, keys_o, keys_s, slot, t, order, seq):
 
 
 @njit
-def next_worker(keys_t, keys_o, keys_s, ws_t, st, arrival_ms, h_time, h_order, h_seq):
+def next_worker(keys_t, keys_o, keys_s, st, arrival_ms, h_time, h_order, h_seq):
     """The worker whose event a loop over workers runs next (`st`: its
-    state), popped (its run starts from that event: its `force`): the one the
-    core said carries on, else the one with the first key, unless the next
-    arrival (key `(arrival_ms[a], ARRIVAL, st[0].arrival_seq)`) or the horizon
-    comes first (the first event of a call may be at any key:
-    `st[0].force`). -1: none of them (`arrival_due`)."""
+    state), and whether it was popped (the caller then runs it from that
+    event: its `force`): the one the core said carries on, else the one
+    with the first key, unless the next arrival (key `(arrival_ms[a],
+    ARRIVAL, st[0].arrival_seq)`) or the horizon comes first (the first
+    event of a call may be at any key: `st[0].force`). -1: none of them
+    (`arrival_due`)."""
     k = st[0].carry_on
     if k >= 0:  # the core reported what k's loop returned for: k carries on
         st[0].carry_on = -1
-        return k
+        return k, False
     k = _first(keys_t, keys_o, keys_s, -1)
     a = st[0].arrival_next
     if k < 0 or ((a < st[0].arrival_end
@@ -101,11 +103,10 @@ def next_worker(keys_t, keys_o, keys_s, ws_t, st, arrival_ms, h_time, h_order, h
                                   st[0].arrival_seq))
                  or not (st[0].force or _before(keys_t[k], keys_o[k], keys_s[k],
                                                 h_time, h_order, h_seq))):
-        return -1  # the arrival, or the outside event, comes first
+        return -1, False  # the arrival, or the outside event, comes first
     st[0].force = 0
     keys_t[k] = np.inf  # popped: the worker runs from its event
-    ws_t[k][0].force = 1
-    return k
+    return k, True
 
 
 @njit
@@ -165,7 +166,7 @@ def pool_arrays(ranks: routing.RankArrays, policy, table, extra_tokens=0):
     prompts = table.R["num_prompt_tokens"]
     longest = (int(prompts.max()) if len(prompts) else 1) + extra_tokens
     scratch = np.zeros(max(1, longest // ranks.block_size), dtype=np.int64)
-    return (int(policy), ranks.rr, ranks.sched_t, np.zeros(len(ranks.ranks), dtype=np.int64),
+    return (int(policy), ranks.rr, ranks.rank_set, np.zeros(len(ranks.ranks), dtype=np.int64),
             ranks.num_gpu_blocks, ranks.num_workers, ranks.dp, ranks.block_size,
             ranks.enable_caching, table.idents, scratch, ranks.router)
 
@@ -198,10 +199,10 @@ def _route(pool, R, i, num_prompt_tokens, pinned, now, admit=True):
     (row i of `R`), with `num_prompt_tokens`, goes to at `now`
     (engine/routing.py `route`; `admit` False: rejected wherever it goes),
     counted as routed there."""
-    (policy, rr, sched_t, routed, num_gpu_blocks, num_workers, dp, block_size, enable_caching,
+    (policy, rr, rank_set, routed, num_gpu_blocks, num_workers, dp, block_size, enable_caching,
      idents, scratch, kvr) = pool
     off = R[i].block_offset
-    j = routing.route(policy, rr, sched_t, num_gpu_blocks, num_workers, dp, pinned,
+    j = routing.route(policy, rr, rank_set, num_gpu_blocks, num_workers, dp, pinned,
                       idents[off:off + R[i].block_capacity], scratch, num_prompt_tokens,
                       block_size, enable_caching, kvr, i, admit, now)
     routed[j] += 1  # routed here, rejected or not
@@ -209,13 +210,14 @@ def _route(pool, R, i, num_prompt_tokens, pinned, now, admit=True):
 
 
 @njit
-def _queue(pool, ws_t, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prompt_tokens, now):
-    """Request i arrives at rank `j` of `pool` (worker `slot` of the loop)
-    now (pass_loop `add_request`, as the worker's core queues it); False if it
-    can never fit there. A worker it wakes decides at this instant."""
-    ws = ws_t[slot]
+def _queue(pool, w, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prompt_tokens, now):
+    """Request i arrives at rank `j` of `pool` (worker `w`, the loop's worker
+    `slot`) now (pass_loop `add_request`, as the worker's core queues it);
+    False if it can never fit there. A worker it wakes decides at this
+    instant."""
+    ws = w.ws
     ws[0].seq = ps[0].seq
-    if not add_request(pool[2][j], ws, i, num_prompt_tokens, now):
+    if not add_request(routing.rank_at(pool[2], j), ws, i, num_prompt_tokens, now):
         return False
     if ws[0].seq != ps[0].seq:  # it woke the engine: a decision at this instant
         ps[0].seq = ws[0].seq
@@ -224,15 +226,16 @@ def _queue(pool, ws_t, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prompt_tok
 
 
 @njit
-def arrive(group, ws_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, never_fits,
+def arrive(workers, w0, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, never_fits,
            worker_of, rank_of, status, rejected_code):
     """The next arrival a loop over workers takes (`st`: its state), as the
     replay's `_on_arrival` would take it: routed to a rank of `pool` (the
-    workers `group[k]`; where it went into `worker_of`, `rank_of`), and
-    queued there unless it can never fit there, or `never_fits[i]` (a
-    disaggregated prefill pool's request whose prompt and first token can
-    never fit the decode pool): rejected (`status[i] = rejected_code`)."""
-    R = group[0][0].R
+    workers at `workers`, `bundle_at` them, `w0` the first; where it went
+    into `worker_of`, `rank_of`), and queued there unless it can never fit
+    there, or `never_fits[i]` (a disaggregated prefill pool's request whose
+    prompt and first token can never fit the decode pool): rejected
+    (`status[i] = rejected_code`)."""
+    R = w0.R
     i = next_arrival(R, st, arrival_ms)
     now = arrival_ms[i]
     dp = pool[POOL_DP]
@@ -240,8 +243,9 @@ def arrive(group, ws_t, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, ne
     k = j // dp
     worker_of[i] = k
     rank_of[i] = j % dp
-    ws_t[k][0].now_ms = now  # its last event (the run ends at the last of any)
-    if never_fits[i] or not _queue(pool, ws_t, keys_t, keys_o, keys_s, st, k, j, R, i,
+    w = bundle_at(workers, k, w0)
+    w.ws[0].now_ms = now  # its last event (the run ends at the last of any)
+    if never_fits[i] or not _queue(pool, w, keys_t, keys_o, keys_s, st, k, j, R, i,
                                    R[i].num_prompt_tokens, now):
         status[i] = rejected_code
         st[0].num_done += 1

@@ -18,12 +18,13 @@ The fields carry the names the loop's docstring uses (the request table `R`,
 each rank's scheduler arrays `sched_t` (a tuple of
 `SchedulerArrays`, scheduler/scheduler_arrays.py, the bundle the scheduler's
 kernels take) and other per-rank tuples `*_t`, the batch queue's `outs` /
-`feats` / `pidx` / `queue` (`PASS_DTYPE` records),
-the worker's state `ws` (one `WORKER_DTYPE` record), ...); `WorkerLoop._make_args` builds one,
-again whenever one of its arrays is replaced by a larger one. The rank's `kv`
-bundle stays an argument of the loop: it is None on a worker without a CPU
-tier or remote KV, and the loop's code for it is chosen by that argument's
-type when it compiles.
+`feats` / `pidx` / `queue` (`PASS_DTYPE` records), the worker's state
+`ws` (one `WORKER_DTYPE` record), ...); `WorkerLoop._make_args` builds
+one, again whenever one of its arrays is replaced by a larger one. The
+ranks' `kv` bundles stay an argument of the loop: None on a worker without
+a CPU tier or remote KV, the loop's code for them is chosen by that
+argument's type when it compiles (a loop over workers hands it the
+bundle's `kv_t`).
 """
 
 import enum
@@ -140,6 +141,9 @@ FIELDS = (
     # the batch queue, the worker's state, transfer wakes, what the loop hands back
     "outs", "feats", "pidx", "queue", "ws", "xw_t", "xw_s", "finished",
     "taken", "pulls",
+    # each rank's `kv` bundle (`RankScheduler._kv`; None: no CPU tier and no
+    # remote KV), as `run_passes` takes it: for a loop over workers
+    "kv_t",
 )
 
 

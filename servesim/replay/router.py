@@ -80,7 +80,7 @@ class Router:
         a = self.arrays
         if num_prompt_tokens // a.block_size > len(self._scratch):  # a cached run
             self._scratch = np.zeros(num_prompt_tokens // a.block_size, dtype=np.int64)
-        return a.target(self._call(routing.route, int(self.code), a.rr, a.sched_t,
+        return a.target(self._call(routing.route, int(self.code), a.rr, a.rank_set,
                                    a.num_gpu_blocks, a.num_workers, a.dp, pinned_rank, idents,
                                    self._scratch, num_prompt_tokens, a.block_size,
                                    a.enable_caching, a.router, i, admit, float(now)))
