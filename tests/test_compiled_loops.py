@@ -261,7 +261,7 @@ def test_the_loops_bundle_holds_the_workers_own_arrays():
 
     @njit
     def fields(w):  # (the proxy has no Python attributes: read them compiled)
-        return (w.R, w.usage, w.launch, w.num_gpu_blocks, w.outs, w.ws, w.queue, w.pulls)
+        return (w.R, w.stats, w.launch, w.num_gpu_blocks, w.outs, w.ws, w.queue, w.pulls)
 
     @njit
     def rank_fields(w, r):
@@ -277,10 +277,10 @@ def test_the_loops_bundle_holds_the_workers_own_arrays():
     compiled = replay.workers[0].compiled
     w, kv = compiled.arguments()
     s = compiled.schedulers
-    R, usage, launch, num_gpu_blocks, outs, ws, queue, pulls = fields(w)
+    R, stats, launch, num_gpu_blocks, outs, ws, queue, pulls = fields(w)
     assert kv is None
     assert np.shares_memory(R, s[0].table.R)
-    assert np.shares_memory(usage, compiled.usage) and np.shares_memory(launch, compiled.launch)
+    assert np.shares_memory(stats, compiled.stats) and np.shares_memory(launch, compiled.launch)
     assert num_gpu_blocks == s[0].pool.num_gpu_blocks
     for mine, its in ((outs, compiled.outs), (ws, compiled.ws), (queue, compiled.queue),
                       (pulls, compiled.pulls)):

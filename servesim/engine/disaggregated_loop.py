@@ -134,6 +134,20 @@ def _hand_off(a, workers_b, wb0, keys_t, keys_o, keys_s, ps, pool_b, rp):
     a.ws[0].num_finished = 0
 
 
+@njit
+def _run_worker(w, popped, ps, t, order, seq, log_on, log, checking):
+    """Worker `w`'s events up to the horizon `(t, order, seq)` (`run_passes`),
+    from its event if it was `popped`, the event loop's sequence counter
+    handed in and back; the state it returned."""
+    ws = w.ws
+    if popped:
+        ws[0].force = 1  # it runs from its event
+    ws[0].seq = ps[0].seq
+    state = run_passes(w, w.kv_t, t, order, seq, log_on, log, checking)
+    ps[0].seq = ws[0].seq
+    return state
+
+
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
 def run_workers(workers_a, wa0, workers_b, wb0, keys_t, keys_o, keys_s, ps, pool_a, pool_b, rp,
                 h_time, h_order, h_seq, log_on, log, checking):
@@ -164,19 +178,21 @@ def run_workers(workers_a, wa0, workers_b, wb0, keys_t, keys_o, keys_s, ps, pool
         # the outside event
         t, order, seq = worker_horizon(keys_t, keys_o, keys_s, k, ps, arrival_ms, h_time,
                                        h_order, h_seq, True)
-        w = bundle_at(workers_a, k, wa0) if k < n_a else bundle_at(workers_b, k - n_a, wb0)
-        ws = w.ws
-        if popped:
-            ws[0].force = 1  # it runs from its event
-        ws[0].seq = ps[0].seq
-        state = run_passes(w, w.kv_t, t, order, seq, log_on, log, checking)
-        ps[0].seq = ws[0].seq
+        # (the pools' bundles may differ in type: each is read in its branch)
+        if k < n_a:
+            a = bundle_at(workers_a, k, wa0)
+            state = _run_worker(a, popped, ps, t, order, seq, log_on, log, checking)
+            ws, finished = a.ws, a.finished
+        else:
+            b = bundle_at(workers_b, k - n_a, wb0)
+            state = _run_worker(b, popped, ps, t, order, seq, log_on, log, checking)
+            ws, finished = b.ws, b.finished
         ps[0].last_worker = k
         if state == FINISHED and ps[0].open_loop and ws[0].num_taken_out == 0:
             if k < n_a:
-                _hand_off(w, workers_b, wb0, keys_t, keys_o, keys_s, ps, pool_b, rp)
+                _hand_off(bundle_at(workers_a, k, wa0), workers_b, wb0, keys_t, keys_o, keys_s,
+                          ps, pool_b, rp)
             else:
-                finished = w.finished
                 for e in range(ws[0].num_finished):
                     rp[R_STATUS][finished[e]] = rp[R_FINISHED]
                 ps[0].num_done += ws[0].num_finished
@@ -185,7 +201,8 @@ def run_workers(workers_a, wa0, workers_b, wb0, keys_t, keys_o, keys_s, ps, pool
             continue
         if k >= n_a and ws[0].num_taken_out == 0:
             if (state == TAKEN_OUT and ws[0].num_finished == 0
-                    and _tell_senders(workers_a, wa0, keys_t, keys_o, keys_s, ps, w, n_a)):
+                    and _tell_senders(workers_a, wa0, keys_t, keys_o, keys_s, ps,
+                                      bundle_at(workers_b, k - n_a, wb0), n_a)):
                 ps[0].carry_on = k
                 continue
         if state == HORIZON:
