@@ -19,6 +19,12 @@ them), and a constructor, a cached kernel of that module returning
 `declare(type, proxy, fields, constructor)` registers it and returns the
 function that makes one. As plain Python (servesim/jit.py `plain_python`) a
 bundle is a `PlainBundle` of the same fields.
+
+A loop over many bundles of one type (a pool's workers, its ranks for the
+routing rules) takes them as an array of their addresses and the first of
+them, and reads bundle k with `bundle_at`: a tuple's length is part of its
+type, so a tuple of them compiled the loop once per length, its code growing
+with it; by address it compiles once for any number.
 """
 
 import numpy as np
