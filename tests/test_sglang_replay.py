@@ -7,7 +7,6 @@ from pathlib import Path
 import attrs
 import pytest
 
-from servesim.errors import InputError
 from servesim.replay.api import resolve_config, simulate
 from servesim.workload.load import load_workload
 

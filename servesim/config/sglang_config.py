@@ -6,7 +6,6 @@ import attrs
 
 from servesim.config.validation import BOOL, INT, NUMBER, Section, enum, ge, gt
 from servesim.engine.config import EngineConfig
-from servesim.sglang.cluster import ROUTERS as SGLANG_ROUTERS
 from servesim.sglang.config import SGLangConfig
 
 BACKENDS = ("vllm", "sglang")
