@@ -10,13 +10,15 @@ Loading a cached kernel. Numba refreshes its target context before every
 cache load (`Cache.load_overload`): the first refresh imports its whole
 library of typings and lowerings (NumPy's, the random generators', typed
 containers', ...), which only a compile uses. A cached kernel is machine code:
-it needs Numba's runtime started (its functions' symbols, `rtsys.initialize`)
-and the symbols every target context registers when it is made, nothing of the
-registries. So a cache load here starts the runtime only
-(`_load_without_refresh`); a compile still refreshes in full (Numba's compiler
-refreshes both contexts itself, and so does a lookup of an implementation the
-context lacks). The kernels' cached code declares only the runtime's
-(`NRT_*`), Numba's helpers' (`numba_*`), Python's C API and LLVM intrinsics
+it needs the symbols of Numba's runtime (its C functions) and those every
+target context registers when it is made, nothing of the registries, nor the
+runtime's own LLVM module, which Numba compiles at start (a cached kernel
+carries its copy of those functions). So a cache load here registers the
+runtime's symbols only (`_load_without_refresh`, `_runtime_symbols`); a
+compile still refreshes in full (Numba's compiler refreshes both contexts
+itself, and so does a lookup of an implementation the context lacks). The
+kernels' cached code declares only the runtime's C functions (`NRT_*`),
+Numba's helpers' (`numba_*`), Python's C API and LLVM intrinsics
 (tests/test_startup.py checks every kernel a few runs load). Unpickling a
 cached kernel's environments would import the modules of Numba's own
 overloads compiled into it (`numba.np.arrayobj`, `numba.np.arraymath`: most
@@ -120,10 +122,11 @@ def _load_without_refresh() -> bool:
     if load.__code__.co_names != ("refresh", "_guard_against_spurious_io_errors", "_load_overload") \
             or not hasattr(nrt.rtsys, "initialize"):
         return False
+    start = _runtime_symbols(nrt)
 
     def load_overload(self, sig, target_context):
         """Numba's `Cache.load_overload` without `target_context.refresh()`."""
-        nrt.rtsys.initialize(target_context)
+        start(target_context)
         with self._guard_against_spurious_io_errors():
             return self._load_overload(sig, target_context)
 
@@ -138,6 +141,41 @@ def _load_without_refresh() -> bool:
     cpu.CPUContext.refresh = refresh_without_probes
     _environments_without_imports()
     return True
+
+
+def _runtime_symbols(nrt):
+    """What a cache load starts of Numba's runtime: the symbols of its C
+    functions (`NRT_MemInfo_alloc`, ...), which cached code calls. Numba's
+    `rtsys.initialize` also compiles the runtime's LLVM module (reference
+    counts, atomic adds), ~30 ms in every process; a cached kernel carries its
+    own copy of those functions (linked in when it was compiled), so only a
+    compile needs it, and a compile's refresh initializes the runtime in full.
+    Numba's own `initialize` when its code is not what this was written for."""
+    import inspect
+
+    from llvmlite import binding as ll
+    from numba.core import config
+
+    runtime = type(nrt.rtsys)
+    names = inspect.unwrap(runtime.initialize).__code__.co_names
+    helpers = getattr(getattr(nrt, "_nrt", None), "c_helpers", None)
+    if not isinstance(helpers, dict) or names != (
+            "_init", "config", "NRT_STATS", "_nrt", "memsys_enable_stats", "c_helpers",
+            "startswith", "ll", "add_symbol", "nrtdynmod", "compile_nrt_functions", "_library"):
+        return lambda ctx: nrt.rtsys.initialize(ctx)
+    started = []
+
+    def start(ctx):
+        if started or nrt.rtsys._init:
+            return
+        with nrt.global_compiler_lock:
+            if config.NRT_STATS:
+                nrt._nrt.memsys_enable_stats()
+            for name, address in helpers.items():  # as Numba's initialize names them
+                ll.add_symbol(name if name.startswith("_") else "NRT_" + name, address)
+            started.append(True)
+
+    return start
 
 
 def _environments_without_imports() -> None:
