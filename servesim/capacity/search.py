@@ -29,6 +29,10 @@ and `slo.json`; capacity: `capacity.json`). A point whose file records the
 same resolved config and SLOs (and search settings) is not run again, so an
 interrupted search resumes. The results: `DIR/search.csv` and
 `DIR/search.json`, in grid order.
+
+With `prices` ({gpu: $/h}, `--cost`) a point's cost is its $/h
+(`cost.py`): levels, skipping and ranking go by $/h, then GPUs, instead of
+GPUs alone; search.csv gains `dollars_per_hour`.
 """
 
 import contextlib
@@ -65,6 +69,7 @@ class SearchPoint:
     row: dict | None = None  # the probe row (rate) or capacity document (capacity)
     resumed: bool = False
     rank: int | None = None
+    cost: float | None = None  # $/h with `prices`, else None (ranked by GPUs)
 
 
 # --------------------------------------------------------------------------- tasks (worker processes)
@@ -139,7 +144,7 @@ def _resumed(path: Path, fingerprint: dict):
 
 def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode=False, limit=None,
            precision=None, min_rate=None, max_rate=None, jobs=None, executor="local", ray_address=None,
-           skip=True, progress=None) -> dict:
+           skip=True, progress=None, prices=None, base_overrides=()) -> dict:
     """Run the search (see the module docstring) and write search.csv /
     search.json into `out_dir`; returns the search.json document."""
     from servesim.capacity.capacity import DEFAULT_PRECISION, bracket_limits
@@ -156,7 +161,8 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
     if executor == "ray":
         executors.import_ray()
     config_path = os.path.abspath(str(config))
-    extra = () if limit is None else (f"workload.limit={int(limit)}",)
+    # `base_overrides`: applied under every point (servesim plan's start-able base)
+    extra = (*base_overrides, *(() if limit is None else (f"workload.limit={int(limit)}",)))
     base = load_config(config_path, extra)
     load = load_of(base)
     if rate is not None:
@@ -170,7 +176,7 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
     if not isinstance(grid, Grid):
         grid = load_grid(grid)
     check_grid_keys(load, grid.keys, grid.source)
-    validate_points(config_path, grid)  # messages naming the grid's line
+    validate_points(config_path, grid, base_overrides)  # messages naming the grid's line
     out = Path(out_dir)
     from servesim.results.outdir import check_replaceable, record_written
 
@@ -190,6 +196,10 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
                              f"to {load_of(cfg).key}; every point must share one load")
         resolved = json.loads(json.dumps(config_to_dict(cfg)))
         p = SearchPoint(i, values, f"{POINTS_DIR}/{name}", gpus_of(resolved), resolved)
+        if prices is not None:
+            from servesim.capacity.cost import dollars_per_hour, gpu_counts
+
+            p.cost = dollars_per_hour(gpu_counts(resolved), prices)
         points.append(p)
         point_dir = str((out / p.dir).absolute())
         if capacity_mode:
@@ -230,6 +240,7 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
         for r, p in enumerate(ranked, 1):
             p.rank = r
         doc = _document(config_path, grid, slos, load, rate, capacity_mode, settings, points, ranked)
+        doc["prices"] = prices
         write_search_files(doc, out)
         return doc
 
@@ -248,16 +259,26 @@ def _run_levels(run_level, points, capacity_mode, skip) -> None:
     if capacity_mode:
         run_level(points)
     else:
-        for gpus in sorted({p.gpus for p in points}):
-            run_level([p for p in points if p.gpus == gpus])
-            meeting = [p for p in points if p.gpus == gpus and _meets(p)]
+        for level in sorted({_level(p) for p in points}):
+            run_level([p for p in points if _level(p) == level])
+            meeting = [p for p in points if _level(p) == level and _meets(p)]
             if meeting and skip:
                 for q in points:
-                    if q.gpus > gpus:
+                    if _level(q) > level:
                         q.status = SKIPPED
-                        q.error = (f"cannot win: {q.gpus} GPUs, more than point {meeting[0].index}'s "
-                                   f"{gpus}, which meets the SLOs")
+                        q.error = (f"cannot win: {_level_text(q)}, more than point {meeting[0].index}'s "
+                                   f"{_level_text(meeting[0]) if q.cost is not None else meeting[0].gpus}, "
+                                   "which meets the SLOs")
                 break
+
+
+def _level(p: SearchPoint) -> tuple:
+    """What a rate search orders points by: $/h (with prices), then GPUs."""
+    return (p.cost, p.gpus) if p.cost is not None else (p.gpus,)
+
+
+def _level_text(p: SearchPoint) -> str:
+    return f"${p.cost:g}/h on {p.gpus} GPUs" if p.cost is not None else f"{p.gpus} GPUs"
 
 
 def _remove_interrupted(out: Path, points) -> None:
@@ -288,7 +309,7 @@ def _meets(p: SearchPoint) -> bool:
 
 def _rate_key(p: SearchPoint):
     margin = p.row["margin"]
-    return (p.gpus, -(margin if margin is not None else -1e300), p.index)
+    return (*_level(p), -(margin if margin is not None else -1e300), p.index)
 
 
 def _capacity_key(p: SearchPoint):
@@ -298,7 +319,8 @@ def _capacity_key(p: SearchPoint):
 
 
 def _point_doc(p: SearchPoint, capacity_mode: bool) -> dict:
-    doc = {"point": p.index, "values": p.values, "gpus": p.gpus, "dir": p.dir, "status": p.status,
+    doc = {"point": p.index, "values": p.values, "gpus": p.gpus, "dollars_per_hour": p.cost,
+           "dir": p.dir, "status": p.status,
            "error": p.error, "resumed": p.resumed, "rank": p.rank, "meets": _meets(p)}
     row = p.row or {}
     if capacity_mode:
@@ -336,7 +358,8 @@ def _document(config_path, grid, slos, load, rate, capacity_mode, settings, poin
                    f"req/s per GPU on {winner.gpus} GPU(s)")
     else:
         message = (f"winner: point {winner.index} ({_values_text(winner.values)}) meets the SLOs at "
-                   f"{load.key}={rate} with {winner.gpus} GPU(s), margin {winner.row['margin']}")
+                   f"{load.key}={rate} with " + (f"{winner.gpus} GPU(s)" if winner.cost is None
+                                                     else _level_text(winner)) + f", margin {winner.row['margin']}")
     return {
         "config": config_path,
         "grid": os.path.abspath(grid.source),
@@ -368,7 +391,8 @@ def write_search_files(doc: dict, out_dir) -> None:
     from servesim.config.slo import checked_names
 
     names = checked_names(doc["slo"])
-    columns = ["point", *doc["keys"], "gpus", "status", "error", "meets", "rank"]
+    columns = ["point", *doc["keys"], "gpus", *(["dollars_per_hour"] if doc.get("prices") else []),
+               "status", "error", "meets", "rank"]
     if doc["mode"] == "capacity":
         columns += ["capacity", "capacity_status", "capacity_is_lower_bound"]
     columns += ["margin", "binding_slo", *names, "rejected", "unfinished", "request_rate",
@@ -380,7 +404,7 @@ def write_search_files(doc: dict, out_dir) -> None:
         row = {"point": p["point"], "gpus": p["gpus"], "status": p["status"], "error": p["error"] or "",
                "meets": "true" if p["meets"] else "false", "dir": p["dir"]}
         row.update({k: cell_text(p["values"][k]) if k in p["values"] else "" for k in doc["keys"]})
-        for key in ("rank", "capacity", "capacity_status", "capacity_is_lower_bound", "margin", "binding_slo",
+        for key in ("dollars_per_hour", "rank", "capacity", "capacity_status", "capacity_is_lower_bound", "margin", "binding_slo",
                     "rejected", "unfinished", "request_rate", "request_rate_per_gpu"):
             if key in columns:
                 row[key] = "" if p.get(key) is None else cell_text(p[key])

@@ -448,6 +448,9 @@ def _register_capacity_commands():
 
     main.add_command(capacity_command, "capacity")
     main.add_command(search_command, "search")
+    from servesim.cli.plan import plan_command
+
+    main.add_command(plan_command, "plan")
     from servesim.cli.warmup import warmup_command
 
     main.add_command(warmup_command, "warmup")

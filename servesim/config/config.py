@@ -660,7 +660,7 @@ def _cluster(ctx: Ctx, data, engine_data, engine: EngineConfig) -> ClusterConfig
         decode_workers=s.get("decode_workers", INT, 1, ge(1)),
         prefill=pools["prefill"],
         decode=pools["decode"],
-        kv_transfer=_kv_transfer(ctx, s),
+        kv_transfer=_kv_transfer(ctx, s, pools["prefill"].deployment),
         prefill_data_parallel_size=widths["prefill"],
         decode_data_parallel_size=widths["decode"],
         **common,
@@ -729,16 +729,24 @@ def _pool_engine(ctx: Ctx, s: Section, pool: str, engine_data, engine: EngineCon
     return config
 
 
-def _kv_transfer(ctx: Ctx, s: Section) -> KVTransferConfig:
-    """`cluster.kv_transfer`: the prefill-to-decode link (required)."""
+def _kv_transfer(ctx: Ctx, s: Section, prefill_deployment) -> KVTransferConfig:
+    """`cluster.kv_transfer`: the prefill-to-decode link (required). With a
+    named prefill deployment (engine.model, engine.gpu) `bytes_per_token` and
+    `bandwidth_gbps` may be left out: derived (servesim/deployment/kv_transfer.py)."""
     if s.data.get("kv_transfer") is None:
         ctx.fail(s.sub("kv_transfer"), "required key is missing in disaggregated mode (a mapping "
-                 "{bytes_per_token, bandwidth_gbps, latency_ms})")
+                 "{bytes_per_token, bandwidth_gbps, latency_ms}; the first two are derived "
+                 "when the deployment names engine.model and engine.gpu)")
     t = Section(ctx, s.data["kv_transfer"], s.sub("kv_transfer"),
                  [f.name for f in attrs.fields(KVTransferConfig)])
+    derived = {}
+    if prefill_deployment is not None and not ("bytes_per_token" in t.data and "bandwidth_gbps" in t.data):
+        from servesim.deployment.kv_transfer import link_defaults
+
+        derived = link_defaults(prefill_deployment)
     return KVTransferConfig(
-        bytes_per_token=t.get("bytes_per_token", INT, REQUIRED, ge(1)),
-        bandwidth_gbps=t.get("bandwidth_gbps", NUMBER, REQUIRED, gt(0)),
+        bytes_per_token=t.get("bytes_per_token", INT, derived.get("bytes_per_token", REQUIRED), ge(1)),
+        bandwidth_gbps=t.get("bandwidth_gbps", NUMBER, derived.get("bandwidth_gbps", REQUIRED), gt(0)),
         latency_ms=t.get("latency_ms", NUMBER, 0.0, ge(0)),
     )
 

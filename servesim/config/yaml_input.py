@@ -97,14 +97,23 @@ def plain_data(node, path: str, where: dict, _state=None):
     return node
 
 
+UNSET = "!unset"  # `--set KEY=!unset` removes KEY (a grid's null value): the config's default applies
+
+
 def apply_override(data: dict, where: dict, text: str) -> None:
     """Apply one `dotted.key=value` override in place; the value is YAML
-    (scalar or flow collection) and replaces what was there."""
+    (scalar or flow collection) and replaces what was there. The value
+    `!unset` removes the key instead (nothing there is no error), so the
+    default applies: a grid mixing aggregated and disaggregated points
+    unsets `cluster.workers` on the disaggregated ones."""
     key, sep, raw = str(text).partition("=")
     key = key.strip()
     parts = key.split(".")
     if not sep or not all(parts):
         raise InputError(f"{OVERRIDE} {text!r}: expected dotted.key=value, e.g. engine.num_gpu_blocks=4096")
+    if raw.strip() == UNSET:
+        _unset(data, where, parts)
+        return
     try:
         value = plain_data(YAML(typ="safe", pure=True).load(raw), "", {})
     except YAMLError as e:
@@ -122,3 +131,16 @@ def apply_override(data: dict, where: dict, text: str) -> None:
     for stale in [p for p in where if p.startswith(key + ".")]:
         del where[stale]
     where[key] = OVERRIDE
+
+
+def _unset(data: dict, where: dict, parts: list) -> None:
+    node = data
+    for part in parts[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            return
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+    key = ".".join(parts)
+    for stale in [p for p in where if p == key or p.startswith(key + ".")]:
+        del where[stale]

@@ -15,6 +15,10 @@ A grid file names the config keys to vary and their values, in one of two forms:
         - {engine.num_gpu_blocks: 4096}
         - {engine.num_gpu_blocks: 8192, engine.async_scheduling: true}
 
+A value `null` unsets the key (the config's default applies), so one grid may
+mix aggregated and disaggregated points: `cluster.workers: null` on a point
+with `cluster.mode: disaggregated`.
+
 Every point is validated against the config up front (`load_config(config,
 overrides)`), so a misspelled key or a bad value fails before anything runs,
 with an InputError naming the grid file, its line and the key. Each point then
@@ -197,8 +201,11 @@ def override_text(key, value, source=None, line=None) -> str:
     """The `--set` text of one grid value, checked to parse back to the value."""
     from ruamel.yaml import YAML
 
+    from servesim.config.yaml_input import UNSET
     from servesim.config.yaml_input import plain_data as _plain
 
+    if value is None:  # a grid's null unsets the key (the config's default applies)
+        return f"{key}={UNSET}"
     text = _yaml_text(value)
     try:
         ok = _plain(YAML(typ="safe", pure=True).load(text), "", {}) == value
@@ -233,18 +240,18 @@ def point_dir_names(grid: Grid) -> list:
     return [f"{i:0{width}d}-{point_slug(p)}" for i, p in enumerate(grid.points)]
 
 
-def validate_points(config_path: str, grid: Grid) -> list:
+def validate_points(config_path: str, grid: Grid, base_overrides=()) -> list:
     """The resolved config dict of every point (as summary.json records it);
     the first point that does not validate raises an InputError naming the
     grid file, the line and the key. Relative paths in the grid are relative
     to the grid file's folder."""
     from servesim.config.config import config_to_dict, load_config
 
-    load_config(config_path)  # a broken base config is the config's error, not the grid's
+    load_config(config_path, base_overrides)  # a broken base config is the config's error, not the grid's
     grid_dir = os.path.dirname(os.path.abspath(grid.source))
     configs = []
     for i, (point, point_lines) in enumerate(zip(grid.points, grid.lines)):
-        overrides = [override_text(k, v) for k, v in point.items()]
+        overrides = [*base_overrides, *(override_text(k, v) for k, v in point.items())]
         try:
             cfg = load_config(config_path, overrides, override_dir=grid_dir)
         except InputError as e:
