@@ -293,3 +293,21 @@ def test_the_kv_link_is_derived_from_the_model_and_the_prefill_gpu(tmp_path):
 def test_slos_round_trip_for_workers():
     slos = build_slos(SLOS)
     assert slos_from_dict(slos.to_dict()) == slos
+
+
+def test_search_writes_its_winner_as_best_yaml_and_launch_commands(tmp_path):
+    from servesim.replay.api import run
+
+    config = setup(tmp_path)
+    grid = write(tmp_path, "cluster.workers: [1, 2]\n", "g.yaml")
+    out = tmp_path / "s"
+    result = invoke("search", config, "--grid", grid, "--slo", "ttft_p90_ms=100", "--slo", "tpot_p90_ms=12",
+                    "--rate", "40", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert f"the winner as a config: {out}/best.yaml" in result.output
+    doc = json.loads((out / "search.json").read_text())
+    win = doc["points"][doc["winner"]]
+    assert win["values"] == {"cluster.workers": 2}
+    replayed = evaluate(build_slos(SLOS), run(str(out / "best.yaml")).summary)
+    assert replayed["meets"] and replayed["metrics"] == win["metrics"]
+    assert (out / "launch.sh").read_text().count("vllm serve") == 2

@@ -178,8 +178,7 @@ def _level(row) -> tuple:
 
 
 def _answer(config_path, kept, search_doc, slos, load, rate, extra, out, prices) -> dict:
-    from servesim.capacity.launch_commands import launch_commands, launch_script
-    from servesim.results.outdir import write_file
+    from servesim.capacity.launch_commands import launch_commands
 
     points = search_doc["points"]
     run = sum(p["status"] != "skipped" for p in points)
@@ -196,9 +195,8 @@ def _answer(config_path, kept, search_doc, slos, load, rate, extra, out, prices)
     if cheaper:  # the most expensive of the cheaper points, best margin first
         top = max(_level(r) for r in cheaper)
         nxt = max((r for r in cheaper if _level(r) == top), key=lambda r: r["margin"] if r["margin"] is not None else -1e300)
-    resolved = search_doc_point_config(config_path, kept[win["point"]].values, load, rate, extra)
-    write_file(out / BEST_YAML, best_yaml(resolved, slos, win))
-    write_file(out / LAUNCH_SH, launch_script(resolved))
+    resolved = write_answer(config_path, kept[win["point"]].values, load, rate, slos, out,
+                            f"{win['deployment']} ({win['gpus']} GPUs), margin {win['margin']}", extra)
     summary = _summary_json(out / win["dir"])
     tokens = (summary.get("input_tokens_per_s") or 0) + (summary.get("output_tokens_per_s") or 0)
     cost = {}
@@ -214,6 +212,18 @@ def _answer(config_path, kept, search_doc, slos, load, rate, extra, out, prices)
     return {**base, "winner": win, "runner_ups": ranked[1:1 + RUNNER_UPS], "next_cheaper": nxt,
             "cheaper_missed": cheaper, "cost": cost, "launch": launch_commands(resolved),
             "best_yaml": str(out / BEST_YAML), "message": message}
+
+
+def write_answer(config_path, values, load, rate, slos, out: Path, label: str, extra=()) -> dict:
+    """best.yaml and launch.sh of a point at the load (plan's winner, or
+    search's); returns its resolved config dict."""
+    from servesim.capacity.launch_commands import launch_script
+    from servesim.results.outdir import write_file
+
+    resolved = search_doc_point_config(config_path, values, load, rate, extra)
+    write_file(out / BEST_YAML, best_yaml(resolved, slos, label))
+    write_file(out / LAUNCH_SH, launch_script(resolved))
+    return resolved
 
 
 def search_doc_point_config(config_path, values, load, rate, extra) -> dict:
@@ -234,7 +244,7 @@ def search_doc_point_config(config_path, values, load, rate, extra) -> dict:
     return data
 
 
-def best_yaml(resolved: dict, slos, win: dict) -> str:
+def best_yaml(resolved: dict, slos, label: str) -> str:
     import io
 
     from ruamel.yaml import YAML
@@ -245,7 +255,7 @@ def best_yaml(resolved: dict, slos, win: dict) -> str:
     yaml.default_flow_style = False
     yaml.sort_base_mapping_type_on_output = False
     yaml.dump(doc, buf)
-    head = (f"# servesim plan's winner: {win['deployment']} ({win['gpus']} GPUs), margin {win['margin']}.\n"
+    head = (f"# the winner: {label}.\n"
             "# `servesim run best.yaml` replays it; `servesim capacity best.yaml` checks its SLOs.\n")
     return head + buf.getvalue()
 

@@ -114,6 +114,27 @@ def capacity_command(config, slo_options, allow_rejected, output_dir, overrides,
         click.get_current_context().exit(1)
 
 
+def _write_winner(config, grid, doc, slos, output_dir, limit) -> None:
+    """best.yaml and launch.sh of the search's winner, at the search's load
+    (a rate search) or the winner's capacity."""
+    import os
+    from pathlib import Path
+
+    from servesim.capacity.load import Load
+    from servesim.capacity.plan import BEST_YAML, LAUNCH_SH, write_answer
+    from servesim.results.outdir import record_written
+
+    win = doc["points"][doc["winner"]]
+    load = doc["load"]
+    rate = doc["rate"] if doc["mode"] == "rate" else win["capacity"]
+    knob = Load(load["key"], load["kind"], load["start"], load["kind"] == "concurrency")
+    values = ", ".join(f"{k}={v}" for k, v in win["values"].items())
+    extra = () if limit is None else (f"workload.limit={int(limit)}",)
+    write_answer(os.path.abspath(config), win["values"], knob, rate, slos, Path(output_dir),
+                 f"point {win['point']} ({values}) of {os.path.basename(grid)}, {win['gpus']} GPU(s)", extra)
+    record_written(output_dir, [BEST_YAML, LAUNCH_SH])
+
+
 @click.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--slo", "slo_options", multiple=True, metavar="METRIC=VALUE", help=SLO_HELP)
@@ -146,7 +167,10 @@ def search_command(config, slo_options, allow_rejected, grid, rate, capacity_mod
     a lower bound, every probe met up to --max-rate, after an exact one of
     the same rate). A point with rejected or unfinished requests misses
     unless --allow-rejected allows them. Points already done in OUTPUT_DIR
-    are not run again. Exits 1 if no point meets the SLOs or a
+    are not run again. The winner is written as best.yaml (a config that
+    replays it at the load) and launch.sh (its vllm serve commands).
+    A grid value null unsets a key, so one grid may mix aggregated and
+    disaggregated points. Exits 1 if no point meets the SLOs or a
     point failed.
     """
     from servesim.capacity.search import FAILED, SEARCH_CSV, search
@@ -164,14 +188,17 @@ def search_command(config, slo_options, allow_rejected, grid, rate, capacity_mod
     slos = load_slos(config, slo_options, allow_rejected=allow_rejected)
     if rate is not None and float(rate).is_integer():
         rate = int(rate)
+    from servesim.capacity.plan import BEST_YAML, LAUNCH_SH
     from servesim.results.outdir import claim
 
     # an unwritable folder, or the user's own file in the way, fails before any point
     try:
-        with claim(output_dir, remove_if_empty=True, replaces=_html(html_report)):
+        with claim(output_dir, remove_if_empty=True, replaces=(*_html(html_report), BEST_YAML, LAUNCH_SH)):
             doc = search(config, grid, slos, output_dir, rate=rate, capacity_mode=capacity_mode, limit=limit,
                          precision=precision, min_rate=min_rate, max_rate=max_rate, jobs=jobs,
                          executor=executor, ray_address=ray_address, skip=not no_skip)
+            if doc["winner"] is not None:
+                _write_winner(config, grid, doc, slos, output_dir, limit)
             if html_report:
                 _write_html(output_dir)
     except KeyboardInterrupt:
@@ -194,6 +221,8 @@ def search_command(config, slo_options, allow_rejected, grid, rate, capacity_mod
         lost = f", {p['rejected']} rejected + {p['unfinished']} unfinished" if p["rejected"] or p["unfinished"] else ""
         click.echo(f"  {place}. point {index} ({values}): {p['gpus']} GPU(s), {figure}{lost}")
     click.echo(doc["message"])
+    if doc["winner"] is not None:
+        click.echo(f"the winner as a config: {output_dir}/best.yaml; its vLLM launch commands: {output_dir}/launch.sh")
     click.echo(f"results in {output_dir}/{SEARCH_CSV}")
     for p in points:
         if p["status"] == FAILED:
