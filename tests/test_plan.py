@@ -78,11 +78,13 @@ def test_generated_points_mix_modes_and_count_gpus(tmp_path):
     config = setup(tmp_path)
     ok, _ = ps.shapes(config, ["h100_sxm"], [64], [2048])
     points = ps.generate(ok, 3)
-    # aggregated TP1 x 1..3, TP2 x 1; disaggregated TP1 1+1, 1+2, 2+1 and TP1 prefill + TP2 decode
+    # aggregated TP1 x 1..3, TP2 x 1; disaggregated TP1 1+1, 1+2, 2+1, TP1 prefill + TP2 decode and
+    # TP2 prefill + TP1 decode
     assert [(q.mode, q.workers, q.gpus) for q in points] == [
         ("aggregated", (1,), 1), ("aggregated", (2,), 2), ("aggregated", (1,), 2), ("disaggregated", (1, 1), 2),
         ("aggregated", (3,), 3), ("disaggregated", (1, 2), 3), ("disaggregated", (2, 1), 3),
-        ("disaggregated", (1, 1), 3)]
+        ("disaggregated", (1, 1), 3), ("disaggregated", (1, 1), 3)]
+    assert [q.shapes[0].tensor_parallel_size for q in points[-2:]] == [1, 2]
     disagg = points[3].values
     assert disagg["cluster.workers"] is None and disagg["cluster.mode"] == "disaggregated"
 
@@ -117,7 +119,7 @@ def test_plan_agrees_with_a_full_sweep_ranked_by_hand(tmp_path):
     expected = hand_winner(tmp_path, config, ps.generate(ok, 3), 40, SLOS)
     search_doc = json.loads((tmp_path / "p" / "search.json").read_text())
     assert search_doc["points"][doc["winner"]["point"]]["values"] == expected
-    assert doc["generated"] == 8 and doc["run"] + doc["skipped"] + doc["pruned"] == 8
+    assert doc["generated"] == 9 and doc["run"] + doc["skipped"] + doc["pruned"] == 9
     # every cheaper point run misses; the next cheaper is the most expensive of them
     assert doc["cheaper_missed"] and all(not r["meets"] and r["gpus"] < doc["winner"]["gpus"]
                                          for r in doc["cheaper_missed"])
@@ -145,7 +147,7 @@ def test_cli_plan_prints_the_answer_and_writes_launch_commands(tmp_path):
                     "--sensitivity", "10")
     assert result.exit_code == 0, result.output
     text = result.output
-    assert "space: 8 points generated on h100_sxm up to 3 GPUs" in text
+    assert "space: 9 points generated on h100_sxm up to 3 GPUs" in text
     assert "best: 2 x h100_sxm TP1 seqs 64 batched 2048 (aggregated, 2 GPUs)" in text
     assert "binding SLO tpot_p90_ms" in text and "the next cheaper point, 1 x h100_sxm TP1" in text
     assert "misses ttft_p90_ms" in text
@@ -186,7 +188,7 @@ def test_a_tp_whose_lone_prefill_misses_the_ttft_target_is_pruned(tmp_path):
     # a 1024-token prompt alone takes 4 + 0.02 x 1024 = 24.48 ms: TTFT p90 <= 20 ms is out of reach
     config = setup(tmp_path)
     doc = plan(config, build_slos([("ttft_p90_ms", 20)]), 40, tmp_path / "p", **SMALL)
-    assert doc["winner"] is None and doc["run"] == 0 and doc["pruned_by"]["ttft"] == 8
+    assert doc["winner"] is None and doc["run"] == 0 and doc["pruned_by"]["ttft"] == 9
     assert "a request alone already takes ttft_p90 24.5 ms (target 20)" in doc["pruned_points"][0]["why"]
     result = invoke("plan", config, "--slo", "ttft_p90_ms=20", "--rate", "40", "--gpus-max", "3",
                     "--max-num-seqs", "64", "--max-num-batched-tokens", "2048", "-o", tmp_path / "cli")
@@ -200,9 +202,9 @@ def test_an_overloaded_prefill_is_pruned_and_agrees_with_no_prune(tmp_path):
     config = setup(tmp_path)
     slos = build_slos(SLOS)
     doc = plan(config, slos, 400, tmp_path / "p", **SMALL)
-    assert doc["pruned_by"]["prefill_load"] == 8 and doc["winner"] is None
+    assert doc["pruned_by"]["prefill_load"] == 9 and doc["winner"] is None
     full = plan(config, slos, 400, tmp_path / "full", prune=False, **SMALL)
-    assert full["pruned"] == 0 and full["winner"] is None and full["run"] == 8
+    assert full["pruned"] == 0 and full["winner"] is None and full["run"] == 9
 
 
 def test_cost_ranks_by_dollars_per_hour_across_gpu_types(tmp_path):

@@ -161,7 +161,7 @@ def generate(ok_shapes, gpus_max: int, cost_of=None, kv_latency_ms: float = 0.0)
     decode = [s for s in ok_shapes if s.max_num_batched_tokens == top_batched]
     for p in prefill:
         for d in decode:
-            for wp in range(1, gpus_max // p.tensor_parallel_size):
+            for wp in range(1, (gpus_max - d.tensor_parallel_size) // p.tensor_parallel_size + 1):
                 left = gpus_max - wp * p.tensor_parallel_size
                 for wd in range(1, left // d.tensor_parallel_size + 1):
                     values = {"cluster.mode": "disaggregated", **{k: None for k in _MODE_KEYS},
