@@ -306,6 +306,12 @@ def scaled_timing(config_path: str, values: dict, factor: float, out: Path, extr
     return [*overrides, override_text("engine.timing", data)]
 
 
+def _misses(run: dict) -> str:
+    metrics = run.get("metrics") or {}
+    return ", ".join(f"{n} ({metrics[n]:.1f})" if metrics.get(n) is not None else n
+                     for n in run.get("violated") or ()) or (run.get("error") or "")
+
+
 def _sensitivity(config_path, doc, search_doc, slos, out, percent, extra) -> dict:
     from servesim.capacity.search import rate_point
 
@@ -325,7 +331,7 @@ def _sensitivity(config_path, doc, search_doc, slos, out, percent, extra) -> dic
             r = outcome["row"] or {}
             results.append({"point": name, "factor": factor, "meets": bool(r.get("meets")),
                             "margin": r.get("margin"), "violated": r.get("violated"),
-                            "error": outcome["error"]})
+                            "metrics": r.get("metrics"), "error": outcome["error"]})
     slower = next(r for r in results if r["point"] == "winner" and r["factor"] > 1)
     faster = next((r for r in results if r["point"] == "next_cheaper" and r["factor"] < 1), None)
     changes = (not slower["meets"]) or (faster is not None and faster["meets"])
@@ -333,7 +339,7 @@ def _sensitivity(config_path, doc, search_doc, slos, out, percent, extra) -> dic
                f"{percent:g}% slower" + (f", and the next cheaper point still misses with them {percent:g}% faster"
                                         if faster is not None else "")) if not changes else (
         "the answer changes: " + "; ".join(
-            ([f"with passes {percent:g}% slower the winner misses {', '.join(slower['violated'] or [])}"]
+            ([f"with passes {percent:g}% slower the winner misses {_misses(slower)}"]
              if not slower["meets"] else [])
             + ([f"with passes {percent:g}% faster the next cheaper point meets the SLOs"]
                if faster is not None and faster["meets"] else [])))

@@ -27,7 +27,7 @@ def models_command():
 
 @click.command()
 def gpus_command():
-    """List the GPUs (engine.gpu): memory, and the database's vLLM data for pass times."""
+    """List the GPUs (engine.gpu): memory, the KV link's GB/s, and the database's vLLM data for pass times."""
     from servesim.deployment import aic
     from servesim.deployment.kv_capacity import GIB
     from servesim.deployment.gpus import GPUS
@@ -35,7 +35,8 @@ def gpus_command():
     systems = aic.database_systems()
     for name, spec in GPUS.items():
         data = ", ".join(systems.get(name, [])) or ("no vLLM data" if systems else "database not installed")
-        click.echo(f"  {name:<22} {spec.hbm_bytes / GIB:6.1f} GiB   vLLM pass-time data: {data}")
+        click.echo(f"  {name:<22} {spec.hbm_bytes / GIB:6.1f} GiB   KV link {spec.kv_link_gbps:5.1f} GB/s   "
+                   f"vLLM pass-time data: {data}")
 
 
 @click.command()
