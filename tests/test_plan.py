@@ -92,22 +92,20 @@ def test_generated_points_mix_modes_and_count_gpus(tmp_path):
 # --------------------------------------------------------------------------- the answer
 
 
-def hand_winner(tmp_path, config, points, rate, slos):
-    """Every point swept at `rate`, ranked by hand: meeting both SLOs with no
-    request lost, by GPUs, then margin, then order."""
-    from servesim.sweep.sweep import _yaml_text, sweep
+def hand_winner(config, points, rate, slos):
+    """Every point replayed at `rate` (in this process), ranked by hand:
+    meeting both SLOs with no request lost, by GPUs, then margin, then order."""
+    from servesim.replay.api import run
+    from servesim.sweep.sweep import override_text
 
-    text = open(config).read().replace("rate: 20", f"rate: {rate}")
-    grid = write(tmp_path, "points:\n" + "".join(f"  - {_yaml_text(q.values)}\n" for q in points), "g.yaml")
-    sweep(write(tmp_path, text, "at_rate.yaml"), grid, tmp_path / "sweep", jobs=2)
-    with open(tmp_path / "sweep" / "sweep.csv") as f:
-        rows = list(csv.DictReader(f))
     targets = dict(slos)
     ok = []
-    for i, r in enumerate(rows):
-        ratios = [float(r["ttft_ms_p90"]) / targets["ttft_p90_ms"], float(r["tpot_ms_p90"]) / targets["tpot_p90_ms"]]
-        if max(ratios) <= 1 and r["rejected"] == r["unfinished"] == "0":
-            ok.append((points[i].gpus, -(1 - max(ratios)), i))
+    for i, q in enumerate(points):
+        summary = run(config, overrides=[*(override_text(k, v) for k, v in q.values.items()),
+                                         f"workload.synthetic.rate={rate}"]).summary
+        ratios = [summary["ttft_ms"]["p90"] / targets["ttft_p90_ms"], summary["tpot_ms"]["p90"] / targets["tpot_p90_ms"]]
+        if max(ratios) <= 1 and summary["rejected"] == summary["unfinished"] == 0:
+            ok.append((q.gpus, -(1 - max(ratios)), i))
     return points[min(ok)[2]].values
 
 
@@ -116,7 +114,7 @@ def test_plan_agrees_with_a_full_sweep_ranked_by_hand(tmp_path):
     slos = build_slos(SLOS)
     doc = plan(config, slos, 40, tmp_path / "p", jobs=2, **SMALL)
     ok, _ = ps.shapes(config, ["h100_sxm"], [64], [2048])
-    expected = hand_winner(tmp_path, config, ps.generate(ok, 3), 40, SLOS)
+    expected = hand_winner(config, ps.generate(ok, 3), 40, SLOS)
     search_doc = json.loads((tmp_path / "p" / "search.json").read_text())
     assert search_doc["points"][doc["winner"]["point"]]["values"] == expected
     assert doc["generated"] == 9 and doc["run"] + doc["skipped"] + doc["pruned"] == 9
@@ -212,7 +210,8 @@ def test_cost_ranks_by_dollars_per_hour_across_gpu_types(tmp_path):
     config = setup(tmp_path)
     slos = build_slos(SLOS)
     prices = {"h100_sxm": 4.0, "h200_sxm": 3.0}
-    doc = plan(config, slos, 40, tmp_path / "p", gpus=["h100_sxm", "h200_sxm"], prices=prices, **SMALL)
+    doc = plan(config, slos, 40, tmp_path / "p", gpus=["h100_sxm", "h200_sxm"], prices=prices,
+               **{**SMALL, "gpus_max": 2})
     win = doc["winner"]
     assert win["deployment"].endswith("h200_sxm TP1 seqs 64 batched 2048") and win["dollars_per_hour"] == 6.0
     assert doc["cost"]["dollars_per_million_tokens"] > 0
