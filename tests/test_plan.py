@@ -306,6 +306,8 @@ def test_search_writes_its_winner_as_best_yaml_and_launch_commands(tmp_path):
                     "--rate", "40", "-o", out)
     assert result.exit_code == 0, result.output
     assert f"the winner as a config: {out}/best.yaml" in result.output
+    assert "  why: binding SLO tpot_p90_ms" in result.output
+    assert "the next cheaper point, 0 (cluster.workers=1, 1 GPU(s)), misses ttft_p90_ms" in result.output
     doc = json.loads((out / "search.json").read_text())
     win = doc["points"][doc["winner"]]
     assert win["values"] == {"cluster.workers": 2}

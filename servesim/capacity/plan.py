@@ -154,7 +154,21 @@ def _search(config_path, kept, slos, load, rate, out, limit, jobs, executor, ray
                   ray_address=ray_address, progress=progress, prices=prices, base_overrides=base)
 
 
-def _tightest(metrics: dict, slo: dict):
+def missed_text(row, slo) -> str:
+    """What a run missed: each violated SLO with its figure and target, or its lost requests."""
+    from servesim.config.slo import COMPLETED
+
+    parts = []
+    for name in row.get("violated") or ():
+        if name == COMPLETED:
+            parts.append(f"{row['rejected']} rejected + {row['unfinished']} unfinished")
+        else:
+            figure = (row.get("metrics") or {}).get(name)
+            parts.append(f"{name} {figure:.1f} (target {slo[name]:g})" if figure is not None else name)
+    return ", ".join(parts) or "failed"
+
+
+def tightest_slo(metrics: dict, slo: dict):
     """The SLO a run is closest to (its largest figure / target ratio)."""
     from servesim.config.slo import GOODPUT
 
@@ -165,7 +179,7 @@ def _tightest(metrics: dict, slo: dict):
 
 def _row(search_doc, i, kept) -> dict:
     p = search_doc["points"][i]
-    binding = p["binding_slo"] or (_tightest(p["metrics"], search_doc["slo"]) if p["meets"] else None)
+    binding = p["binding_slo"] or (tightest_slo(p["metrics"], search_doc["slo"]) if p["meets"] else None)
     return {"point": i, "deployment": kept[i].text(), "mode": kept[i].mode, "gpus": p["gpus"],
             "dollars_per_hour": p["dollars_per_hour"], "status": p["status"], "meets": p["meets"],
             "margin": p["margin"], "binding_slo": binding, "violated": p.get("violated"),

@@ -114,6 +114,31 @@ def capacity_command(config, slo_options, allow_rejected, output_dir, overrides,
         click.get_current_context().exit(1)
 
 
+def _why(doc) -> None:
+    """Why a rate search's winner wins: its tightest SLO, and the next cheaper
+    point replayed and what it missed."""
+    from servesim.capacity.plan import tightest_slo, missed_text
+
+    points = doc["points"]
+    win = points[doc["winner"]]
+
+    def level(p):
+        return (p["dollars_per_hour"], p["gpus"]) if p.get("dollars_per_hour") is not None else (p["gpus"],)
+
+    tight = tightest_slo(win["metrics"], doc["slo"])
+    figure = (win["metrics"] or {}).get(tight)
+    line = f"  why: binding SLO {tight}" + (f" {figure:.1f} (target {doc['slo'][tight]:g})" if figure is not None else "")
+    click.echo(line + f", margin {win['margin']}")
+    cheaper = [p for p in points if p["status"] == "ok" and not p["meets"] and level(p) < level(win)]
+    if cheaper:
+        top = max(level(p) for p in cheaper)
+        nxt = max((p for p in cheaper if level(p) == top),
+                  key=lambda p: p["margin"] if p["margin"] is not None else -1e300)
+        values = ", ".join(f"{k}={v}" for k, v in nxt["values"].items())
+        click.echo(f"  the next cheaper point, {nxt['point']} ({values}, {nxt['gpus']} GPU(s)), misses "
+                   f"{missed_text(nxt, doc['slo'])}")
+
+
 def _write_winner(config, grid, doc, slos, output_dir, limit) -> None:
     """best.yaml and launch.sh of the search's winner, at the search's load
     (a rate search) or the winner's capacity."""
@@ -221,6 +246,8 @@ def search_command(config, slo_options, allow_rejected, grid, rate, capacity_mod
         lost = f", {p['rejected']} rejected + {p['unfinished']} unfinished" if p["rejected"] or p["unfinished"] else ""
         click.echo(f"  {place}. point {index} ({values}): {p['gpus']} GPU(s), {figure}{lost}")
     click.echo(doc["message"])
+    if doc["winner"] is not None and not capacity_mode:
+        _why(doc)
     if doc["winner"] is not None:
         click.echo(f"the winner as a config: {output_dir}/best.yaml; its vLLM launch commands: {output_dir}/launch.sh")
     click.echo(f"results in {output_dir}/{SEARCH_CSV}")

@@ -2,6 +2,7 @@
 
 import click
 
+from servesim.capacity.plan import missed_text
 from servesim.cli.capacity import ALLOW_REJECTED_HELP, SLO_HELP, _html
 from servesim.cli.debug import check_option
 
@@ -20,19 +21,6 @@ def _ints(text, name):
 def _figures(row, names) -> str:
     metrics = row.get("metrics") or {}
     return ", ".join(f"{n} {metrics[n]:.1f}" for n in names if metrics.get(n) is not None)
-
-
-def _missed(row, slo) -> str:
-    from servesim.config.slo import COMPLETED
-
-    parts = []
-    for name in row.get("violated") or ():
-        if name == COMPLETED:
-            parts.append(f"{row['rejected']} rejected + {row['unfinished']} unfinished")
-        else:
-            figure = (row.get("metrics") or {}).get(name)
-            parts.append(f"{name} {figure:.1f} (target {slo[name]:g})" if figure is not None else name)
-    return ", ".join(parts) or "failed"
 
 
 def print_plan(doc, slos) -> None:
@@ -62,7 +50,7 @@ def print_plan(doc, slos) -> None:
     if nxt is not None:
         ncost = f", ${nxt['dollars_per_hour']:g}/h" if nxt["dollars_per_hour"] is not None else ""
         click.echo(f"  the next cheaper point, {nxt['deployment']} ({nxt['gpus']} GPUs{ncost}), misses "
-                   f"{_missed(nxt, slo)}")
+                   f"{missed_text(nxt, slo)}")
     else:
         click.echo("  no cheaper point was left to run (all pruned, or none exists within the space)")
     if doc.get("cost"):
@@ -78,7 +66,7 @@ def print_plan(doc, slos) -> None:
     if cheaper:
         click.echo(f"cheaper points run ({len(cheaper)}, each misses):")
         for r in sorted(cheaper, key=lambda r: (-r["gpus"], r["point"]))[:8]:
-            click.echo(f"  {r['deployment']}: {r['gpus']} GPUs, misses {_missed(r, slo)}")
+            click.echo(f"  {r['deployment']}: {r['gpus']} GPUs, misses {missed_text(r, slo)}")
         if len(cheaper) > 8:
             click.echo(f"  ... {len(cheaper) - 8} more in plan.json")
     sens = doc.get("sensitivity")
