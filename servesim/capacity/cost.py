@@ -6,6 +6,7 @@ disaggregated one's pools, each its own `gpu` (from `cluster.prefill` /
 `cluster.decode`, else `engine.gpu`). GPU counts as `capacity/gpus.py`.
 """
 
+
 from servesim.errors import InputError
 
 
@@ -29,30 +30,6 @@ def parse_costs(items) -> dict:
             raise InputError(f"--cost {gpu}: the price must be a finite number >= 0 $/h, got {raw}")
         prices[gpu] = price
     return prices
-
-
-def gpu_counts(config: dict) -> dict:
-    """{gpu type: GPUs} of a resolved config dict (a config without a named
-    GPU counts under None)."""
-    engine = config.get("engine") or {}
-    cluster = config.get("cluster") or {}
-    dp = int(cluster.get("data_parallel_size") or 1)
-
-    def per_worker(pool: dict) -> int:
-        size = int(pool.get("data_parallel_size") or dp)
-        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-            size *= int(pool.get(key, engine.get(key)) or 1)
-        return size
-
-    counts = {}
-    if cluster.get("mode") == "disaggregated":
-        for name in ("prefill", "decode"):
-            pool = cluster.get(name) or {}
-            gpu = pool.get("gpu", engine.get("gpu"))
-            counts[gpu] = counts.get(gpu, 0) + int(cluster.get(f"{name}_workers") or 1) * per_worker(pool)
-    else:
-        counts[engine.get("gpu")] = int(cluster.get("workers") or 1) * per_worker({})
-    return counts
 
 
 def dollars_per_hour(counts: dict, prices: dict) -> float:

@@ -197,7 +197,8 @@ def search(config, grid, slos, out_dir="search-out", *, rate=None, capacity_mode
         resolved = json.loads(json.dumps(config_to_dict(cfg)))
         p = SearchPoint(i, values, f"{POINTS_DIR}/{name}", gpus_of(resolved), resolved)
         if prices is not None:
-            from servesim.capacity.cost import dollars_per_hour, gpu_counts
+            from servesim.capacity.cost import dollars_per_hour
+            from servesim.capacity.gpus import gpu_counts
 
             p.cost = dollars_per_hour(gpu_counts(resolved), prices)
         points.append(p)
