@@ -6,6 +6,7 @@ import attrs
 
 from servesim.config.validation import BOOL, INT, NUMBER, Section, enum, ge, gt
 from servesim.engine.config import EngineConfig
+from servesim.sglang.cluster import ROUTERS as SGLANG_ROUTERS  # noqa: F401  (re-exported: config.py)
 from servesim.sglang.config import SGLangConfig
 
 BACKENDS = ("vllm", "sglang")
