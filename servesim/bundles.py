@@ -167,11 +167,20 @@ def bundle_at(addresses, k, like):
     addresses and one of them, and is compiled once whatever their number
     (a tuple of them would compile once per length, its code growing with
     it). Their holder keeps them alive while the loop runs. As plain Python
-    `addresses` is the list of bundles."""
+    `addresses` is the list of bundles.
+
+    NOTE(refcounts): inlined into its caller, as is every kernel that hands
+    on what it returns (routing.py `rank_at`), so that the reference
+    `_bundle_at` gives is of its caller's kind. A function of its own in
+    between is compiled once, counting or not as its first caller did, and
+    later callers of the other kind reuse it: a counting one inside a loop
+    compiled without counts leaked every bundle it took (which test order
+    compiled first decided it); the other way round it would free a bundle
+    under its holder."""
     return addresses[k]
 
 
-@overload(bundle_at)
+@overload(bundle_at, inline="always")
 def _bundle_at_compiled(addresses, k, like):
     if isinstance(like, BundleType):
         return lambda addresses, k, like: _bundle_at(addresses, k, like)

@@ -199,9 +199,11 @@ def cached_prefix_seen(s, idents, num_full, scratch, now):
     return bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch)
 
 
-@njit
+@njit(inline="always")
 def rank_at(rank_set, j):
-    """Rank j's scheduler arrays in `rank_set` (module docstring)."""
+    """Rank j's scheduler arrays in `rank_set` (module docstring).
+    NOTE(refcounts): inlined into its caller, as `bundle_at` is, so that the
+    bundle comes back counted as its caller counts (servesim/jit.py)."""
     return bundle_at(rank_set[0], j, rank_set[1])
 
 
