@@ -22,17 +22,17 @@ from servesim.engine.worker_state import (DEC_NONE, PASS_DTYPE, new_worker_state
 from servesim.jit import records
 
 
-def padded(entries, least=2) -> tuple:
+def padded(entries, least=4) -> tuple:
     """`entries` as a tuple of length `least` doubled until it holds them
     (a power of two by default), the padding repeating the first entry.
 
     Numba compiles a kernel once per type of its arguments, and a tuple's
-    length is part of its type: the ranks' arrays (`WorkerLoop`) and a
-    pool's workers (engine/disaggregated_loop.py) go to their loops padded, so 1 and
-    2 attention-DP ranks, or workers per pool, share one compile (the 1-rank
-    run of the whole Mooncake trace is as fast padded: 3.23 s against 3.35 s,
-    medians of 3). The loops read the real count elsewhere (`feats.shape[1]`,
-    `ps[0].num_prefill`) and never read the padding."""
+    length is part of its type: the ranks' arrays (`WorkerLoop`) go to the
+    pass loop padded, so 1 to 4 attention-DP ranks share one compile of it
+    and of the loops over workers (a tuple of 2 compiled again for 3 or 4
+    ranks: ~30 s of the test suite's compile; benchmarks/RESULTS.md,
+    2026-12-07 "the suite"). The loop reads the real count elsewhere
+    (`feats.shape[1]`) and never reads the padding."""
     n = least
     while n < len(entries):
         n *= 2
