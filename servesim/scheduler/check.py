@@ -368,18 +368,12 @@ def check_table(table, where, pass_index):
     blocks is running or holds them for a load in flight. The replay calls it after each pass when more than one scheduler shares
     the table."""
     R = table.R
-    count = np.zeros(len(R), dtype=np.int64)
-    running = np.zeros(len(R), dtype=np.bool_)
-    waiting = np.zeros(len(R), dtype=np.bool_)
-    holding = np.zeros(len(R), dtype=np.bool_)
-    for scheduler in table.checked_schedulers:
-        r, w, o = scheduler.queue_members()
-        np.add.at(count, r, 1)
-        np.add.at(count, w, 1)
-        np.add.at(count, o, 1)
-        running[r] = True
-        waiting[w] = True
-        holding[o] = True
+    n = len(R)
+    members = [scheduler.queue_members() for scheduler in table.checked_schedulers]
+    count = np.bincount(np.concatenate([q for m in members for q in m]), minlength=n)
+    running, waiting, holding = (np.zeros(n, dtype=np.bool_) for _ in range(3))
+    for kind, flags in enumerate((running, waiting, holding)):
+        flags[np.concatenate([m[kind] for m in members])] = True
     status = R["status"]
     for code, bad, expected in (
             (DUPLICATE, count > 1, 1),

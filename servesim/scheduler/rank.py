@@ -10,7 +10,7 @@ The compiled pass loop (engine/pass_loop.py) runs the kernels over
 
 import numpy as np
 
-from servesim.jit import records
+from servesim.jit import Entry, records
 from servesim.scheduler import check
 from servesim.scheduler.kv_cache_manager import can_ever_fit
 from servesim.scheduler.output import NUM_KO_ROWS
@@ -85,6 +85,7 @@ class RankScheduler:
 
         # num_delayed_free_requests's
         self.held = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
+        self._holders = None  # `_check_holders` for the arrays' types (`_check_holders`)
         self.arrays = new_scheduler_arrays(
             table.R, table.idents, table.tables, pool.blocks, pool.idmap, pool.scalars,
             self.cfg, self.S, self.running, self.wq, self.spec, self.held, tokens.client_ms,
@@ -118,6 +119,7 @@ class RankScheduler:
         from servesim.kvcache.cpu_tier import TierArrays
 
         self.cfg[0]["kv_source"] = source
+        self._holders = None  # (the `kv` argument's type changes)
         self._tier = tier if tier is not None else TierArrays.empty()
         n = len(self.table.request_ids) + 1
         width = max(n, self.num_gpu_blocks) + self._out_width
@@ -179,8 +181,12 @@ class RankScheduler:
         return self.running[:self.S[0]["num_running"]].copy(), waiting, self._check_holders()
 
     def _check_holders(self):
-        # (`waiting_for_kv` is kv_state[0]; the tier's arrays are not touched)
-        return _check_holders(self.arrays, self._kv() if self.kv_state is not None else None)
+        # (`waiting_for_kv` is kv_state[0]; the tier's arrays are not touched.
+        # Called after every pass of a checked run: through `Entry`, which
+        # skips the dispatcher's typing of the bundles at each call)
+        if self._holders is None:
+            self._holders = Entry(_check_holders)
+        return self._holders(self.arrays, self._kv() if self.kv_state is not None else None)
 
     num_running = property(lambda self: int(self.S[0]["num_running"]))
     num_waiting = property(lambda self: int(self.S[0]["num_waiting"]
