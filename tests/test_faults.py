@@ -129,10 +129,12 @@ def test_a_cold_compile_writes_its_cache_outside_the_package_and_says_so(tmp_pat
     the user's folder, never under the package. When the suite's own cache is
     cold (a fresh machine: CI) the run compiles into it, so the tests after
     this one (conftest runs it first) load those kernels instead of compiling
-    them again; otherwise into a fresh folder."""
+    them again; otherwise, and always when the suite runs in several
+    processes (pytest-xdist: another one may be filling the cache meanwhile),
+    into a fresh folder."""
     before = cache_files(PACKAGE)
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    if kernels_cached():
+    if kernels_cached() or os.environ.get("PYTEST_XDIST_WORKER"):
         env["SERVESIM_CACHE_DIR"] = str(tmp_path / "cache")
         folder = root = tmp_path / "cache" / "numba"
     else:
