@@ -175,6 +175,23 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
+def never_called(monkeypatch, name):
+    """Replace `servesim.replay.api`'s function `name` (`run`: the replay's
+    entry point, which the CLI imports when it runs; `make_replay`: the
+    simulation) by one that records its call and fails: a refusal that must
+    come before it leaves the returned list empty."""
+    from servesim.replay import api
+
+    calls = []
+
+    def refused(*args, **kwargs):
+        calls.append(args)
+        raise AssertionError(f"servesim.replay.api.{name} was called")
+
+    monkeypatch.setattr(api, name, refused)
+    return calls
+
+
 # --------------------------------------------------------------------------- capacity
 
 T, N = 10.0, 100

@@ -20,7 +20,7 @@ from servesim.results.outdir import LOCK
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(servesim.__file__).resolve().parent
 
-from helpers import TINY, answers_ctrl_c, invoke
+from helpers import TINY, answers_ctrl_c, invoke, never_called
 
 
 class _FillsUp:
@@ -163,7 +163,7 @@ def test_a_folder_locked_by_a_live_run_is_refused_at_once(tmp_path, tiny_config,
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (out / LOCK).write_text(f"{holder.pid}\n")
-        started = never_runs(monkeypatch)  # refused before the run, not after it
+        started = never_called(monkeypatch, "run")  # refused before the run, not after it
         result = invoke("run", tiny_config, "-o", out)
         assert not started
     finally:
@@ -239,26 +239,9 @@ def test_a_second_run_replaces_every_output_of_the_first(tmp_path, tiny_config):
 # --------------------------------------------------------------------------- output folders checked first
 
 
-def never_runs(monkeypatch):
-    """Make the replay's entry point (servesim.replay.api.run, which the CLI
-    imports when it runs) fail the test if anything calls it: what is refused
-    before the run never reads the config or loads the engine.
-    Returns the list of its calls (empty if refused in time)."""
-    from servesim.replay import api
-
-    calls = []
-
-    def refused(*args, **kwargs):
-        calls.append(args)
-        raise AssertionError("the run started")
-
-    monkeypatch.setattr(api, "run", refused)
-    return calls
-
-
 def _assert_refused_fast(tiny_config, out, reason, head="error: {out}: cannot create the output folder"):
     with pytest.MonkeyPatch.context() as patch:
-        started = never_runs(patch)  # refused before the run
+        started = never_called(patch, "run")  # refused before the run
         result = invoke("run", tiny_config, "-o", out)
     assert not started
     assert result.exit_code == 2, result.output

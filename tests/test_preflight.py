@@ -8,19 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from servesim.cli.main import main
 from servesim.errors import InputError
 from servesim.config.preflight import PoolSize, check_memory, estimate_memory
+
+from helpers import invoke, never_called
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / "examples" / "mooncake.yaml"
 GiB = 1 << 30
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def trace_with(tmp_path, row_changes):
@@ -38,18 +34,10 @@ def trace_with(tmp_path, row_changes):
 def refused_by_both(*args):
     """validate and run refuse the same way: exit 2, one message, before any
     simulation (servesim.replay.api `make_replay` is never called), nothing written."""
-    from servesim.replay import api
-
-    started = []
-
-    def simulated(*args, **kwargs):
-        started.append(args)
-        raise AssertionError("the simulation started")
-
     messages = []
     for command in ("validate", "run"):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(api, "make_replay", simulated)
+            started = never_called(patch, "make_replay")
             result = invoke(command, *args, *(("-o", args[-1].parent / "out") if command == "run" else ()))
         assert not started
         assert result.exit_code == 2, result.output

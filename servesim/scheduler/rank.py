@@ -85,7 +85,7 @@ class RankScheduler:
 
         # num_delayed_free_requests's
         self.held = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
-        self._holders = None  # `_check_holders` for the arrays' types (`_check_holders`)
+        self._holders = None  # the holders kernel as an `Entry` (`_check_holders`)
         self.arrays = new_scheduler_arrays(
             table.R, table.idents, table.tables, pool.blocks, pool.idmap, pool.scalars,
             self.cfg, self.S, self.running, self.wq, self.spec, self.held, tokens.client_ms,
