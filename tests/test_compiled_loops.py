@@ -194,7 +194,10 @@ def test_which_compiled_loop_takes_the_arrivals():
     # (nothing to route); several workers or ranks in the cluster loop, which
     # routes them; a closed loop (a finish releases the next) leaves them to
     # the event loop. The 7th prompt reaches max_model_len: rejected either
-    # way, and counted as routed to its worker
+    # way, and counted as routed to its worker. With a frontend whose
+    # tokenize delay reorders them (r0's 200 tokens: 20 ms; the others' 40:
+    # 4 ms, so r1-r3 reach the engine before r0) the compiled loops still
+    # take them, in engine-time order
     from servesim.engine.aggregated_loop import AggregatedLoop
     from helpers import make_config, make_workload
 
@@ -205,27 +208,31 @@ def test_which_compiled_loop_takes_the_arrivals():
     cluster_taken = AggregatedLoop.take_arrivals
     calls = []
 
-    def worker_spy(core, arrival_ms, seq):
-        calls.append(("worker", len(arrival_ms)))
-        return worker_taken(core, arrival_ms, seq)
+    def worker_spy(core, arrival_ms, arrival_req, seq):
+        calls.append(("worker", arrival_req.tolist()))
+        return worker_taken(core, arrival_ms, arrival_req, seq)
 
     def cluster_spy(cluster, seq):
-        calls.append(("cluster", len(cluster.arrival_ms)))
+        calls.append(("cluster", cluster.arrival_req.tolist()))
         return cluster_taken(cluster, seq)
 
+    reordered = make_workload([{"id": "r0", "t": 0, "P": 200, "O": 4}] + rows[1:])
+    tokenize = {"request_ms": 0, "tokenize_us_per_token": 100}
     with patch.object(EngineCore, "take_arrivals", worker_spy), \
             patch.object(AggregatedLoop, "take_arrivals", cluster_spy):
         for cluster, concurrency, taker in [(None, None, "worker"),
                                             ({"workers": 2}, None, "cluster"),
                                             ({"data_parallel_size": 2}, None, "cluster"),
                                             (None, 2, None), ({"workers": 2}, 2, None)]:
-            calls.clear()
-            config = make_config(cluster=cluster, block_size=16, num_gpu_blocks=64,
-                                 max_model_len=256)
-            result = simulate(config, attrs.evolve(workload, concurrency=concurrency))
-            assert calls == ([(taker, 7)] if taker else []), cluster
-            assert result.records.status.tolist() == [STATUS_FINISHED] * 6 + [STATUS_REJECTED]
-            assert sum(w.requests for w in result.stats.workers) == 7
+            for w, frontend, order in [(workload, None, [0, 1, 2, 3, 4, 5, 6]),
+                                       (reordered, tokenize, [1, 2, 3, 0, 4, 5, 6])]:
+                calls.clear()
+                config = make_config(cluster=cluster, block_size=16, num_gpu_blocks=64,
+                                     max_model_len=256, frontend=frontend)
+                result = simulate(config, attrs.evolve(w, concurrency=concurrency))
+                assert calls == ([(taker, order)] if taker else []), cluster
+                assert result.records.status.tolist() == [STATUS_FINISHED] * 6 + [STATUS_REJECTED]
+                assert sum(w.requests for w in result.stats.workers) == 7
 
 
 def test_progress_reports_the_compiled_loops_clock_in_order():

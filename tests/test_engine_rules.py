@@ -713,13 +713,21 @@ def test_requests_released_together_wake_an_idle_engine_into_one_pass():
     assert records.arrival_ms.tolist() == [0, 0, 10, 10]
 
 
-def test_frontend_delays_each_arrival_by_its_prompt_and_a_short_prompt_can_overtake():
+def test_frontend_delays_each_arrival_by_its_prompt_and_a_short_prompt_can_overtake(monkeypatch):
     # engine.frontend: request_ms 2, tokenize_us_per_token 250 (0.25 ms a token).
     # a: sent t=0, P=32 -> reaches the engine at 0 + 2 + 8 = 10; b: sent t=1,
     # P=16 -> 1 + 2 + 4 = 7, before a. Sync: b wakes the idle engine at 7:
     # pass 0 [7,17] b 16; a arrives during it; pass 1 is decided at 17 (b done):
     # a 32 [17,27]; pass 2 [27,37] a 1. TTFT counts from the send time, as a
-    # benchmark client measures it: a 27 - 0, b 17 - 1.
+    # benchmark client measures it: a 27 - 0, b 17 - 1. The worker's compiled
+    # loop admits the arrivals in that order (no arrival goes through the
+    # replay's event loop one by one).
+    from servesim.replay.driver import Replay
+
+    def one_by_one(self, k):
+        raise AssertionError("an open-loop arrival went through the event loop")
+
+    monkeypatch.setattr(Replay, "_on_open_arrival", one_by_one)
     cfg = make_config(frontend={"request_ms": 2, "tokenize_us_per_token": 250})
     w = make_workload([dict(id="a", t=0, P=32, O=2), dict(id="b", t=1, P=16, O=1)])
     records, log = run(cfg, w)
@@ -727,8 +735,7 @@ def test_frontend_delays_each_arrival_by_its_prompt_and_a_short_prompt_can_overt
     assert times(log) == [(7, 17), (17, 27), (27, 37)]
     assert records.arrival_ms.tolist() == [0, 1]
     assert (req(records, "a")["first_token_ms"], req(records, "b")["first_token_ms"]) == (27, 17)
-    # request_ms alone keeps the order (the compiled loop takes the arrivals):
-    # a reaches the engine at 5, b at 6; pass 0 [5,15] a 32; pass 1 [15,25] a 1,
+    # request_ms alone keeps the order: a reaches the engine at 5, b at 6; pass 0 [5,15] a 32; pass 1 [15,25] a 1,
     # b 16 (b arrived during pass 0)
     records, log = run(make_config(frontend={"request_ms": 5}), w)
     assert tokens(log) == [{"a": 32}, {"a": 1, "b": 16}]

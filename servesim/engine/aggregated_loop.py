@@ -44,8 +44,8 @@ from servesim.jit import Entry, njit, plain_python
 # (engine/worker_loop.py `LOOP_DTYPE`)
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
-def run_cluster(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
-                never_fits, worker_of, rank_of, status, finished_code, rejected_code,
+def run_cluster(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, arrival_req,
+                pinned, never_fits, worker_of, rank_of, status, finished_code, rejected_code,
                 h_time, h_order, h_seq, log_on, log):
     """Run the workers' events and the arrivals up to the horizon (module
     docstring). Worker k is `bundle_at(workers, k, w0)` (its `run_passes`
@@ -53,7 +53,8 @@ def run_cluster(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinne
     workers), its next event's key `(keys_t[k], keys_o[k], keys_s[k])`
     (`inf` time: none pending); `pool` is its ranks' routing arrays
     (worker_loop `pool_arrays`: ranks numbered `worker * dp + rank`).
-    Request i arrives at `arrival_ms[i]` (worker_loop `arrive`), pinned to
+    The k-th arrival is request `arrival_req[k]` at `arrival_ms[k]`
+    (worker_loop `arrive`); request i is pinned to
     rank `pinned[i]` (-1: none); where it went goes into `worker_of`,
     `rank_of` and the pool's count of requests per rank, and `status` gets
     `finished_code` or `rejected_code` when it is done."""
@@ -63,8 +64,8 @@ def run_cluster(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinne
             state = arrival_due(keys_t, keys_o, keys_s, cs, arrival_ms, h_time, h_order, h_seq)
             if state != ARRIVE:
                 return state
-            arrive(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, pinned,
-                   never_fits, worker_of, rank_of, status, rejected_code)
+            arrive(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, arrival_req,
+                   pinned, never_fits, worker_of, rank_of, status, rejected_code)
             continue
         # a worker runs up to the next arrival (and the outside horizon); the
         # pass log takes the workers' passes in event order
@@ -100,7 +101,8 @@ class AggregatedLoop:
     gets the requests taken out as unfinishable (the core's `report`)."""
 
     def __init__(self, cores, loop, observer, pass_log, ranks: routing.RankArrays, policy,
-                 arrival_ms, pinned, worker_of, rank_of, status, finished_code, rejected_code):
+                 arrival_ms, arrival_req, pinned, worker_of, rank_of, status, finished_code,
+                 rejected_code):
         self.cores = cores
         self.loop = loop
         self.observer = observer
@@ -108,6 +110,7 @@ class AggregatedLoop:
         self.ranks = ranks
         self.pool = pool_arrays(ranks, policy, cores[0].ranks[0].scheduler.table)
         self.arrival_ms = arrival_ms
+        self.arrival_req = arrival_req
         self.pinned = pinned
         self.worker_of = worker_of
         self.rank_of = rank_of
@@ -146,8 +149,8 @@ class AggregatedLoop:
     done = property(lambda self: int(self.cs[0]["num_done"]))  # finished or rejected so far
 
     def take_arrivals(self, seq):
-        """Requests 0 to `len(arrival_ms)` - 1 arrive, in that order, request
-        i at `arrival_ms[i]`; the first one's event has sequence `seq`."""
+        """Every request arrives, the k-th request `arrival_req[k]` at
+        `arrival_ms[k]`; the first one's event has sequence `seq`."""
         st = self.cs[0]
         st["arrival_next"] = 0
         st["arrival_end"] = len(self.arrival_ms)
@@ -197,6 +200,7 @@ class AggregatedLoop:
             h = self.observer.horizon_key()
             return self._entry(*self._arguments(), self.keys_t,
                                self.keys_o, self.keys_s, cs, self.pool, self.arrival_ms,
+                               self.arrival_req,
                                self.pinned, self.never_fits, self.worker_of, self.rank_of,
                                self.status, *self.codes, float(h[0]), int(h[1]),
                                int(h[2]), *log_arguments(self.pass_log))

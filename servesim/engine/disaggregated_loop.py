@@ -67,8 +67,8 @@ from servesim.engine.kv_handoff import hand_off, wait_on
 from servesim.bundles import addresses_of, bundle_at
 from servesim.jit import Entry, njit, plain_python
 
-from servesim.engine.worker_loop import (ARRIVE, POOL_DP, ROUTED, R_ARRIVAL_MS, R_FINISHED,
-                                         R_HANDED, R_NEVER_FITS, R_PINNED, R_PREFILL_RANK,
+from servesim.engine.worker_loop import (ARRIVE, POOL_DP, ROUTED, R_ARRIVAL_MS, R_ARRIVAL_REQ,
+                                         R_FINISHED, R_HANDED, R_NEVER_FITS, R_PINNED, R_PREFILL_RANK,
                                          R_PREFILL_WORKER, R_RANK, R_REJECTED, R_STATUS, R_WORKER,
                                          _queue, _route, arrival_due, arrive, new_loop_state,
                                          next_key, next_worker, offer_key, run_reporting,
@@ -171,7 +171,8 @@ def run_workers(workers_a, wa0, workers_b, wb0, keys_t, keys_o, keys_s, ps, pool
             if state != ARRIVE:
                 return state
             arrive(workers_a, wa0, keys_t, keys_o, keys_s, ps, pool_a, arrival_ms,
-                   rp[R_PINNED], rp[R_NEVER_FITS], rp[R_PREFILL_WORKER], rp[R_PREFILL_RANK],
+                   rp[R_ARRIVAL_REQ], rp[R_PINNED], rp[R_NEVER_FITS], rp[R_PREFILL_WORKER],
+                   rp[R_PREFILL_RANK],
                    rp[R_STATUS], rp[R_REJECTED])
             continue
         # k's horizon: the first of the others' events, the next arrival, or
@@ -260,8 +261,9 @@ class DisaggregatedLoop:
         self._pools = (pool_a, pool_b, replay_arrays)
 
     def take_arrivals(self, seq):
-        """An open loop: every request arrives, in table order, at
-        `arrival_ms[i]` (the first one's event has sequence `seq`), and is
+        """An open loop: every request arrives, the k-th request
+        `arrival_req[k]` at `arrival_ms[k]` (`R_ARRIVAL_MS`, `R_ARRIVAL_REQ`;
+        the first one's event has sequence `seq`), and is
         routed, handed off and finished inside the loop (`run_workers`);
         `arrivals` counts those that arrived, `done` those finished or
         rejected."""

@@ -141,32 +141,35 @@ def add_request(s, ws, i, num_prompt_tokens, now):
 
 
 @njit
-def next_arrival(R, state, arrival_ms):
-    """The next of the arrivals a compiled loop admits itself (request
-    `state[0].arrival_next`; they end before `arrival_end`), as the event
-    loop runs an arrival (`Replay._on_open_arrival`): the following
-    arrival's event is scheduled first (its sequence drawn from
-    `state[0].seq` into `arrival_seq`), then the request arrives at
-    `arrival_ms[i]`. `state`: a worker's (engine/worker_state.py) or a loop
-    over workers' (engine/worker_loop.py) state record. Returns i."""
+def next_arrival(R, state, arrival_ms, arrival_req):
+    """The next of the arrivals a compiled loop admits itself (the k-th,
+    k = `state[0].arrival_next`; they end before `arrival_end`): request
+    `arrival_req[k]` at `arrival_ms[k]` (times in arrival order, ties in
+    table order), as the event loop runs an arrival
+    (`Replay._on_open_arrival`): the following arrival's event is scheduled
+    first (its sequence drawn from `state[0].seq` into `arrival_seq`), then
+    the request arrives. `state`: a worker's (engine/worker_state.py) or a
+    loop over workers' (engine/worker_loop.py) state record. Returns the
+    request; its `arrival_time` is set."""
     st = state[0]
-    i = st.arrival_next
-    st.arrival_next = i + 1
-    R[i].arrival_time = arrival_ms[i]
-    if i + 1 < st.arrival_end:
+    k = st.arrival_next
+    st.arrival_next = k + 1
+    i = arrival_req[k]
+    R[i].arrival_time = arrival_ms[k]
+    if k + 1 < st.arrival_end:
         st.seq += 1
         st.arrival_seq = st.seq
     return i
 
 
 @njit
-def _arrive(s, ws, arrival_ms):
+def _arrive(s, ws, arrival_ms, arrival_req):
     """The next of the arrivals the loop admits itself (a worker of one rank
     taking an open-loop workload, `WorkerLoop.take_arrivals`): it
     arrives (`next_arrival`) and is queued (`add_request`)."""
     R = s.R
-    i = next_arrival(R, ws, arrival_ms)
-    add_request(s, ws, i, R[i].num_prompt_tokens, arrival_ms[i])
+    i = next_arrival(R, ws, arrival_ms, arrival_req)
+    add_request(s, ws, i, R[i].num_prompt_tokens, R[i].arrival_time)
 
 
 @njit
@@ -199,8 +202,9 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
     `outs[slot, rank]`, `feats[slot, rank]`, `pidx[slot, rank]` (the pass's
     index on that rank, -1 for an empty batch), `queue[slot]`
     describe the batch queue's passes in flight (`ws[0].num_in_flight` of them from
-    slot `ws[0].head`). `arrival_ms[i]`: when request i arrives, for the
-    arrivals the loop admits (`W_ANEXT`). `kv_t` (an argument): each rank's
+    slot `ws[0].head`). `arrival_ms[k]`, `arrival_req[k]`: when the
+    k-th of the arrivals the loop admits comes, and its request
+    (`next_arrival`). `kv_t` (an argument): each rank's
     `kv` bundle (a `KVArrays`, `RankScheduler._kv`; None: no CPU tier and no
     remote KV), `checking`: True in the debug mode, else None (the invariant
     check, the scheduler's `_check_after`, is then compiled away),
@@ -282,7 +286,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
             ws[0].force = 0
             ws[0].now_ms = t
             if kind == EV_ARRIVE:
-                _arrive(w.sched_t[0], ws, w.arrival_ms)
+                _arrive(w.sched_t[0], ws, w.arrival_ms, w.arrival_req)
                 continue
             if kind == EV_END:
                 # the outputs of the pass at the head of the queue

@@ -87,7 +87,8 @@ class WorkerLoop:
         self.width = width
         table = s0.table
         pricer = ranks[0].pricer
-        self._shared = (table.R, np.zeros(0, dtype=np.float64))  # arrival_ms (`take_arrivals`)
+        # arrival_ms, arrival_req (`take_arrivals`)
+        self._shared = (table.R, np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64))
         self._ranks = (padded([s.arrays for s in schedulers]),
                        stats, pricer.model, pricer.params, pricer.kv_capacity_tokens,
                        s0.pool.num_gpu_blocks, launch_params)
@@ -122,14 +123,14 @@ class WorkerLoop:
         t = _next_land(side[0], side[1], side[4], d)
         return bool(_wake_at(t, self._ranks[0], d, self.ws, self.xw_t, self.xw_s))
 
-    def take_arrivals(self, arrival_ms, seq):
-        """The loop admits requests 0 to `len(arrival_ms)` - 1 itself
-        (`_arrive`), in that order, request i at `arrival_ms[i]`; the first
-        one's event has sequence `seq`."""
+    def take_arrivals(self, arrival_ms, arrival_req, seq):
+        """The loop admits every request itself (`_arrive`), the k-th
+        request `arrival_req[k]` at `arrival_ms[k]`; the first one's event
+        has sequence `seq`."""
         self.state["arrival_next"] = 0
         self.state["arrival_end"] = len(arrival_ms)
         self.state["arrival_seq"] = seq
-        self._shared = self._shared[:-1] + (arrival_ms,)
+        self._shared = (self._shared[0], arrival_ms, arrival_req)
         self._args = None
 
     arrivals = property(lambda self: int(self.state["arrival_next"]))  # admitted (or rejected) so far

@@ -54,8 +54,8 @@ def new_loop_state():
 ARRIVE = -1  # (`_arrival_due`: the next arrival runs now)
 # the replay's arrays the loop reads and fills when it takes the arrivals
 # (`DisaggregatedLoop.take_arrivals`), a tuple in this order
-(R_ARRIVAL_MS, R_PINNED, R_NEVER_FITS, R_PREFILL_WORKER, R_PREFILL_RANK, R_WORKER, R_RANK,
- R_HANDED, R_STATUS, R_FINISHED, R_REJECTED) = range(11)
+(R_ARRIVAL_MS, R_ARRIVAL_REQ, R_PINNED, R_NEVER_FITS, R_PREFILL_WORKER, R_PREFILL_RANK,
+ R_WORKER, R_RANK, R_HANDED, R_STATUS, R_FINISHED, R_REJECTED) = range(12)
 
 
 @njit
@@ -226,8 +226,8 @@ def _queue(pool, w, keys_t, keys_o, keys_s, ps, slot, j, R, i, num_prompt_tokens
 
 
 @njit
-def arrive(workers, w0, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, never_fits,
-           worker_of, rank_of, status, rejected_code):
+def arrive(workers, w0, keys_t, keys_o, keys_s, st, pool, arrival_ms, arrival_req, pinned,
+           never_fits, worker_of, rank_of, status, rejected_code):
     """The next arrival a loop over workers takes (`st`: its state), as the
     replay's `_on_arrival` would take it: routed to a rank of `pool` (the
     workers at `workers`, `bundle_at` them, `w0` the first; where it went
@@ -236,8 +236,8 @@ def arrive(workers, w0, keys_t, keys_o, keys_s, st, pool, arrival_ms, pinned, ne
     prompt and first token can never fit the decode pool): rejected
     (`status[i] = rejected_code`)."""
     R = w0.R
-    i = next_arrival(R, st, arrival_ms)
-    now = arrival_ms[i]
+    i = next_arrival(R, st, arrival_ms, arrival_req)
+    now = R[i].arrival_time
     dp = pool[POOL_DP]
     j = _route(pool, R, i, R[i].num_prompt_tokens, pinned[i], now, not never_fits[i])
     k = j // dp

@@ -84,9 +84,9 @@ WORKER_DTYPE = np.dtype([
     ("num_wakes", np.int64), ("wake_ms", np.float64),
     ("ended_pass", np.int64),  # rank 0's index of the last pass whose outputs were processed
     # the arrivals the loop admits itself (`WorkerLoop.take_arrivals`):
-    # requests `arrival_next` up to `arrival_end`, in table order at
-    # `arrival_ms[i]`, the next one's event sequence `arrival_seq`; a call
-    # stops before request `arrival_limit`
+    # the k-th for k from `arrival_next` up to `arrival_end`, request
+    # `arrival_req[k]` at `arrival_ms[k]`, the next one's event sequence
+    # `arrival_seq`; a call stops before arrival `arrival_limit`
     ("arrival_next", np.int64), ("arrival_end", np.int64), ("arrival_seq", np.int64),
     ("arrival_limit", np.int64),
 ])
@@ -129,7 +129,7 @@ def track_usage(stats, pscal, num_gpu_blocks, now):
 
 FIELDS = (
     # the request table its ranks share, the arrivals the loop admits
-    "R", "arrival_ms",
+    "R", "arrival_ms", "arrival_req",
     # each attention-DP rank's scheduler arrays (scheduler/scheduler_arrays.py;
     # a tuple, `padded`), its state, configuration and block pool's among them
     "sched_t",

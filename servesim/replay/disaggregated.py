@@ -241,16 +241,17 @@ class DisaggregatedReplay(Replay):
         # (`_on_arrival`)
         never_fits = (self._never_fit(self.decode_workers[0].ranks[0].scheduler, 1)
                       & (self.max_tokens > 1))
-        if w.concurrency is None:
-            self._engine_ms, self._open_order = self._open_arrivals()
+        # (read by the loop in an open loop only; arrays of one type either way)
+        self._open_ms, self._open_req = self._open_arrivals()
         self.runner.attach(
             pool_arrays(self.router.arrays, self.router.code, prefill),
             pool_arrays(self.decode_router.arrays, self.decode_router.code, decode, 1),
-            (self._engine_ms, np.ascontiguousarray(w.dp_rank, np.int64), never_fits,
+            (self._open_ms, self._open_req, np.ascontiguousarray(w.dp_rank, np.int64),
+             never_fits,
              self.prefill_worker_of, self.prefill_rank_of, self.worker_of, self.rank_of,
              self.sides.handed, self.status, int(STATUS_FINISHED), int(STATUS_REJECTED)))
-        if self._open_order is not None or not self._loop_takes_arrivals():
-            return super()._schedule_arrivals()  # (the compiled loop takes them in workload order)
+        if not self._loop_takes_arrivals():
+            return super()._schedule_arrivals()
         # an open loop: the workers' compiled loop routes the arrivals, hands
         # the requests off and marks them finished (a finish releases nothing)
         self.loop.seq += 1
@@ -277,7 +278,7 @@ class DisaggregatedReplay(Replay):
         to each rank."""
         runner = self.runner
         new = runner.arrivals
-        self.arrived[self._arrivals:new] = True
+        self.arrived[self._open_req[self._arrivals:new]] = True
         self._arrivals = new
         done = runner.done
         self.num_done += done - self._runner_done

@@ -105,9 +105,9 @@ class Replay:
         frontend = engine.frontend
         self.frontend_ms = (None if frontend is None else
                             frontend.delay_ms(workload.input_length.astype(np.float64)))
-        # an open loop's engine arrivals, and their order when the frontend
-        # reorders them (None: workload order; `_open_arrivals`)
-        self._engine_ms, self._open_order = self.arrival_ms, None
+        # an open loop's arrivals at the engine in the order they come: the
+        # k-th is request `_open_req[k]` at `_open_ms[k]` (`_open_arrivals`)
+        self._open_ms, self._open_req = None, None
         self.tokens = TokenLog(self.max_tokens, engine.detokenize_ms)
         self.loop = EventLoop()
         n = len(workload)
@@ -194,20 +194,16 @@ class Replay:
         self.loop.schedule(at, order if at == t else ARRIVAL, self._on_arrival, i)
 
     def _open_arrivals(self):
-        """An open loop's engine arrival times (`engine_arrival_ms` of each)
-        and the order they come in: None when that is the workload order, else
-        their stable sort (a per-token tokenize delay can let a short prompt
-        sent later overtake a long one; equal times keep the workload order)."""
+        """An open loop's arrivals at the engine in the order they come, as
+        `(at, req)`: the k-th is request `req[k]` at `at[k]`
+        (`engine_arrival_ms`). That is the workload order unless a per-token
+        tokenize delay lets a short prompt sent later overtake a long one;
+        equal times keep the workload order (a stable sort)."""
         if self.frontend_ms is None:
-            return self.arrival_ms, None
+            return self.arrival_ms, np.arange(len(self.arrival_ms), dtype=np.int64)
         at = self.arrival_ms + self.frontend_ms
-        if np.all(at[1:] >= at[:-1]):
-            return at, None
-        return at, np.argsort(at, kind="stable")
-
-    def _open(self, k) -> int:
-        """The k-th request to reach the engine in an open loop."""
-        return k if self._open_order is None else int(self._open_order[k])
+        req = np.argsort(at, kind="stable").astype(np.int64)
+        return np.ascontiguousarray(at[req]), req
 
     def _schedule_arrivals(self):
         if self.sessions is not None:
@@ -215,25 +211,24 @@ class Replay:
         concurrency = self.workload.concurrency
         n = len(self.workload)
         if concurrency is None:
-            self._engine_ms, self._open_order = self._open_arrivals()
-        # the compiled loops admit arrivals in workload order only
-        in_order = self._open_order is None
-        if concurrency is None and in_order and self._arrivals_in_loop():
+            self._open_ms, self._open_req = self._open_arrivals()
+        if concurrency is None and self._arrivals_in_loop():
             # the worker's compiled loop admits them (sequence drawn as below)
             # rejected at arrival (`_sync_arrivals`)
             self._never_fits = self._never_fit(self.workers[0].ranks[0].scheduler)
             self.loop.seq += 1
-            self.workers[0].take_arrivals(self._engine_ms, self.loop.seq)
+            self.workers[0].take_arrivals(self._open_ms, self._open_req, self.loop.seq)
             self._own_arrivals = True
             self._next_release = n
-        elif concurrency is None and in_order and self._cluster_takes_arrivals():
+        elif concurrency is None and self._cluster_takes_arrivals():
             # the workers' compiled loop routes and admits them (aggregated_loop.py)
             from servesim.engine.aggregated_loop import AggregatedLoop
 
             w = self.workload
             self.cluster = AggregatedLoop(
                 self.workers, self.loop, self, self.workers[0].pass_log, self.router.arrays,
-                self.router.code, self._engine_ms, np.ascontiguousarray(w.dp_rank, np.int64),
+                self.router.code, self._open_ms, self._open_req,
+                np.ascontiguousarray(w.dp_rank, np.int64),
                 self.worker_of, self.rank_of, self.status, STATUS_FINISHED, STATUS_REJECTED)
             self.loop.seq += 1
             self.cluster.take_arrivals(self.loop.seq)
@@ -241,10 +236,9 @@ class Replay:
             self._next_release = n
         elif concurrency is None:
             # one arrival in the heap at a time: each schedules the next (the
-            # heap stays small; arrivals keep their order, `_open`)
+            # heap stays small; arrivals come in their order, `_open_arrivals`)
             if n:
-                self.loop.schedule(float(self._engine_ms[self._open(0)]), ARRIVAL,
-                                   self._on_open_arrival, 0)
+                self.loop.schedule(float(self._open_ms[0]), ARRIVAL, self._on_open_arrival, 0)
             self._next_release = n
         else:
             first = min(concurrency, n)
@@ -287,7 +281,7 @@ class Replay:
         requests it finished)."""
         if self.cluster is not None:
             new = self.cluster.arrivals
-            self.arrived[self._arrivals:new] = True
+            self.arrived[self._open_req[self._arrivals:new]] = True
             self._arrivals = new
             done = self.cluster.done
             self.num_done += done - self._cluster_done
@@ -297,22 +291,22 @@ class Replay:
         new, old = core.compiled.arrivals, self._arrivals
         if new == old:
             return
-        span = slice(old, new)
+        span = self._open_req[old:new]  # (the requests, in arrival order)
         self.arrived[span] = True
         self.worker_of[span] = 0
         self.rank_of[span] = 0
         core.ranks[0].num_requests += new - old
-        rejected = old + np.flatnonzero(self._never_fits[span])
+        rejected = span[self._never_fits[span]]
         self.status[rejected] = STATUS_REJECTED
         self.num_done += len(rejected)
         self._arrivals = new
 
     def _on_open_arrival(self, k):
-        """The k-th open-loop arrival at the engine (`_open`): it schedules the next."""
+        """The k-th open-loop arrival at the engine (`_open_arrivals`): it
+        schedules the next."""
         if k + 1 < len(self.workload):
-            self.loop.schedule(float(self._engine_ms[self._open(k + 1)]), ARRIVAL,
-                               self._on_open_arrival, k + 1)
-        self._on_arrival(self._open(k))
+            self.loop.schedule(float(self._open_ms[k + 1]), ARRIVAL, self._on_open_arrival, k + 1)
+        self._on_arrival(int(self._open_req[k]))
 
     def _on_arrival(self, i):
         w = self.workload
@@ -386,7 +380,7 @@ class Replay:
         elif self.workload.concurrency is not None:
             key = self.loop.next_key()
         elif self._arrivals < len(self.workload) and not self._own_arrivals:
-            key = (float(self._engine_ms[self._open(self._arrivals)]), ARRIVAL, 0)
+            key = (float(self._open_ms[self._arrivals]), ARRIVAL, 0)
         else:
             key = (math.inf, 0, 0)
         if self._log_in_order:
