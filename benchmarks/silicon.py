@@ -174,8 +174,14 @@ def _lengths(n):
     return {"distribution": "uniform", "min": max(int(n * RANGE_RATIO), 1), "max": n}
 
 
-def row_config(row, protocol=None):
-    """servesim's config for the benchmark behind one silicon row."""
+# --no-host-terms: the pass times alone, without the API server's delay and
+# the host time per pass that `timing: aic` adds by default (docs/deployment.md)
+NO_HOST_TERMS = {"frontend": {"request_ms": 0, "tokenize_us_per_token": 0}, "host_ms_per_pass": 0}
+
+
+def row_config(row, protocol=None, host_terms=True):
+    """servesim's config for the benchmark behind one silicon row (without
+    `host_terms`: `NO_HOST_TERMS`)."""
     protocol = protocol or "benchmark_serving"
     tp = int(_num(row["tp_size"], 1))
     ep = int(_num(row["moe_ep_size"], 1))
@@ -196,6 +202,8 @@ def row_config(row, protocol=None):
         engine["quantization"] = "fp8"
     if source(row) == "inferencex":
         engine.update(INFERENCEX_SERVER, max_num_seqs=conc)
+    if not host_terms:
+        engine.update(NO_HOST_TERMS)
     return {
         "workload": {"synthetic": {
             "requests": PROMPTS_PER_CLIENT * conc,
@@ -208,14 +216,14 @@ def row_config(row, protocol=None):
     }
 
 
-def simulate_row(row, protocol=None):
+def simulate_row(row, protocol=None, host_terms=True):
     """Mean TTFT and TPOT (ms) over all requests of the simulated benchmark:
     a closed loop of CONC clients that all start at 0, each sending its next
     prompt when its last one finishes; TPOT per request is
     (latency - TTFT) / (output tokens - 1), as benchmark_serving.py computes it."""
     from servesim.replay.api import run
 
-    report = run(row_config(row, protocol))
+    report = run(row_config(row, protocol, host_terms))
     rec = report.records
     ttft = rec.first_token_ms - rec.arrival_ms
     many = rec.output_tokens > 1
@@ -239,12 +247,12 @@ def protocols_of(row, protocol=None):
     return list(PROTOCOLS) if source(row) == "gap_analysis" else [PROTOCOLS[0]]
 
 
-def replay_row(row, protocol, static=True):
+def replay_row(row, protocol, static=True, host_terms=True):
     """One replay of a row against its measurement (a result line), or None
     if the simulation failed."""
     ttft_true, tpot_true = float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])
     try:
-        ttft, tpot, passes, held = simulate_row(row, protocol)
+        ttft, tpot, passes, held = simulate_row(row, protocol, host_terms)
     except Exception as exc:
         print(f"row {row['id']}: simulation failed: {exc}", file=sys.stderr)
         return None
@@ -355,6 +363,8 @@ def main(argv=None):
                     help="client protocol (default benchmark_serving: InferenceX's)")
     ap.add_argument("--conc", default=None, help="concurrency range LO-HI (e.g. 4-64)")
     ap.add_argument("--gpus", default=None, help="comma-separated GPU names")
+    ap.add_argument("--no-host-terms", action="store_true",
+                    help="leave out the API server's delay and the host time per pass")
     args = ap.parse_args(argv)
 
     import logging
@@ -397,7 +407,8 @@ def main(argv=None):
     start = time.perf_counter()
     for i, row in enumerate(chosen):
         for protocol in protocols_of(row, args.protocol):
-            r = replay_row(row, protocol, static=not args.no_static and protocol == PROTOCOLS[0])
+            r = replay_row(row, protocol, static=not args.no_static and protocol == PROTOCOLS[0],
+                           host_terms=not args.no_host_terms)
             if r is None:
                 continue
             results.append(r)

@@ -98,6 +98,46 @@ def test_explicit_num_gpu_blocks_wins_and_round_trips(tmp_path):
     assert config_from_dict(data) == derived
 
 
+def test_aic_timing_adds_the_api_server_and_host_time_unless_told_and_round_trips(tmp_path):
+    # docs/deployment.md, "What the pass times leave out": with timing aic the
+    # frontend defaults to 4 ms + 3.6 us a prompt token and the host time to
+    # 1.4 ms a pass; zeros leave them out; other timing types add nothing.
+    from servesim.engine.config import FrontendConfig
+
+    model = model_dir(tmp_path, QWEN3_32B)
+    named = {"model": model, "gpu": "h200_sxm", "tensor_parallel_size": 2}
+    aic = engine_config({**named, "timing": {"type": "aic"}})
+    assert aic.engine.frontend == FrontendConfig(request_ms=4.0, tokenize_us_per_token=3.6)
+    assert aic.engine.frontend.delay_ms(1000) == pytest.approx(7.6)
+    assert aic.engine.host_ms_per_pass == 1.4
+    off = engine_config({**named, "timing": {"type": "aic"}, "host_ms_per_pass": 0,
+                         "frontend": {"request_ms": 0, "tokenize_us_per_token": 0}})
+    assert (off.engine.frontend, off.engine.host_ms_per_pass) == (None, 0.0)
+    own = engine_config({**named, "timing": {"type": "aic"}, "host_ms_per_pass": 3,
+                         "frontend": {"request_ms": 10}})
+    assert own.engine.frontend == FrontendConfig(request_ms=10.0, tokenize_us_per_token=0.0)
+    assert own.engine.host_ms_per_pass == 3.0
+    plain = engine_config(named)
+    assert (plain.engine.frontend, plain.engine.host_ms_per_pass) == (None, 0.0)
+    # the resolved config reads back as the same engine (a default is left
+    # implicit, a zero that turns one off is written)
+    for cfg in (aic, off, own, plain):
+        assert config_from_dict(config_to_dict(cfg)) == cfg
+    assert "frontend" not in config_to_dict(aic)["engine"]
+    assert config_to_dict(off)["engine"]["host_ms_per_pass"] == 0.0
+    # summary.json's deployment section and the line `run` prints name them
+    from servesim.deployment.summary import deployment_summary
+
+    told = engine_config({**named, "async_scheduling": True, "host_ms_per_pass": 1.4,
+                          "frontend": {"request_ms": 4, "tokenize_us_per_token": 3.6}})
+    summary = deployment_summary(told.engine)
+    assert summary["host_terms"] == {"frontend_request_ms": 4.0,
+                                     "frontend_tokenize_us_per_token": 3.6,
+                                     "host_ms_per_pass": 1.4, "host_time_hidden": True}
+    assert summary["host_terms_text"] == ("API server 4 ms + 3.6 µs/prompt token; "
+                                          "host 1.4 ms per pass (hidden by async scheduling)")
+
+
 def test_a_config_without_deployment_keeps_its_resolved_keys():
     data = config_to_dict(engine_config({}))
     assert "model" not in data["engine"] and "gpu" not in data["engine"]

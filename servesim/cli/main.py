@@ -307,7 +307,8 @@ def _run(config, output_dir, pass_log, telemetry_interval_ms, overrides, limit, 
             click.echo(f"warning: {warning}", err=True)
         deployment = report.summary.get("deployment")
         if deployment is not None and not quiet:
-            click.echo(f"{deployment['capacity_text']}; pass times: {deployment['timing_source']}", err=True)
+            click.echo(f"{deployment['capacity_text']}; pass times: {deployment['timing_source']}; "
+                       f"{deployment['host_terms_text']}", err=True)
         out = report.write(output_dir)
         if html_report:
             from servesim.results.report import write_report

@@ -39,6 +39,7 @@ from servesim.config.config_types import (
     WorkloadConfig,
 )
 from servesim.deployment.config import KEYS as DEPLOYMENT_KEYS
+from servesim.deployment.host_time import default_frontend, default_host_ms_per_pass
 from servesim.config.deployment_config import deployment_to_data, read_calibration, read_deployment
 from servesim.config.fitted_checks import check_engine_pricing, read_fitted_provenance
 from servesim.config.validation import (
@@ -180,13 +181,25 @@ def _engine_to_data(engine: EngineConfig) -> dict:
         **attrs.asdict(engine.scheduler),
         "launch": None if engine.launch is None else attrs.asdict(engine.launch),
         "detokenize_ms": engine.detokenize_ms,
-        **({} if engine.frontend is None else {"frontend": attrs.asdict(engine.frontend)}),
-        **({"host_ms_per_pass": engine.host_ms_per_pass} if engine.host_ms_per_pass else {}),
+        **_host_terms_to_data(engine),
         "kv_offloading": None if engine.kv_offloading is None else attrs.asdict(engine.kv_offloading),
         **({} if engine.speculative is None else {"speculative": speculative_to_data(engine.speculative)}),
         "timing": _timing_to_data(engine.timing),
         **deployment_to_data(engine.deployment),
     }
+
+
+def _host_terms_to_data(engine: EngineConfig) -> dict:
+    """`frontend` and `host_ms_per_pass` where they differ from the timing
+    type's defaults (servesim/deployment/host_time.py), so that the block
+    reads back as the same engine."""
+    data = {}
+    kind = engine.timing.type
+    if engine.frontend != _default_frontend(kind):
+        data["frontend"] = attrs.asdict(engine.frontend or FrontendConfig())
+    if engine.host_ms_per_pass != default_host_ms_per_pass(kind):
+        data["host_ms_per_pass"] = engine.host_ms_per_pass
+    return data
 
 
 def _cluster_to_data(cluster: ClusterConfig, engine: EngineConfig) -> dict:
@@ -512,8 +525,10 @@ def _engine(ctx: Ctx, data, path_of=None, data_parallel_size=1) -> EngineConfig:
         timing=timing,
         launch=launch,
         detokenize_ms=s.get("detokenize_ms", NUMBER, 0.0, ge(0)),
-        frontend=_frontend(ctx, s.data.get("frontend"), s.sub("frontend")),
-        host_ms_per_pass=s.get("host_ms_per_pass", NUMBER, 0.0, ge(0)),
+        frontend=_frontend(ctx, s.data.get("frontend"), s.sub("frontend"),
+                           _default_frontend(timing.type)),
+        host_ms_per_pass=s.get("host_ms_per_pass", NUMBER, default_host_ms_per_pass(timing.type),
+                               ge(0)),
         kv_offloading=_kv_offloading(ctx, s.data.get("kv_offloading"), s.sub("kv_offloading")),
         speculative=speculative,
     )
@@ -593,14 +608,23 @@ def _launch(ctx: Ctx, data, path="engine.launch") -> LaunchConfig | None:
     )
 
 
-def _frontend(ctx: Ctx, data, path="engine.frontend") -> FrontendConfig | None:
+def _default_frontend(timing_type: str) -> FrontendConfig | None:
+    """`engine.frontend` when the config leaves it out (servesim/deployment/host_time.py)."""
+    keys = default_frontend(timing_type)
+    return None if keys is None else FrontendConfig(**keys)
+
+
+def _frontend(ctx: Ctx, data, path="engine.frontend",
+              default: FrontendConfig | None = None) -> FrontendConfig | None:
     """`engine.frontend`: the API server's delay of each request (docs/engine.md
-    §8, "Frontend"), or None."""
+    §8, "Frontend"); `default` when it is left out (servesim/deployment/
+    host_time.py), a key left out 0; None when there is no delay."""
     if data is None:
-        return None
+        return default
     d = _defaults(FrontendConfig)
     s = Section(ctx, data, path, list(d))
-    return FrontendConfig(**{key: s.get(key, NUMBER, d[key], ge(0)) for key in d})
+    frontend = FrontendConfig(**{key: s.get(key, NUMBER, d[key], ge(0)) for key in d})
+    return None if frontend == FrontendConfig() else frontend
 
 
 def _kv_offloading(ctx: Ctx, data, path="engine.kv_offloading") -> KVOffloadingConfig | None:

@@ -29,4 +29,29 @@ def deployment_summary(engine, data_parallel_size: int = 1) -> dict | None:
             out["timing_source"] += f", calibrated by {timing.calibration}"
     else:
         out["timing_source"] = timing.type
+    out["host_terms"] = host_terms(engine)
+    out["host_terms_text"] = describe_host_terms(out["host_terms"])
     return out
+
+
+def host_terms(engine) -> dict:
+    """The time outside the pass times (servesim/deployment/host_time.py):
+    the API server's delay of each request and the host time per pass, and
+    whether async scheduling hides the latter."""
+    frontend = engine.frontend
+    return {
+        "frontend_request_ms": 0.0 if frontend is None else frontend.request_ms,
+        "frontend_tokenize_us_per_token": 0.0 if frontend is None else frontend.tokenize_us_per_token,
+        "host_ms_per_pass": engine.host_ms_per_pass,
+        "host_time_hidden": bool(engine.scheduler.async_scheduling),
+    }
+
+
+def describe_host_terms(terms: dict) -> str:
+    """One line: e.g. `API server 4 ms + 3.6 µs/prompt token; host 1.4 ms
+    per pass (hidden by async scheduling)`."""
+    host = f"host {terms['host_ms_per_pass']:g} ms per pass"
+    if terms["host_ms_per_pass"] and terms["host_time_hidden"]:
+        host += " (hidden by async scheduling)"
+    return (f"API server {terms['frontend_request_ms']:g} ms + "
+            f"{terms['frontend_tokenize_us_per_token']:g} µs/prompt token; {host}")
