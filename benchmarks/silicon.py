@@ -17,10 +17,12 @@ admitted (`admitted`). `benchmarks/silicon_breakdown.py` reads the `--out` rows 
 shows where the error comes from. Next to it, AIConfigurator's own static estimate
 (`aiconfigurator.cli.api.cli_estimate`, aggregated mode) for the same row,
 when the `aiconfigurator` package is installed. No constant is fitted to the
-measurements.
+measurements. The replays keep the API server's delay and the host time per
+pass that `timing: aic` adds by default (docs/deployment.md);
+`--no-host-terms` replays the pass times alone.
 
     PYTHONPATH=$PWD python benchmarks/silicon.py [--max-rows N] [--models a,b] [--gpus g] [--conc 4-64]
-        [--max-isl N] [--max-osl N] [--out rows.jsonl]
+        [--max-isl N] [--max-osl N] [--out rows.jsonl] [--no-host-terms] [--no-static]
 
 Needs aiconfigurator-core (`pip install 'servesim[aic]'`).
 """

@@ -160,6 +160,34 @@ def test_cli_plan_prints_the_answer_and_writes_launch_commands(tmp_path):
     assert doc["sensitivity"]["changes"] == ((not runs[0]["meets"]) or runs[3]["meets"])
 
 
+def test_sensitivity_scales_speculative_acceptance_against_the_pass_times(tmp_path):
+    # --sensitivity P with speculative decoding: the replay with passes P% slower
+    # takes every acceptance rate (its own, a profile's) times 1 - P/100, the one
+    # with passes faster times 1 + P/100, at most 1; without speculation: nothing
+    from servesim.capacity.plan import scaled_acceptance
+
+    speculative = CONFIG.replace("timing:", "speculative: {method: eagle, num_speculative_tokens: 2, "
+                                 "acceptance_rates: [0.8, 0.6]}\n  timing:")
+    config = setup(tmp_path, speculative)
+
+    def rates(factor):
+        overrides = scaled_acceptance(config, [], factor)
+        return load_config(config, overrides).engine.speculative.acceptance_rates
+
+    assert rates(0.9) == pytest.approx((0.72, 0.54))
+    assert rates(1.3) == pytest.approx((1.0, 0.78))
+    profiles = CONFIG.replace("timing:", "speculative: {method: eagle, num_speculative_tokens: 1, "
+                              "acceptance_profiles: {chat: {weight: 1, acceptance_rates: [0.5]}, "
+                              "code: {weight: 1, acceptance_rates: [0.9]}}}\n  timing:")
+    config = write(tmp_path, profiles, "profiles.yaml")
+    spec = load_config(config, scaled_acceptance(config, [], 1.2)).engine.speculative
+    assert [name for name, _, _ in spec.acceptance_profiles] == ["chat", "code"]
+    assert [rates for _, _, rates in spec.acceptance_profiles] == [pytest.approx((0.6,)), (1.0,)]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert scaled_acceptance(setup(plain), [], 0.9) == []
+
+
 def test_launch_commands_of_a_disaggregated_point():
     config = {"engine": {"model": "Qwen/Qwen3-32B", "gpu": "h100_sxm", "tensor_parallel_size": 2,
                          "max_num_seqs": 256, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9,

@@ -14,7 +14,8 @@ a generated space (README "Capacity planning", "servesim plan").
    counts, the runner-ups, the next cheaper point and what it missed, the
    cost), beside search.csv / search.json / points/.
 5. `--sensitivity P`: the winner and the next cheaper point replayed with
-   every pass time scaled by 1 ± P/100 (`DIR/sensitivity/`): does the answer
+   every pass time scaled by 1 ± P/100 and, with speculative decoding, the
+   acceptance rates by 1 ∓ P/100 (`DIR/sensitivity/`): does the answer
    change?
 """
 
@@ -320,6 +321,30 @@ def scaled_timing(config_path: str, values: dict, factor: float, out: Path, extr
     return [*overrides, override_text("engine.timing", data)]
 
 
+def scaled_acceptance(config_path: str, overrides: list, factor: float) -> list:
+    """Overrides that scale a point's speculative acceptance by `factor`: each
+    per-position rate, its own or a profile's, times `factor`, at most 1;
+    none without speculative decoding. A trace's `accepted` lists are
+    measured acceptance and stay as they are (`acceptance_scaled` says so)."""
+    import attrs
+
+    from servesim.config.config import load_config
+    from servesim.config.speculative_config import to_data
+    from servesim.sweep.sweep import override_text
+
+    spec = load_config(config_path, overrides).engine.speculative
+    if spec is None:
+        return []
+
+    def scale(rates):
+        return tuple(min(1.0, rate * factor) for rate in rates)
+
+    scaled = attrs.evolve(spec, acceptance_rates=scale(spec.acceptance_rates),
+                          acceptance_profiles=tuple((name, weight, scale(rates))
+                                                    for name, weight, rates in spec.acceptance_profiles))
+    return [override_text("engine.speculative", to_data(scaled))]
+
+
 def _misses(run: dict) -> str:
     metrics = run.get("metrics") or {}
     return ", ".join(f"{n} ({metrics[n]:.1f})" if metrics.get(n) is not None else n
@@ -337,24 +362,33 @@ def _sensitivity(config_path, doc, search_doc, slos, out, percent, extra) -> dic
     results = []
     for name, row in cases:
         for sign in (+1, -1):
+            # slower passes with less acceptance, faster with more
             factor = round(1 + sign * percent / 100, 6)
+            acceptance = round(1 - sign * percent / 100, 6)
             overrides = scaled_timing(config_path, values_of[row["point"]], factor, sens, extra)
+            speculative = scaled_acceptance(config_path, overrides, acceptance)
             where = sens / f"{name}-x{factor:g}"
-            outcome = rate_point(config_path, tuple(overrides), str(where), slos.to_dict(), load["key"], doc["rate"],
-                                 {"sensitivity": factor})
+            outcome = rate_point(config_path, tuple(overrides + speculative), str(where), slos.to_dict(),
+                                 load["key"], doc["rate"], {"sensitivity": factor})
             r = outcome["row"] or {}
-            results.append({"point": name, "factor": factor, "meets": bool(r.get("meets")),
+            results.append({"point": name, "factor": factor,
+                            "acceptance_factor": acceptance if speculative else None,
+                            "meets": bool(r.get("meets")),
                             "margin": r.get("margin"), "violated": r.get("violated"),
                             "metrics": r.get("metrics"), "error": outcome["error"]})
     slower = next(r for r in results if r["point"] == "winner" and r["factor"] > 1)
     faster = next((r for r in results if r["point"] == "next_cheaper" and r["factor"] < 1), None)
     changes = (not slower["meets"]) or (faster is not None and faster["meets"])
-    verdict = ("the answer is stable: the winner still meets the SLOs with passes "
-               f"{percent:g}% slower" + (f", and the next cheaper point still misses with them {percent:g}% faster"
-                                        if faster is not None else "")) if not changes else (
+    worse = f"passes {percent:g}% slower" + (
+        f" and acceptance {percent:g}% lower" if slower["acceptance_factor"] is not None else "")
+    better = f"passes {percent:g}% faster" + (
+        f" and acceptance {percent:g}% higher" if slower["acceptance_factor"] is not None else "")
+    verdict = (f"the answer is stable: the winner still meets the SLOs with {worse}"
+               + (f", and the next cheaper point still misses with {better}" if faster is not None else "")
+               ) if not changes else (
         "the answer changes: " + "; ".join(
-            ([f"with passes {percent:g}% slower the winner misses {_misses(slower)}"]
-             if not slower["meets"] else [])
-            + ([f"with passes {percent:g}% faster the next cheaper point meets the SLOs"]
+            ([f"with {worse} the winner misses {_misses(slower)}"] if not slower["meets"] else [])
+            + ([f"with {better} the next cheaper point meets the SLOs"]
                if faster is not None and faster["meets"] else [])))
-    return {"percent": percent, "runs": results, "changes": changes, "verdict": verdict}
+    return {"percent": percent, "runs": results, "changes": changes, "verdict": verdict,
+            "acceptance_scaled": slower["acceptance_factor"] is not None}

@@ -94,7 +94,8 @@ def print_plan(doc, slos) -> None:
 @click.option("--max-num-batched-tokens", "batched", metavar="N[,N...]",
               help="The max_num_batched_tokens ladder (default 2048,8192).")
 @click.option("--sensitivity", type=float, metavar="P",
-              help="Replay the winner and the next cheaper point with pass times ±P% and say if the answer changes.")
+              help="Replay the winner and the next cheaper point with pass times ±P% (and speculative "
+                   "acceptance ∓P%) and say if the answer changes.")
 @click.option("--no-prune", is_flag=True, help="Replay the points the bounds rule out too.")
 @click.option("-o", "--output-dir", default="plan-out", show_default=True, type=click.Path(file_okay=False),
               help="Directory for best.yaml, launch.sh, plan.json, search.csv and points/.")
