@@ -100,7 +100,11 @@ def price_features(model, params, feats, kv_capacity_tokens):
 
 
 class PassPricer:
-    """A timing config turned into the kernel's model code and parameters."""
+    """A timing config turned into the kernel's model code and parameters.
+    `kv_capacity_tokens`, the polynomial's KV-occupancy denominator, is every
+    block's tokens, vLLM's null block included (docs/engine.md §10: Dynamo's
+    formula divides by its whole pool, which has none); the blocks a request
+    may use are `KVCacheConfig.num_usable_blocks`."""
 
     def __init__(self, timing: TimingConfig, num_gpu_blocks: int, block_size: int, engine=None,
                  data_parallel_size: int = 1):
