@@ -437,7 +437,8 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
             stats.tokens_scheduled += f[output.TOTAL_TOKENS]
             prefill_tokens += f[output.PREFILL_TOKENS]
             total_tokens += f[output.TOTAL_TOKENS]
-            duration = max(duration, price_features(w.model, w.params, f, w.kv_capacity))
+            duration = max(duration, price_features(w.model, w.params, f, w.kv_capacity,
+                                                      w.table))
             scheduler.mark_started(w.R, w.outs[tail, r], n_sched, start)
         end = start + duration
         launch_end = launch_end_ms(w.launch, total_tokens, prefill_tokens, t, start, end)

@@ -37,12 +37,31 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
                prefill_context=0, prefill_draft_tokens=0):
     """Milliseconds of GPU time for one pass of one rank."""
     if model == TABLE:
-        if params[SPEC_K] != 0.0:
-            return table_spec_pass_ms(params, prefill_tokens, num_prefill_requests,
-                                      prefill_context, decode_requests, decode_context, requests,
-                                      draft_tokens, prefill_draft_tokens)
-        return table_pass_ms(params, prefill_tokens, num_prefill_requests, prefill_context,
-                             decode_requests, decode_context)
+        return _table_ms(params, prefill_tokens, num_prefill_requests, decode_requests,
+                         decode_context, requests, draft_tokens, prefill_context,
+                         prefill_draft_tokens)
+    return _formula_ms(model, params, prefill_tokens, num_prefill_requests, decode_requests,
+                       decode_context, tokens, requests, kv_capacity_tokens, draft_tokens,
+                       prefill_draft_tokens)
+
+
+@njit
+def _table_ms(params, prefill_tokens, num_prefill_requests, decode_requests, decode_context,
+              requests, draft_tokens, prefill_context, prefill_draft_tokens):
+    """`aic`: the pass priced from the deployment's tables (deployment/table_pricing.py)."""
+    if params[SPEC_K] != 0.0:
+        return table_spec_pass_ms(params, prefill_tokens, num_prefill_requests,
+                                  prefill_context, decode_requests, decode_context, requests,
+                                  draft_tokens, prefill_draft_tokens)
+    return table_pass_ms(params, prefill_tokens, num_prefill_requests, prefill_context,
+                         decode_requests, decode_context)
+
+
+@njit
+def _formula_ms(model, params, prefill_tokens, num_prefill_requests, decode_requests,
+                decode_context, tokens, requests, kv_capacity_tokens, draft_tokens,
+                prefill_draft_tokens):
+    """`fixed`, `linear`, `polynomial` and `fitted`: a formula of the features."""
     if model == FIXED:
         # no price per token: refused with speculative decoding at config load
         # (servesim/config/speculative_config.py check_drafts_priced)
@@ -90,13 +109,20 @@ def price_pass(model, params, prefill_tokens, num_prefill_requests, decode_reque
 
 
 @njit
-def price_features(model, params, feats, kv_capacity_tokens):
-    """`price_pass` over a compiled scheduler's feature array."""
-    return price_pass(model, params, feats[output.PREFILL_TOKENS], feats[output.NUM_PREFILL],
-                      feats[output.DECODE_REQS], feats[output.DECODE_CTX],
-                      feats[output.TOTAL_TOKENS], feats[output.N_SCHED], kv_capacity_tokens,
-                      feats[output.SPEC_TOKENS], feats[output.PREFILL_CTX],
-                      feats[output.PREFILL_SPEC])
+def price_features(model, params, feats, kv_capacity_tokens, table):
+    """`price_pass` over a compiled scheduler's feature array. `table`: the
+    `aic` tables (`params`), or None for a formula, so that a kernel calling
+    it compiles only the kind of pricing its run uses (Numba prunes the
+    other branch on the argument's type)."""
+    if table is not None:
+        return _table_ms(table, feats[output.PREFILL_TOKENS], feats[output.NUM_PREFILL],
+                         feats[output.DECODE_REQS], feats[output.DECODE_CTX], feats[output.N_SCHED],
+                         feats[output.SPEC_TOKENS], feats[output.PREFILL_CTX],
+                         feats[output.PREFILL_SPEC])
+    return _formula_ms(model, params, feats[output.PREFILL_TOKENS], feats[output.NUM_PREFILL],
+                       feats[output.DECODE_REQS], feats[output.DECODE_CTX],
+                       feats[output.TOTAL_TOKENS], feats[output.N_SCHED], kv_capacity_tokens,
+                       feats[output.SPEC_TOKENS], feats[output.PREFILL_SPEC])
 
 
 class PassPricer:
@@ -115,7 +141,9 @@ class PassPricer:
             from servesim.deployment.aic_tables import pricing_table
 
             self.params = pricing_table(engine, data_parallel_size)
+            self.table = self.params
             return
+        self.table = None  # (`price_features`: a formula, no table kernel compiled)
         if self.model == FIXED:
             params = [timing.prefill_ms, timing.decode_ms]
         elif self.model == LINEAR:

@@ -90,7 +90,7 @@ class WorkerLoop:
         # arrival_ms, arrival_req (`take_arrivals`)
         self._shared = (table.R, np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64))
         self._ranks = (padded([s.arrays for s in schedulers]),
-                       stats, pricer.model, pricer.params, pricer.kv_capacity_tokens,
+                       stats, pricer.model, pricer.params, pricer.kv_capacity_tokens, pricer.table,
                        s0.pool.num_gpu_blocks, launch_params)
 
     idle = property(lambda self: (self.state["num_in_flight"] == 0

@@ -133,8 +133,9 @@ FIELDS = (
     # each attention-DP rank's scheduler arrays (scheduler/scheduler_arrays.py;
     # a tuple, `padded`), its state, configuration and block pool's among them
     "sched_t",
-    # KV usage, counters and pricing
-    "stats", "model", "params", "kv_capacity", "num_gpu_blocks", "launch",
+    # KV usage, counters and pricing (`table`: the aic tables, or None for a
+    # formula, engine/pricing.py `price_features`)
+    "stats", "model", "params", "kv_capacity", "table", "num_gpu_blocks", "launch",
     # disaggregated mode: each rank's sender or receiver, the handoffs' transfers
     "side_pending_t", "side_state_t", "side_log_t", "XI", "XF", "link_free", "link_of",
     "xparams",
