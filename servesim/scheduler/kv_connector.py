@@ -51,9 +51,9 @@ def _note_new_blocks(s, kv, i, first):
 
 @njit
 def _remote_lookup(s, i, num_hit):
-    """`NixlConnectorScheduler.get_num_new_matched_tokens` (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py):
-    a decode rank's remote lookup for the handed-off head i past its G1 hit
-    of `num_hit` blocks.
+    """`NixlConnectorScheduler.get_num_new_matched_tokens`: a decode rank's
+    remote lookup for the handed-off head i past its G1 hit of `num_hit`
+    blocks.
 
     - Its prompt's KV is held by the prefill rank.
     - Returns the rest of the prompt's blocks, partial last block included
@@ -95,9 +95,9 @@ def _remote_admitted(s, kv, i):
 
 @njit
 def _connector_lookup(s, kv, i, num_hit):
-    """`OffloadingConnectorScheduler.get_num_new_matched_tokens`
-    (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py): for the waiting head i past its G1 hit of `num_hit` blocks, the
-    blocks to load, or -1 when it must wait."""
+    """`OffloadingConnectorScheduler.get_num_new_matched_tokens`: for the
+    waiting head i past its G1 hit of `num_hit` blocks, the blocks to load,
+    or -1 when it must wait."""
     R = s.R
     off = R[i].block_offset
     return ct.get_num_new_matched_tokens(kv.tier, kv.slot_of,
