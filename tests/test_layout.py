@@ -5,9 +5,13 @@ Every module's imports are read with `ast`, those inside functions too (the
 lazy imports that keep `servesim --help` light are dependencies all the same).
 An import of a sub-package from a module of another is an edge between the
 two; the edges must form no circle, and each must point down the layers below.
+
+The compiled kernels of the scheduler and the KV cache are read the same way:
+each docstring names the vLLM method it mirrors (issue 37, item 5).
 """
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "servesim"
@@ -189,3 +193,110 @@ def test_module_circles_are_found(tmp_path):
     (pkg / "a.py").write_text("from servesim.replay import b\n")
     (pkg / "b.py").write_text("def f():\n    from .a import g\n")
     assert circles(module_edges(tmp_path / "servesim")) == [["servesim.replay.a", "servesim.replay.b"]]
+
+
+# -- the kernels' docstrings (issue 37, item 5) ----------------------------------
+
+# Where a kernel's docstring may start: the vLLM name it mirrors, in backticks,
+# `Class.method`, with the file in parentheses if wanted, then a colon; or
+# "servesim's own:" for a kernel with no vLLM counterpart.
+MIRRORS = re.compile(r"`([A-Za-z_]\w*)(\.[A-Za-z_]\w*)+(\(\))?`(\s+\([^()]*\))?:\s+\S")
+OWN = "servesim's own: "
+# The vLLM file of each class a kernel may mirror: named in the kernel's docstring
+# or in its module's. A class missing here is a typo, or a file to add.
+VLLM_FILES = {
+    "BlockPool": "vllm/v1/core/block_pool.py",
+    "FreeKVCacheBlockQueue": "vllm/v1/core/kv_cache_utils.py",
+    "KVCacheManager": "vllm/v1/core/kv_cache_manager.py",
+    "SingleTypeKVCacheManager": "vllm/v1/core/single_type_kv_cache_manager.py",
+    "FullAttentionManager": "vllm/v1/core/single_type_kv_cache_manager.py",
+    "Scheduler": "vllm/v1/core/sched/scheduler.py",
+    "AsyncScheduler": "vllm/v1/core/sched/async_scheduler.py",
+    "FCFSRequestQueue": "vllm/v1/core/sched/request_queue.py",
+    "PriorityRequestQueue": "vllm/v1/core/sched/request_queue.py",
+    "Request": "vllm/v1/request.py",
+    "LRUOffloadingManager": "vllm/v1/kv_offload/lru_manager.py",
+    "OffloadingHandler": "vllm/v1/kv_offload/worker/worker.py",
+    "OffloadingConnectorScheduler":
+        "vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
+    "NixlConnectorScheduler": "vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+}
+KERNEL_PACKAGES = ("scheduler", "kvcache")
+NOT_KERNELS = {"check.py", "scheduler_arrays.py"}  # the debug mode; record constructors
+
+
+def _is_njit(decorator) -> bool:
+    if isinstance(decorator, ast.Call):
+        decorator = decorator.func
+    return isinstance(decorator, ast.Name) and decorator.id == "njit"
+
+
+def kernels(root: Path = PACKAGE) -> list:
+    """(where, docstring, module docstring) of every `@njit` function of the
+    kernel packages, the debug mode and the record constructors aside."""
+    out = []
+    for pkg in KERNEL_PACKAGES:
+        for path in sorted((root / pkg).glob("*.py")):
+            if path.name in NOT_KERNELS:
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            module_doc = ast.get_docstring(tree) or ""
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef) and any(map(_is_njit, node.decorator_list)):
+                    where = f"{path.relative_to(root.parent)}:{node.lineno} {node.name}"
+                    out.append((where, ast.get_docstring(node) or "", module_doc))
+    return out
+
+
+def docstring_faults(doc: str, module_doc: str) -> list:
+    """What a kernel's docstring gets wrong against the rule (empty: nothing)."""
+    faults = []
+    paragraphs = [p for p in doc.split("\n\n") if p.strip()]
+    mirrored = MIRRORS.match(doc)
+    if doc.startswith(OWN):
+        if not re.search(r"docs/engine\.md §\d", doc):
+            faults.append("servesim's own, but no docs/engine.md §N says where it is documented")
+    elif mirrored:
+        cls = mirrored.group(1)
+        if cls not in VLLM_FILES:
+            faults.append(f"`{cls}` is not a vLLM class VLLM_FILES knows")
+        elif VLLM_FILES[cls] not in re.sub(r"/\s+", "/", doc + " " + module_doc):
+            faults.append(f"neither it nor its module's docstring names {VLLM_FILES[cls]}")
+    else:
+        faults.append("starts neither with the vLLM `Class.method` it mirrors and a colon"
+                      " nor with \"servesim's own:\"")
+        return faults
+    if len(paragraphs[0].splitlines()) > 4:
+        faults.append("its first paragraph is more than one short sentence")
+    for p in paragraphs[1:]:
+        lines = p.strip().splitlines()
+        if not lines[0].startswith(("- ", "NOTE")) and len(lines) > 3:
+            faults.append("a paragraph of rules: make them bullets (\"- ...\")")
+    return faults
+
+
+def test_each_kernel_names_the_vllm_method_it_mirrors():
+    """Each kernel's docstring starts with the vLLM `Class.method` it mirrors
+    (its file named there or in the module's docstring), or with "servesim's
+    own:" and the docs/engine.md section of what it models; its rules follow as
+    short bullets."""
+    found = kernels()
+    assert len(found) > 80, "the kernels were not found"
+    wrong = [f"{where}: {fault}" for where, doc, module_doc in found
+             for fault in docstring_faults(doc, module_doc)]
+    assert wrong == [], "kernel docstrings against the rule:\n" + "\n".join(wrong)
+
+
+def test_the_docstring_rule_is_read_as_meant():
+    ok = "`BlockPool.free_blocks` (vllm/v1/core/block_pool.py): free them.\n\n- one rule\n- two"
+    assert docstring_faults(ok, "") == []
+    in_module = "vllm/v1/core/block_pool.py"
+    assert docstring_faults("`BlockPool.free_blocks`: free them.", in_module) == []
+    assert docstring_faults("servesim's own: a draw (docs/engine.md §12).", "") == []
+    assert docstring_faults("servesim's own: a draw.", "")
+    assert docstring_faults("`free_blocks`: free them (vllm/v1/core/block_pool.py).", "")
+    assert docstring_faults("`BlockPool.free_blocks`: free them.", "")  # no file named
+    assert docstring_faults("`BlokPool.free_blocks` (vllm/v1/core/block_pool.py): typo.", "")
+    assert docstring_faults("Free them (`BlockPool.free_blocks`).", "vllm/v1/core/block_pool.py")
+    prose = ok.split("\n\n")[0] + "\n\nOne rule,\nthen another,\nthen a third,\nthen more."
+    assert docstring_faults(prose, "")

@@ -49,12 +49,15 @@ STORED, REMOVED = 0, 1
 
 @njit(inline="always")
 def usable_blocks(num_gpu_blocks):
-    """`KVCacheConfig.num_usable_blocks` in kernels: all but the null block 0."""
+    """servesim's own: `KVCacheConfig.num_usable_blocks` in kernels, all but the
+    null block 0 (docs/engine.md §4)."""
     return num_gpu_blocks - 1
 
 
 @njit
 def _queue_remove(blocks, b):
+    """`FreeKVCacheBlockQueue.remove` (vllm/v1/core/kv_cache_utils.py): unlink
+    block b from the free queue, wherever it stands."""
     p = blocks[PREV, b]
     n = blocks[NEXT, b]
     blocks[NEXT, p] = n
@@ -65,6 +68,13 @@ def _queue_remove(blocks, b):
 
 @njit
 def _queue_insert_after(blocks, p, b):
+    """`FreeKVCacheBlockQueue.append` (vllm/v1/core/kv_cache_utils.py): link
+    block b into the free queue right after p.
+
+    - p = the tail sentinel's predecessor: vLLM's append (the back);
+    - p = the head sentinel or a block just freed: the front, where
+      `free_blocks` puts uncached blocks (docs/engine.md §4).
+    """
     n = blocks[NEXT, p]
     blocks[PREV, b] = p
     blocks[NEXT, b] = n
@@ -74,7 +84,8 @@ def _queue_insert_after(blocks, p, b):
 
 @njit
 def _see_oldest(ev, ev_t, view):
-    """The oldest event reaches the router's view."""
+    """servesim's own: the oldest queued KV event reaches the router's view
+    (docs/engine.md §11)."""
     cap = ev.shape[0] - EV_HEADER
     code = ev[EV_HEADER + ev[EV_HEAD]]
     view[code >> 1] = 1 - (code & 1)
@@ -86,8 +97,12 @@ def _see_oldest(ev, ev_t, view):
 
 @njit
 def _queue_event(events, ident, kind):
-    """`kv_event_queue.append`: identity `ident` stored or removed (the ring
-    full: its oldest event reaches the view now, counted in EV_EARLY)."""
+    """`BlockPool.kv_event_queue` (vllm/v1/core/block_pool.py): its append of
+    a `BlockStored` or `BlockRemoved`, identity `ident` stored or removed.
+
+    - The ring full: its oldest event reaches the view now, counted in
+      EV_EARLY (docs/engine.md §11).
+    """
     ev, ev_t, view = events
     if not ev[EV_ON]:
         return
@@ -101,10 +116,13 @@ def _queue_event(events, ident, kind):
 
 @njit
 def stamp_events(events, now):
-    """The events queued since the last call happened at `now` (the pass
-    loop calls this after every decision and every pass end); those `lag`
-    old or more reach the view (`see_events`: whoever asks later asks at
-    `now` or after)."""
+    """servesim's own: the KV events queued since the last call happened at
+    `now` (docs/engine.md §11).
+
+    - The pass loop calls this after every decision and every pass end.
+    - Those `lag` old or more reach the view (`see_events`: whoever asks
+      later asks at `now` or after).
+    """
     ev, ev_t, view = events
     if not ev[EV_ON]:
         return
@@ -117,8 +135,9 @@ def stamp_events(events, now):
 
 @njit
 def see_events(events, until):
-    """The router's indexer takes the events that happened at or before
-    `until`, in order: its view is the cache as it was then."""
+    """servesim's own: the router's indexer takes the KV events that
+    happened at or before `until`, in order, so its view is the cache as it
+    was then (docs/engine.md §11)."""
     ev, ev_t, view = events
     while ev[EV_STAMPED] > 0 and ev_t[EV_T0 + ev[EV_HEAD]] <= until:
         _see_oldest(ev, ev_t, view)
@@ -126,7 +145,8 @@ def see_events(events, until):
 
 @njit
 def viewed_prefix(view, idents, max_blocks):
-    """Longest run of leading identities the view holds cached."""
+    """servesim's own: the longest run of leading identities the router's
+    view holds cached (docs/engine.md §11)."""
     n = 0
     while n < max_blocks and view[idents[n]]:
         n += 1
@@ -148,8 +168,12 @@ def event_queue(num_identities: int, num_gpu_blocks: int, lag_ms: float):
 
 @njit
 def _uncache(blocks, idmap, b, events):
-    """Drop block b from its identity's list of cached blocks (the last:
-    the identity is removed)."""
+    """`BlockPool._maybe_evict_cached_block` (vllm/v1/core/block_pool.py):
+    drop block b from its identity's list of cached blocks.
+
+    - Its identity's other cached blocks stay cached.
+    - The last one dropped: the identity is removed (`BlockRemoved`).
+    """
     ident = blocks[IDENT, b]
     p = blocks[DPREV, b]
     n = blocks[DNEXT, b]
@@ -168,6 +192,11 @@ def _uncache(blocks, idmap, b, events):
 
 @njit
 def init_pool(blocks, idmap, scalars):
+    """`BlockPool.__init__` (vllm/v1/core/block_pool.py): an empty pool.
+
+    - Blocks 1..N-1 in the free queue in id order, the cache map empty.
+    - The null block 0 is never free (ref count 1, never in the queue).
+    """
     num_blocks = blocks.shape[1] - 2
     head = num_blocks
     tail = num_blocks + 1
@@ -184,15 +213,20 @@ def init_pool(blocks, idmap, scalars):
 
 @njit
 def kv_usage(scalars, num_gpu_blocks):
-    """vLLM's KV cache usage (`BlockPool.get_usage`, vllm/v1/core/block_pool.py):
-    1 - free blocks / usable blocks."""
+    """`BlockPool.get_usage` (vllm/v1/core/block_pool.py): vLLM's KV cache
+    usage, 1 - free blocks / usable blocks."""
     return 1.0 - scalars[NUM_FREE] / usable_blocks(num_gpu_blocks)
 
 
 @njit
 def find_cached_prefix(blocks, idmap, idents, max_blocks, out):
-    """Longest run of leading identities with a cached block; fills `out` with
-    those blocks (first entry of each identity) and returns the run length."""
+    """`FullAttentionManager.find_longest_cache_hit`
+    (vllm/v1/core/single_type_kv_cache_manager.py): the longest run of
+    leading identities with a cached block.
+
+    - Fills `out` with those blocks, the first entry of each identity
+      (`BlockPool.get_cached_block`), and returns the run length.
+    """
     n = 0
     for i in range(max_blocks):
         b = idmap[idents[i]]
@@ -205,8 +239,10 @@ def find_cached_prefix(blocks, idmap, idents, max_blocks, out):
 
 @njit
 def count_evictable(blocks, hit_blocks, num_hit):
-    """Hit blocks nobody holds: touching them takes them out of the free
-    queue, so they use free capacity (kv_cache_manager.allocate_slots)."""
+    """`SingleTypeKVCacheManager.get_num_blocks_to_allocate`
+    (vllm/v1/core/single_type_kv_cache_manager.py): the hit blocks nobody
+    holds; touching them takes them out of the free queue, so they use free
+    capacity (`KVCacheManager.allocate_slots`)."""
     n = 0
     for i in range(num_hit):
         if blocks[REF, hit_blocks[i]] == 0:
@@ -217,10 +253,17 @@ def count_evictable(blocks, hit_blocks, num_hit):
 @njit
 def allocate_slots(blocks, idmap, scalars, table, num_held, hit_blocks, num_hit,
                    num_blocks_needed, num_blocks_checked, events=None):
-    """Touch `num_hit` hit blocks and pop new blocks so that `table` holds
-    `num_blocks_needed` blocks; fail (return -1) unless `num_blocks_checked`
-    blocks beyond those already held and hit, plus the evictable hits, fit in
-    the free queue. Returns the new number of held blocks."""
+    """`KVCacheManager.allocate_slots` (vllm/v1/core/kv_cache_manager.py):
+    give `table` `num_blocks_needed` blocks, or fail (-1) changing nothing.
+
+    - The check: `num_blocks_checked` blocks beyond those already held and
+      hit, plus the evictable hits, must fit in the free queue.
+    - Touch the `num_hit` hit blocks (`BlockPool.touch`: out of the free
+      queue if nobody held them, then `ref_cnt += 1`).
+    - Pop the new blocks from the head of the free queue
+      (`BlockPool.get_new_blocks`), evicting their cache entries.
+    - Returns the new number of held blocks.
+    """
     evictable = count_evictable(blocks, hit_blocks, num_hit)
     if num_blocks_checked - num_held - num_hit + evictable > scalars[NUM_FREE]:
         return -1
@@ -252,9 +295,13 @@ def allocate_slots(blocks, idmap, scalars, table, num_held, hit_blocks, num_hit,
 
 @njit
 def cache_full_blocks(blocks, idmap, table, idents, num_cached, num_full, events=None):
-    """Register table[num_cached:num_full] under their identities (appended
-    after any block already cached with the same identity; the first: the
-    identity is stored)."""
+    """`BlockPool.cache_full_blocks` (vllm/v1/core/block_pool.py): register
+    table[num_cached:num_full] under their identities.
+
+    - A block is appended after any block already cached with the same
+      identity (a duplicate entry).
+    - The first block of an identity: the identity is stored (`BlockStored`).
+    """
     for i in range(num_cached, num_full):
         b = table[i]
         ident = idents[i]
@@ -274,9 +321,14 @@ def cache_full_blocks(blocks, idmap, table, idents, num_cached, num_full, events
 
 @njit
 def free_blocks(blocks, scalars, table, num_held):
-    """Release a request's blocks tail first: uncached blocks that reach
-    ref_cnt 0 go to the front of the free queue (the request's tail block
-    ahead of its earlier ones), cached ones to the back."""
+    """`BlockPool.free_blocks` (vllm/v1/core/block_pool.py): release a
+    request's blocks, tail first (docs/engine.md §4).
+
+    - `ref_cnt -= 1` on each block.
+    - Uncached blocks that reach 0 go to the front of the free queue (the
+      request's tail block ahead of its earlier ones).
+    - Cached blocks that reach 0 go to the back.
+    """
     head = blocks.shape[1] - 2
     tail = head + 1
     front = head

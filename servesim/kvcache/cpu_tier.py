@@ -105,6 +105,8 @@ EMPTY_JOB = -2  # prepare_store: every block is in the tier already
 
 @njit(inline="always")
 def _unlink(tier, s):
+    """servesim's own: take slot s out of the tier's LRU list, the linked list
+    that stands for `LRUOffloadingManager`'s ordered dict (docs/engine.md §9)."""
     p = tier[T_PREV, s]
     n = tier[T_NEXT, s]
     tier[T_NEXT, p] = n
@@ -113,6 +115,8 @@ def _unlink(tier, s):
 
 @njit(inline="always")
 def _link_last(tier, s):
+    """servesim's own: link slot s at the most recently used end of the
+    tier's LRU list (docs/engine.md §9)."""
     tail = tier.shape[1] - 1
     p = tier[T_PREV, tail]
     tier[T_PREV, s] = p
@@ -123,7 +127,8 @@ def _link_last(tier, s):
 
 @njit
 def init_tier(tier, slot_of, free_slots, KS):
-    """An empty tier: every slot free, the LRU list empty."""
+    """`LRUOffloadingManager.__init__` (vllm/v1/kv_offload/lru_manager.py): an
+    empty tier, every slot free and the LRU list empty."""
     cap = tier.shape[1] - 2
     head, tail = cap, cap + 1
     tier[:, :] = -1
@@ -140,8 +145,11 @@ def init_tier(tier, slot_of, free_slots, KS):
 def lookup(tier, slot_of, identities, start, stop):
     """`LRUOffloadingManager.lookup` (vllm/v1/kv_offload/lru_manager.py):
     the run of leading ready blocks among `identities[start:stop]`, and
-    whether it stopped at a pending one (a pending block is never a hit).
-    Returns `hits`, negated minus one when it stopped at a pending block."""
+    whether it stopped at a pending one.
+
+    - A pending block is never a hit.
+    - Returns `hits`, negated minus one when it stopped at a pending block.
+    """
     hits = 0
     for k in range(start, stop):
         s = slot_of[identities[k]]
@@ -155,10 +163,12 @@ def lookup(tier, slot_of, identities, start, stop):
 
 @njit
 def touch(tier, slot_of, identities, stop):
-    """`LRUOffloadingManager.touch`: the held blocks among
-    `identities[:stop]` become the most recently used, the first one last
-    (so the deepest blocks of a prefix are evicted first). Order only: no
-    block enters or leaves."""
+    """`LRUOffloadingManager.touch`: the held blocks among `identities[:stop]`
+    become the most recently used.
+
+    - The first one last, so the deepest blocks of a prefix are evicted first.
+    - Order only: no block enters or leaves.
+    """
     for k in range(stop - 1, -1, -1):
         s = slot_of[identities[k]]
         if s >= 0:
@@ -168,12 +178,17 @@ def touch(tier, slot_of, identities, stop):
 
 @njit
 def prepare_store_blocks(tier, slot_of, free_slots, KS, new, n):
-    """`LRUOffloadingManager.prepare_store`: make room for and insert the `n`
-    identities `new[:n]` (none of them held) as pending blocks at the most
-    recently used end, in order, evicting least-recently-used blocks that
-    are ready and that no load reads. If that cannot make room, change
-    nothing and return False (the job is dropped). Invariant: the tier never
-    holds more than its capacity (`num_cpu_blocks`), each identity once."""
+    """`LRUOffloadingManager.prepare_store`: make room for the `n` identities
+    `new[:n]` (none of them held) and insert them as pending blocks.
+
+    - They go to the most recently used end, in order.
+    - Room comes from evicting least-recently-used blocks that are ready and
+      that no load reads.
+    - If that cannot make room: change nothing and return False (the job is
+      dropped).
+    - Invariant: the tier never holds more than its capacity
+      (`num_cpu_blocks`), each identity once.
+    """
     head = tier.shape[1] - 2
     to_evict = KS[0].num_blocks + n - KS[0].capacity
     if to_evict > 0:
@@ -232,6 +247,13 @@ def complete_load(tier, slot_of, job_blocks, off, n):
 
 @njit
 def _new_job(jobs, job_times, KS, kind, request, nblocks, job_blocks):
+    """servesim's own: a new row of `jobs` for a store or a load of `nblocks`
+    blocks, its times unset (docs/engine.md §9).
+
+    - Job ids only grow; a job is never reused.
+    - No room: a RuntimeError (`TierArrays.ensure_room` grows the arrays
+      beforehand; kernels never grow them).
+    """
     j = KS[0].num_jobs
     if j >= len(jobs) or KS[0].num_job_blocks + nblocks > job_blocks.shape[1]:
         raise RuntimeError("CPU tier: no room for a job (TierArrays.ensure_room)")
@@ -255,14 +277,18 @@ def _new_job(jobs, job_times, KS, kind, request, nblocks, job_blocks):
 @njit
 def get_num_new_matched_tokens(tier, slot_of, idents, num_tokens, block_size, first_block):
     """`OffloadingConnectorScheduler.get_num_new_matched_tokens`
-    (offloading_connector.py): the blocks to load past a G1 hit of
-    `first_block` blocks — the run of ready tier blocks from there among the
-    request's full blocks, `num_tokens // block_size` (the block of its last
-    token included: the caller recomputes that token). Every full block held
-    is touched first. Returns the number of blocks, or -1 when the request
-    must wait and ask again at a later pass: the run stops at a block whose
-    store is pending, or a block of it is being loaded for another request
-    (REFS > 0: only loads reference tier blocks)."""
+    (vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py):
+    the number of blocks to load past a G1 hit of `first_block` blocks.
+
+    - Those are the run of ready tier blocks from there among the request's
+      full blocks, `num_tokens // block_size` (the block of its last token
+      included: the caller recomputes that token).
+    - Every full block held is touched first.
+    - -1 when the request must wait and ask again at a later pass: the run
+      stops at a block whose store is pending, or a block of it is being
+      loaded for another request (REFS > 0: only loads reference tier
+      blocks).
+    """
     num_full = num_tokens // block_size
     if num_full <= first_block:
         return 0
@@ -279,11 +305,16 @@ def get_num_new_matched_tokens(tier, slot_of, idents, num_tokens, block_size, fi
 @njit
 def update_state_after_alloc(tier, slot_of, jobs, job_times, job_blocks, KS, request,
                              idents, table, first_block, num_blocks):
-    """`OffloadingConnectorScheduler.update_state_after_alloc` with the
-    manager's `prepare_load`: a load of the request's blocks `[first_block,
-    first_block + num_blocks)` (found by `get_num_new_matched_tokens`) into
-    the G1 blocks it now holds there; the tier blocks are referenced (cannot
-    be evicted) until the load completes. Returns the job id."""
+    """`OffloadingConnectorScheduler.update_state_after_alloc`: with the
+    manager's `prepare_load`, a load of the request's blocks found by
+    `get_num_new_matched_tokens`.
+
+    - The blocks `[first_block, first_block + num_blocks)` load into the G1
+      blocks the request now holds there.
+    - The tier blocks are referenced (cannot be evicted) until the load
+      completes.
+    - Returns the job id.
+    """
     j = _new_job(jobs, job_times, KS, LOAD, request, num_blocks, job_blocks)
     off = jobs[j, J_OFF]
     for k in range(num_blocks):
@@ -297,11 +328,15 @@ def update_state_after_alloc(tier, slot_of, jobs, job_times, job_blocks, KS, req
 @njit(_nrt=True)  # NOTE(refcounts): it allocates (`new`), reached uncounted
 def prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS, idents, table,
                   first_block, stop_block):
-    """`OffloadingConnectorScheduler._get_reqs_to_store` for one request: a
-    store of its blocks `[first_block, stop_block)` not in the tier yet
-    (pending ones count as in it); they enter it as pending now. Returns the
-    job id, NO_JOB when the tier cannot make room (nothing changes: the
-    caller tries again later), EMPTY_JOB when every block is there."""
+    """`OffloadingConnectorScheduler._get_reqs_to_store`: for one request, a
+    store of its blocks `[first_block, stop_block)` not in the tier yet.
+
+    - Pending blocks count as in the tier.
+    - The stored blocks enter the tier as pending now.
+    - Returns the job id; NO_JOB when the tier cannot make room (nothing
+      changes: the caller tries again later); EMPTY_JOB when every block is
+      there.
+    """
     n = 0
     new = np.empty(stop_block - first_block, dtype=np.int64)
     for k in range(first_block, stop_block):
@@ -328,13 +363,18 @@ def prepare_store(tier, slot_of, free_slots, jobs, job_times, job_blocks, KS, id
 
 @njit
 def transfer_async(lanes, jobs, job_times, KS, j, at_ms):
-    """Put job j on its lane (stores: device to host, loads: host to
-    device) at `at_ms`. A lane is FIFO by submission instant, ties in
-    submission order: j goes after every queued job submitted at or before
-    `at_ms`, and the start and finish of the jobs from there on are
-    recomputed (start = max(previous finish, submission); a job of n bytes
-    takes n / rate). Nothing is submitted for an instant before the last
-    poll, so j never goes ahead of a job already started."""
+    """`OffloadingHandler.transfer_async` (vllm/v1/kv_offload/worker/worker.py):
+    put job j on its lane at `at_ms`, with servesim's own lane timing
+    (docs/engine.md §9).
+
+    - Stores go device to host, loads host to device.
+    - A lane is FIFO by submission instant, ties in submission order: j goes
+      after every queued job submitted at or before `at_ms`.
+    - The start and finish of the jobs from there on are recomputed: start =
+      max(previous finish, submission); a job of n bytes takes n / rate.
+    - Nothing is submitted for an instant before the last poll, so j never
+      goes ahead of a job already started.
+    """
     lane = jobs[j, J_KIND]
     KS[0].seq += 1
     jobs[j, J_SEQ] = KS[0].seq
@@ -360,9 +400,12 @@ def transfer_async(lanes, jobs, job_times, KS, j, at_ms):
 
 @njit
 def store_done_ms(storing, job_times, gpu_blocks, n):
-    """The instant from which G1 blocks `gpu_blocks[:n]` may be overwritten:
-    the end of the latest store submitted reading any of them (0 if none; a
-    retired store's end is not after the last poll)."""
+    """servesim's own: the instant from which G1 blocks `gpu_blocks[:n]` may
+    be overwritten (docs/engine.md §9).
+
+    - The end of the latest store submitted reading any of them; 0 if none.
+    - A retired store's end is not after the last poll.
+    """
     t = 0.0
     for k in range(n):
         j = storing[gpu_blocks[k]]
@@ -373,10 +416,14 @@ def store_done_ms(storing, job_times, gpu_blocks, n):
 
 @njit
 def submit(lanes, storing, jobs, job_times, job_blocks, KS, j, at_ms):
-    """The engine's submission of a decided job at `at_ms`: a store goes on
-    the device-to-host lane and marks its G1 blocks as read; a load goes on
-    the host-to-device lane no earlier than the end of the stores still
-    reading the G1 blocks it writes. Counts jobs and bytes."""
+    """servesim's own: the engine's submission of a decided job at `at_ms`
+    (docs/engine.md §9).
+
+    - A store goes on the device-to-host lane and marks its G1 blocks as read.
+    - A load goes on the host-to-device lane no earlier than the end of the
+      stores still reading the G1 blocks it writes.
+    - Counts jobs and bytes.
+    """
     off = jobs[j, J_OFF]
     n = jobs[j, J_N]
     if jobs[j, J_KIND] == STORE:
@@ -395,10 +442,15 @@ def submit(lanes, storing, jobs, job_times, job_blocks, KS, j, at_ms):
 @njit
 def get_finished(tier, slot_of, lanes, jobs, job_times, job_blocks, KS, R,
                  landed, now):
-    """Let every transfer finished by `now` take effect, each lane in
-    service order: stored blocks become ready (`complete_store`), loaded
-    blocks are no longer read (`complete_load`) and the loading request's
-    `R[i].kv_load` becomes `landed`. Returns how many jobs retired."""
+    """`OffloadingHandler.get_finished` (vllm/v1/kv_offload/worker/worker.py):
+    let every transfer finished by `now` take effect, each lane in service
+    order.
+
+    - Stored blocks become ready (`complete_store`).
+    - Loaded blocks are no longer read (`complete_load`), and the loading
+      request's `R[i].kv_load` becomes `landed`.
+    - Returns how many jobs retired.
+    """
     retired = 0
     for lane in range(2):
         q = lanes[lane]
@@ -422,7 +474,8 @@ def get_finished(tier, slot_of, lanes, jobs, job_times, job_blocks, KS, R,
 
 @njit
 def next_completion_ms(lanes, job_times, KS):
-    """The earliest finish of a transfer not yet retired, or -1.0 if none."""
+    """servesim's own: the earliest finish of a transfer not yet retired, or
+    -1.0 if none (the idle engine's wake, docs/engine.md §9)."""
     t = -1.0
     for lane in range(2):
         if KS[0].lane_len[lane] > 0:

@@ -21,8 +21,11 @@ from servesim.scheduler.output import N_SCHED, O_KIND, O_REQ, PassKind
 
 @njit(inline="always")
 def _mix(x):
-    """splitmix64's finaliser: a well-mixed 64-bit value of x (its products
-    wrap modulo 2**64)."""
+    """servesim's own: splitmix64's finaliser, a well-mixed 64-bit value of x
+    for the acceptance draws (docs/engine.md §12).
+
+    - Its products wrap modulo 2**64.
+    """
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
@@ -38,8 +41,11 @@ if plain_python():  # NumPy's scalars wrap too, but warn each time: not here
 
 @njit(inline="always")
 def uniform(seed, request, draw, position):
-    """A uniform number in [0, 1) for one draft position of one verification
-    pass of one request: a pure function of its four keys."""
+    """servesim's own: a uniform number in [0, 1) for one draft position of
+    one verification pass of one request (docs/engine.md §12).
+
+    - A pure function of its four keys.
+    """
     x = _mix(np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15))
     x = _mix(x ^ np.uint64(request))
     x = _mix(x ^ np.uint64(draw))
@@ -49,10 +55,13 @@ def uniform(seed, request, draw, position):
 
 @njit(inline="always")
 def accepted_drafts(seed, rates, acc_offsets, acc_values, request, key, draw, num_drafts):
-    """How many of `num_drafts` real drafts the request's `draw`-th
-    verification pass accepts: its `accepted` list (cycled) when the trace
-    gives one, else a draw keyed by the request's `key` from the per-position
-    rates; at most `num_drafts`."""
+    """servesim's own: how many of `num_drafts` real drafts the request's
+    `draw`-th verification pass accepts (docs/engine.md §12).
+
+    - Its `accepted` list (cycled) when the trace gives one.
+    - Else a draw keyed by the request's `key` from the per-position rates.
+    - At most `num_drafts`.
+    """
     lo = acc_offsets[request]
     n = acc_offsets[request + 1] - lo
     if n > 0:
@@ -65,11 +74,14 @@ def accepted_drafts(seed, rates, acc_offsets, acc_values, request, key, draw, nu
 
 @njit(inline="always")
 def scheduled_drafts(R, i, num_new):
-    """`Scheduler.schedule`, running loop (vllm/v1/core/sched/scheduler.py):
-    the drafts a request granted `num_new` tokens schedules are the tail of
-    its ask beyond its known tokens and placeholders, `num_new + computed -
-    num_tokens - placeholders` (so b granted tokens keep b - 1 drafts); its
-    draft list (`spec_token_ids`) is cleared once it is scheduled."""
+    """`Scheduler.schedule` (vllm/v1/core/sched/scheduler.py): in the running
+    loop, the drafts a request granted `num_new` tokens schedules.
+
+    - They are the tail of its ask beyond its known tokens and placeholders,
+      `num_new + computed - num_tokens - placeholders` (so b granted tokens
+      keep b - 1 drafts).
+    - Its draft list (`spec_token_ids`) is cleared once it is scheduled.
+    """
     drafts = max(0, num_new + R[i].num_computed_tokens - R[i].num_tokens
                  - R[i].num_output_placeholders)
     R[i].num_spec_tokens = 0
@@ -78,15 +90,18 @@ def scheduled_drafts(R, i, num_new):
 
 @njit
 def _padding_drafts(s, out, feats, hit):
-    """`Scheduler.schedule`, waiting loop (vllm/v1/core/sched/scheduler.py):
-    an admission with one token to compute is padded with k never-accepted
-    drafts when no request the running loop scheduled in this pass entered
-    it as a prefill chunk (`prefill_scheduled`, from `is_prefill_chunk`: its
-    computed tokens below its prefill target, docs/engine.md §10), a request
-    of the running loop was scheduled (`scheduled_running_reqs`) or the
-    admission has cached tokens, and `hit + 1 + k + 1 <= max_model_len`.
-    Admissions earlier in the waiting loop count for neither. Returns the
-    padding drafts (0: none)."""
+    """`Scheduler.schedule` (vllm/v1/core/sched/scheduler.py): in the waiting
+    loop, the k never-accepted drafts that pad an admission with one token to
+    compute (0: none).
+
+    - Only when no request the running loop scheduled in this pass entered
+      it as a prefill chunk (`prefill_scheduled`, from `is_prefill_chunk`:
+      its computed tokens below its prefill target, docs/engine.md §10);
+    - and a request of the running loop was scheduled
+      (`scheduled_running_reqs`) or the admission has cached tokens;
+    - and `hit + 1 + k + 1 <= max_model_len`.
+    - Admissions earlier in the waiting loop count for neither.
+    """
     R, cfg = s.R, s.cfg
     k = cfg[0].num_speculative_tokens
     if hit + k + 2 > cfg[0].max_model_len:
@@ -106,15 +121,18 @@ def _padding_drafts(s, out, feats, hit):
 
 @njit(inline="always")
 def _verify_drafts(s, i, drafts, real, stale):
-    """`Scheduler.update_from_output` / `_update_request_with_output`
-    (vllm/v1/core/sched/scheduler.py) under speculative decoding: of
-    `drafts` drafts, the accepted ones (none for padding; `real` drafts draw
-    from the request's `accepted` list or the rates) stay computed, the
-    rejected ones roll `num_computed_tokens` back (async: the placeholders
-    too) and keep their blocks. A stale output (the request was preempted
-    with it in flight) leaves `num_computed_tokens` and the placeholders
-    alone but still counts in the acceptance statistics, as vLLM records
-    them. Returns the tokens it yields."""
+    """`Scheduler.update_from_output` (vllm/v1/core/sched/scheduler.py): under
+    speculative decoding, with `_update_request_with_output`, the drafts of
+    one entry verified; returns the tokens it yields.
+
+    - Of `drafts` drafts the accepted ones stay computed: none for padding;
+      `real` drafts draw from the request's `accepted` list or the rates.
+    - The rejected ones roll `num_computed_tokens` back (async: the
+      placeholders too) and keep their blocks.
+    - A stale output (the request was preempted with it in flight) leaves
+      `num_computed_tokens` and the placeholders alone but still counts in
+      the acceptance statistics, as vLLM records them.
+    """
     R, cfg = s.R, s.cfg
     acc_offsets, acc_values, rates, pos_counts, keys = s.spec
     accepted = 0

@@ -24,18 +24,23 @@ from servesim.kvcache import block_pool as bp
 # every pass (benchmarks/RESULTS.md, 2026-12-04).
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
 def _allocate(s, i, num_new, hits, num_hit, reserve_tokens, extra_blocks, delay_cache=False):
-    """`KVCacheManager.allocate_slots` (vllm/v1/core/kv_cache_manager.py) over the table.
-    Slots cover `min(total + num_lookahead_tokens, max_model_len)` tokens
-    (the lookahead is k under speculative decoding, else 0); blocks are
-    registered when full within the known tokens, and only once the hash
-    lookahead token exists — unless `delay_cache` (blocks a load will fill:
-    registered by `_finish_load`, vLLM's `delay_cache_blocks`); registered at
-    once, so a request admitted later in the same pass can hit them. The
-    free-block check covers `max(those blocks, reserve_tokens' blocks) +
-    extra_blocks` (the admission checks of `reserve_full_isl` and
-    `watermark`), counting hit blocks nobody holds as used; when it does not
-    fit it returns False, changing nothing. (A rank with `kv` then notes
-    the blocks it took for the pass: `_note_new_blocks`.)"""
+    """`KVCacheManager.allocate_slots` (vllm/v1/core/kv_cache_manager.py): the
+    blocks request i's next tokens need, over its table.
+
+    - Slots cover `min(total + num_lookahead_tokens, max_model_len)` tokens
+      (the lookahead is k under speculative decoding, else 0).
+    - Blocks are registered when full within the known tokens, and only once
+      the hash lookahead token exists; registered at once, so a request
+      admitted later in the same pass can hit them.
+    - Unless `delay_cache`: blocks a load will fill, registered by
+      `_finish_load` (vLLM's `delay_cache_blocks`).
+    - The free-block check covers `max(those blocks, reserve_tokens' blocks)
+      + extra_blocks` (the admission checks of `reserve_full_isl` and
+      `watermark`), counting hit blocks nobody holds as used.
+    - When it does not fit it returns False, changing nothing.
+    - A rank with `kv` then notes the blocks it took for the pass
+      (`_note_new_blocks`).
+    """
     R, cfg = s.R, s.cfg
     bs = cfg[0].block_size
     off = R[i].block_offset
@@ -59,12 +64,16 @@ def _allocate(s, i, num_new, hits, num_hit, reserve_tokens, extra_blocks, delay_
 
 @njit(inline="always")  # runs for every sampled token: kept to a compare
 def cache_blocks(s, i, num_tokens):
-    """`KVCacheManager.cache_blocks` (vllm/v1/core/kv_cache_manager.py) over the table:
-    register request i's held blocks full within `min(num_tokens, its known
-    tokens)` not registered yet. Called by `_allocate` and, for a RUNNING
-    request whose sampled token arrives, by `update_from_output` with the
-    tokens whose pass has completed. Most calls fill no new block: inlined,
-    they cost the one compare before the out-of-line registration."""
+    """`KVCacheManager.cache_blocks` (vllm/v1/core/kv_cache_manager.py): over
+    the table, register request i's held blocks full within `min(num_tokens,
+    its known tokens)` not registered yet.
+
+    - Called by `_allocate` and, for a RUNNING request whose sampled token
+      arrives, by `update_from_output` with the tokens whose pass has
+      completed.
+    - Most calls fill no new block: inlined, they cost the one compare before
+      the out-of-line registration.
+    """
     R, cfg = s.R, s.cfg
     bs = cfg[0].block_size
     # a block may be full
@@ -77,6 +86,10 @@ def cache_blocks(s, i, num_tokens):
 
 @njit
 def _cache_full_blocks(s, i, num_full):
+    """`SingleTypeKVCacheManager.cache_blocks`
+    (vllm/v1/core/single_type_kv_cache_manager.py): request i's blocks from
+    its `num_cached_blocks` to `num_full` go to `BlockPool.cache_full_blocks`,
+    and it counts them cached."""
     R = s.R
     off = R[i].block_offset
     end = off + R[i].block_capacity
@@ -87,6 +100,9 @@ def _cache_full_blocks(s, i, num_full):
 
 @njit
 def _free(s, i):
+    """`KVCacheManager.free` (vllm/v1/core/kv_cache_manager.py): request i's
+    blocks back to the pool in reverse order (`BlockPool.free_blocks`, tail
+    first); it holds none and has none cached after."""
     R = s.R
     off = R[i].block_offset
     bp.free_blocks(s.blocks, s.pscal, s.tables[off:off + R[i].block_capacity],
@@ -97,23 +113,33 @@ def _free(s, i):
 
 @njit(inline="always")
 def fits_the_pool(cfg, num_tokens):
-    """Whether `num_tokens` tokens' slots, with the lookahead slots of
-    speculative decoding (`allocate_slots`' `num_lookahead_tokens`,
-    vllm/v1/core/kv_cache_manager.py) and capped at max_model_len like every
-    allocation, fit in the usable blocks (docs/engine.md §3): a request that
-    does not can never be admitted (at arrival: `can_ever_fit`; on resume
-    after outgrowing the pool: the waiting loop takes it out)."""
+    """servesim's own: whether `num_tokens` tokens' slots fit in the usable
+    blocks (docs/engine.md §3).
+
+    - The slots include the lookahead slots of speculative decoding
+      (`allocate_slots`' `num_lookahead_tokens`,
+      vllm/v1/core/kv_cache_manager.py), capped at max_model_len like every
+      allocation.
+    - A request that does not fit can never be admitted: at arrival
+      `can_ever_fit` rejects it; on resume after outgrowing the pool the
+      waiting loop takes it out.
+    """
     slots = min(num_tokens + cfg[0].num_lookahead_tokens, cfg[0].max_model_len)
     return -(-slots // cfg[0].block_size) <= cfg[0].num_usable_blocks
 
 
 @njit
 def can_ever_fit(cfg, num_prompt_tokens):
-    """A prompt reaching max_model_len, or whose prefill needs more blocks
-    than usable, is rejected at arrival (docs/engine.md §3). The prefill
-    that completes a prompt also reserves the lookahead slots of
-    speculative decoding (`allocate_slots`' `num_lookahead_tokens`,
-    vllm/v1/core/kv_cache_manager.py), capped at max_model_len like every
-    allocation, so those count too: such a request could never be admitted
-    and would hold the queue behind it forever."""
+    """servesim's own: whether a prompt may be queued; one that could never
+    be admitted is rejected at arrival (docs/engine.md §3).
+
+    - Rejected: a prompt reaching max_model_len, or whose prefill needs more
+      blocks than usable.
+    - The prefill that completes a prompt also reserves the lookahead slots
+      of speculative decoding (`allocate_slots`' `num_lookahead_tokens`,
+      vllm/v1/core/kv_cache_manager.py), capped at max_model_len like every
+      allocation, so those count too.
+    - Such a request could never be admitted and would hold the queue behind
+      it forever.
+    """
     return num_prompt_tokens < cfg[0].max_model_len and fits_the_pool(cfg, num_prompt_tokens)

@@ -12,6 +12,10 @@ asks a connector, for either source of loads that wait ahead of the queue.
   prefill worker `free_delayed` (vLLM's `_update_from_kv_xfer_finished`).
 
 What a call decided goes to the `kv.KO` rows (output.py).
+
+The connectors mirrored: `OffloadingConnectorScheduler`
+(vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py) and
+`NixlConnectorScheduler` (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
 """
 
 
@@ -25,12 +29,15 @@ from servesim.scheduler.output import KO_LOADS, KO_NEW_BLOCKS, KO_STORES, N_SCHE
 
 @njit(inline="always")  # (called only where `kv` exists)
 def _note_new_blocks(s, kv, i, first):
-    """The blocks request i just took from the free queue for a pass (not
-    for a load), its table's entries from `first` on, noted in
-    KO_NEW_BLOCKS: the pass writes them, so it starts no earlier than the
-    CPU tier's stores still reading them (docs/engine.md §9): vLLM's
-    offloading connector reads them from the pass's new block ids, after
-    `allocate_slots`."""
+    """servesim's own: the blocks request i just took from the free queue for
+    a pass (not for a load) noted in KO_NEW_BLOCKS (docs/engine.md §9).
+
+    - They are its table's entries from `first` on.
+    - The pass writes them, so it starts no earlier than the CPU tier's
+      stores still reading them.
+    - vLLM's offloading connector reads them from the pass's new block ids,
+      after `allocate_slots`.
+    """
     R, tables, KO, KC = s.R, s.tables, kv.KO, kv.KC
     n = KC[KO_NEW_BLOCKS]
     off = R[i].block_offset
@@ -44,18 +51,22 @@ def _note_new_blocks(s, kv, i, first):
 
 @njit
 def _remote_lookup(s, i, num_hit):
-    """A decode rank's remote lookup (NIXL's `get_num_new_matched_tokens`,
-    nixl_connector.py) for the handed-off head i past its G1 hit of
-    `num_hit` blocks, its prompt's KV held by the prefill rank: the rest of
-    the prompt's blocks, partial last block included (`P - hit` tokens)."""
+    """`NixlConnectorScheduler.get_num_new_matched_tokens`: a decode rank's
+    remote lookup for the handed-off head i past its G1 hit of `num_hit`
+    blocks.
+
+    - Its prompt's KV is held by the prefill rank.
+    - Returns the rest of the prompt's blocks, partial last block included
+      (`P - hit` tokens).
+    """
     return max(0, -(-s.R[i].num_prompt_tokens // s.cfg[0].block_size) - num_hit)
 
 
 @njit
 def _remote_prepare_load(s, kv, i):
-    """A decode rank's pull (NIXL's `update_state_after_alloc`):
-    the pull of request i's prompt past its G1 hit, which `_queue_load`
-    admitted, goes out at this decision (KO_LOADS)."""
+    """`NixlConnectorScheduler.update_state_after_alloc`: a decode rank's
+    pull of request i's prompt past its G1 hit, which `_queue_load` admitted,
+    goes out at this decision (KO_LOADS)."""
     KO, KC = kv.KO, kv.KC
     s.R[i].kv_handoff = KVHandoff.PULLING
     KO[KO_LOADS, KC[KO_LOADS]] = i
@@ -64,9 +75,13 @@ def _remote_prepare_load(s, kv, i):
 
 @njit
 def _remote_admitted(s, kv, i):
-    """A decode rank admits a pulled request: handed-off request i is admitted; if it
-    pulled nothing while the prefill rank still holds its blocks, a notice
-    (no bytes, KO_LOADS) releases them, sent at this decision like a pull."""
+    """`NixlConnectorScheduler.update_state_after_alloc`: a decode rank admits
+    handed-off request i.
+
+    - If it pulled nothing (no external tokens: a full prefix-cache hit)
+      while the prefill rank still holds its blocks, a notice (no bytes,
+      KO_LOADS) releases them, sent at this decision like a pull.
+    """
     R = s.R
     if R[i].kv_handoff == KVHandoff.HELD:
         KO, KC = kv.KO, kv.KC
@@ -80,8 +95,9 @@ def _remote_admitted(s, kv, i):
 
 @njit
 def _connector_lookup(s, kv, i, num_hit):
-    """`get_num_new_matched_tokens` for the waiting head i past its G1 hit
-    of `num_hit` blocks: blocks to load, or -1 when it must wait."""
+    """`OffloadingConnectorScheduler.get_num_new_matched_tokens`: for the
+    waiting head i past its G1 hit of `num_hit` blocks, the blocks to load,
+    or -1 when it must wait."""
     R = s.R
     off = R[i].block_offset
     return ct.get_num_new_matched_tokens(kv.tier, kv.slot_of,
@@ -91,7 +107,8 @@ def _connector_lookup(s, kv, i, num_hit):
 
 @njit
 def _connector_prepare_load(s, kv, i, first_block, num_blocks):
-    """The CPU-tier load of a request `_queue_load` admitted (KO_LOADS)."""
+    """`OffloadingConnectorScheduler.update_state_after_alloc`: the CPU-tier
+    load of a request `_queue_load` admitted (KO_LOADS)."""
     KO, KC = kv.KO, kv.KC
     off = s.R[i].block_offset
     end = off + s.R[i].block_capacity
@@ -104,6 +121,9 @@ def _connector_prepare_load(s, kv, i, first_block, num_blocks):
 
 @njit
 def _prepare_store(s, kv, i, first_block, stop_block):
+    """`OffloadingConnectorScheduler._get_reqs_to_store`: the store job of
+    request i's blocks `[first_block, stop_block)` not in the tier yet, over
+    its table (`cpu_tier.prepare_store`: a job id, NO_JOB or EMPTY_JOB)."""
     off = s.R[i].block_offset
     end = off + s.R[i].block_capacity
     return ct.prepare_store(kv.tier, kv.slot_of, kv.free_slots, kv.jobs, kv.job_times,
@@ -113,9 +133,9 @@ def _prepare_store(s, kv, i, first_block, stop_block):
 
 @njit
 def _store_on_free(s, kv, i):
-    """`simple_cpu`: the store job of a finishing or preempted request's
-    full computed blocks not yet in the tier; < 0 if nothing to store or no
-    room."""
+    """servesim's own: the `simple_cpu` connector's store job of a finishing
+    or preempted request's full computed blocks not yet in the tier; < 0 if
+    nothing to store or no room (docs/engine.md §9)."""
     if kv.KS[0].fill:
         return ct.EMPTY_JOB
     R = s.R
@@ -125,12 +145,15 @@ def _store_on_free(s, kv, i):
 
 @njit
 def _connector_after_schedule(s, out, feats, kv):
-    """CPU-tier bookkeeping of a decided pass (docs/engine.md §7, §9): under
-    async scheduling its requests are now in flight; with the `offloading`
-    connector each scheduled request's blocks full after this pass (known
-    tokens only) and not yet in the tier become one store job, going out at
-    the pass end (OffloadingConnectorScheduler `_get_reqs_to_store`). A job
-    the tier has no room for is dropped and tried again next pass."""
+    """`OffloadingConnectorScheduler._get_reqs_to_store`: the CPU-tier
+    bookkeeping of a decided pass (docs/engine.md §7, §9).
+
+    - Under async scheduling its requests are now in flight.
+    - With the `offloading` connector each scheduled request's blocks full
+      after this pass (known tokens only) and not yet in the tier become one
+      store job, going out at the pass end.
+    - A job the tier has no room for is dropped and tried again next pass.
+    """
     R, cfg = s.R, s.cfg
     KO, KC, KS = kv.KO, kv.KC, kv.KS
     bs = cfg[0].block_size
@@ -152,15 +175,19 @@ def _connector_after_schedule(s, out, feats, kv):
 
 @njit
 def _connector_request_finished(s, kv, i):
-    """The CPU-tier store that goes out with a finishing request's free
-    (the connector's `request_finished`, then its store jobs at the next
-    step: offloading_connector.py), or < 0. `simple_cpu`: its full computed
-    blocks not yet in the tier. `offloading` under async scheduling: the
-    blocks full within its computed tokens that its pass stores could not
-    take — its last pass was decided while the token it computed was a
-    placeholder — so it stores as many blocks as a sync engine, one pass
-    later. A sync engine's last pass already stored every block full at its
-    end: nothing."""
+    """`OffloadingConnectorScheduler.request_finished`: the CPU-tier store
+    that goes out with a finishing request's free, or < 0.
+
+    - vLLM: the connector's `request_finished`, then its store jobs at the
+      next step (offloading_connector.py).
+    - `simple_cpu`: its full computed blocks not yet in the tier.
+    - `offloading` under async scheduling: the blocks full within its
+      computed tokens that its pass stores could not take (its last pass was
+      decided while the token it computed was a placeholder), so it stores as
+      many blocks as a sync engine, one pass later.
+    - `offloading`, sync: nothing; its last pass already stored every block
+      full at its end.
+    """
     R, cfg = s.R, s.cfg
     if not kv.KS[0].fill:
         return _store_on_free(s, kv, i)
@@ -177,9 +204,12 @@ def _connector_request_finished(s, kv, i):
 
 @njit
 def free_delayed(s, i):
-    """A prefill rank's delayed free: the transfer of handed-off request i's KV is
-    done, its held blocks are freed (vLLM's `_update_from_kv_xfer_finished`
-    for `finished_sending`; docs/engine.md §13) and it leaves `held`."""
+    """`Scheduler._update_from_kv_xfer_finished` (vllm/v1/core/sched/scheduler.py):
+    a prefill rank's delayed free, for `finished_sending` (docs/engine.md §13).
+
+    - The transfer of handed-off request i's KV is done: its held blocks are
+      freed and it leaves `held`.
+    """
     S, held = s.S, s.held
     _free(s, i)
     kept = 0

@@ -14,6 +14,9 @@ from servesim.jit import njit
 
 @njit
 def _before(R, a, b):
+    """`Request.__lt__` (vllm/v1/request.py): whether request a goes before b
+    under the priority policy, by `(priority, arrival_time, request id)`, ids
+    compared as strings (`request_id_rank`)."""
     pa, pb = R[a].priority, R[b].priority
     if pa != pb:
         return pa < pb
@@ -25,6 +28,8 @@ def _before(R, a, b):
 
 @njit
 def _sift_up(R, heap, pos):
+    """`PriorityRequestQueue.add_request`: its `heapq.heappush`, heap[pos]
+    moved toward the root past every parent it goes before (`_before`)."""
     item = heap[pos]
     while pos > 0:
         parent = (pos - 1) // 2
@@ -38,6 +43,9 @@ def _sift_up(R, heap, pos):
 
 @njit
 def _sift_down(R, heap, pos, n):
+    """`PriorityRequestQueue.pop_request`: its `heapq.heappop`, heap[pos]
+    moved toward the leaves of the heap's first n entries past every child
+    that goes before it."""
     item = heap[pos]
     while True:
         child = 2 * pos + 1
@@ -55,7 +63,12 @@ def _sift_down(R, heap, pos, n):
 
 @njit
 def wq_add(R, S, wq, priority, i):
-    """A new arrival (FCFS: at the back)."""
+    """`FCFSRequestQueue.add_request`: request i joins the queue.
+
+    - FCFS: at the back; priority: into the heap
+      (`PriorityRequestQueue.add_request`).
+    - Its tokens join the rank's `pending_prefill_tokens`.
+    """
     n = S[0].num_waiting
     S[0].pending_prefill_tokens += R[i].num_tokens
     if priority:
@@ -69,7 +82,12 @@ def wq_add(R, S, wq, priority, i):
 
 @njit
 def wq_prepend(R, S, wq, priority, i):
-    """A preempted request (FCFS: at the front; priority: back in the heap)."""
+    """`FCFSRequestQueue.prepend_request`: a preempted request goes back.
+
+    - FCFS: at the front; priority: back in the heap
+      (`PriorityRequestQueue.prepend_request`).
+    - Its tokens join the rank's `pending_prefill_tokens`.
+    """
     if priority:
         wq_add(R, S, wq, priority, i)
     else:
@@ -81,11 +99,18 @@ def wq_prepend(R, S, wq, priority, i):
 
 @njit
 def wq_peek(S, wq, priority):
+    """`FCFSRequestQueue.peek_request`: the head of the queue, left in it
+    (priority: the heap's top, `PriorityRequestQueue.peek_request`)."""
     return wq[0] if priority else wq[S[0].waiting_head]
 
 
 @njit
 def wq_pop(R, S, wq, priority):
+    """`FCFSRequestQueue.pop_request`: take the head out of the queue.
+
+    - Priority: the heap's top (`PriorityRequestQueue.pop_request`).
+    - Its tokens leave the rank's `pending_prefill_tokens`.
+    """
     if priority:
         top = wq[0]
         n = S[0].num_waiting - 1
@@ -104,7 +129,12 @@ def wq_pop(R, S, wq, priority):
 
 @njit
 def wq_remove(R, S, wq, priority, i):
-    """Take request i out from anywhere in the queue."""
+    """`FCFSRequestQueue.remove_request`: take request i out from anywhere in
+    the queue.
+
+    - Priority: out of the heap (`PriorityRequestQueue.remove_request`).
+    - Its tokens leave the rank's `pending_prefill_tokens`.
+    """
     n = S[0].num_waiting
     if priority:
         for pos in range(n):

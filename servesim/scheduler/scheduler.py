@@ -55,6 +55,13 @@ LIVELOCK_PREEMPTIONS = 1000
 
 @njit
 def _victim_index(s, n, priority):
+    """`Scheduler.schedule`: the running loop's preemption victim, its index
+    among the first n of `running` (docs/engine.md §3).
+
+    - FCFS: the last request in `running`.
+    - Priority: the running request with the largest `(priority, arrival)`,
+      the earliest of equals (vLLM's `max()`).
+    """
     R, running = s.R, s.running
     if not priority:
         return n - 1
@@ -69,9 +76,14 @@ def _victim_index(s, n, priority):
 
 @njit
 def _preempt(s, i, kv=None):
-    """`_preempt_request`: free every block, back to the front of `waiting`
-    (priority: back into the heap). With the `simple_cpu` connector its full
-    computed blocks are stored first (docs/engine.md §9; KO_PSTORES)."""
+    """`Scheduler._preempt_request`: request i frees every block and goes back
+    to the front of `waiting` (priority: back into the heap; docs/engine.md §6).
+
+    - Its computed tokens, placeholders and drafts drop to 0; it keeps the
+      tokens it generated.
+    - With the `simple_cpu` connector its full computed blocks are stored
+      first (docs/engine.md §9; KO_PSTORES).
+    """
     R, S = s.R, s.S
     if kv is not None:
         if s.cfg[0].kv_source == KV_SOURCE_CPU:
@@ -94,10 +106,14 @@ def _preempt(s, i, kv=None):
 
 @njit
 def _schedule_running(s, out, feats, budget, threshold, kv=None):
-    """The running loop (docs/engine.md §3 steps 1-4, §6). With a CPU tier
-    under async scheduling a victim that the pass in flight runs would free
-    its blocks only after that pass: the preemption loop stops there and the
-    request waits a pass (§7; priority goes on with the next request)."""
+    """`Scheduler.schedule`: the running loop (docs/engine.md §3 steps 1-4, §6);
+    returns the budget left.
+
+    - With a CPU tier under async scheduling a victim that the pass in flight
+      runs would free its blocks only after that pass: the preemption loop
+      stops there and the request waits a pass (§7; priority goes on with the
+      next request).
+    """
     R, cfg, S, running = s.R, s.cfg, s.S, s.running
     priority = cfg[0].priority_scheduling
     index = 0
@@ -177,10 +193,12 @@ def _schedule_running(s, out, feats, budget, threshold, kv=None):
 
 @njit(inline="always")
 def _admission_reserve(s, i):
-    """What an admission's `allocate_slots` checks beyond its own slots
-    (docs/engine.md §3-4): with `reserve_full_isl` the whole prompt's blocks,
-    and, when requests are already running, the watermark's free blocks.
-    Returns `(reserve_tokens, extra_blocks)`."""
+    """servesim's own: what an admission's `allocate_slots` checks beyond its
+    own slots (docs/engine.md §3-4); returns `(reserve_tokens, extra_blocks)`.
+
+    - With `reserve_full_isl`: the whole prompt's blocks.
+    - When requests are already running: the watermark's free blocks.
+    """
     cfg = s.cfg
     reserve = s.R[i].num_tokens if cfg[0].reserve_full_isl else 0
     extra = cfg[0].watermark_blocks if s.S[0].num_running > 0 else 0
@@ -189,10 +207,13 @@ def _admission_reserve(s, i):
 
 @njit(inline="always")
 def _admission_tokens(cfg, num_new, threshold, budget):
-    """An admission's tokens this pass (docs/engine.md §3, waiting loop): at
-    most `long_prefill_token_threshold` (when set) and the budget; without
-    chunked prefill a prompt that does not fit the budget whole stops the
-    loop (-1)."""
+    """`Scheduler.schedule`: in the waiting loop, an admission's tokens this
+    pass (docs/engine.md §3).
+
+    - At most `long_prefill_token_threshold` (when set) and the budget.
+    - Without chunked prefill a prompt that does not fit the budget whole
+      stops the loop (-1).
+    """
     if 0 < threshold < num_new:
         num_new = threshold
     if not cfg[0].enable_chunked_prefill and num_new > budget:
@@ -202,12 +223,16 @@ def _admission_tokens(cfg, num_new, threshold, budget):
 
 @njit(_nrt=True)  # NOTE(refcounts): it allocates (`hits`, `skipped`), reached uncounted
 def _schedule_waiting(s, out, feats, budget, threshold, kv=None):
-    """Admission, strict head of line (docs/engine.md §3, waiting loop).
-    With `kv`, requests whose loads were queued come first
-    (`_schedule_loaded`); with a CPU tier a head with blocks in the tier past
-    its G1 hit queues a load instead (`_queue_load`, §9), and a head that
-    must wait for a store or another load to finish is skipped this pass
-    (put back at the front, in order, after the loop)."""
+    """`Scheduler.schedule`: the waiting loop, admission strict head of line
+    (docs/engine.md §3).
+
+    - With `kv`, requests whose loads were queued come first
+      (`_schedule_loaded`).
+    - With a CPU tier a head with blocks in the tier past its G1 hit queues a
+      load instead (`_queue_load`, §9).
+    - A head that must wait for a store or another load to finish is skipped
+      this pass (put back at the front, in order, after the loop).
+    """
     R, cfg, S, wq = s.R, s.cfg, s.S, s.wq
     priority = cfg[0].priority_scheduling
     bs = cfg[0].block_size
@@ -286,15 +311,19 @@ def _schedule_waiting(s, out, feats, budget, threshold, kv=None):
 
 @njit
 def _admit(s, out, feats, i, hit, num_new, g1_hit, drafts, kv=None):
-    """Move request i to `running` with `hit` tokens cached, `g1_hit` of
-    them from G1 and the rest loaded (counted as the CPU tier's hit tokens
-    with a CPU tier); its admission is recorded in the prefix-cache stats
-    (`PrefixCacheStats`: G1 hits only, preempted requests apart) and it gets
-    its entry in the pass. A handed-off request's first admission on a
-    disaggregated decode worker has its prompt's KV and its first token: its
-    prefill is the prompt only, so the pass computing the first token's KV is
-    a decode (docs/engine.md §10), and its source learns of the admission
-    (`_remote_admitted`)."""
+    """`Scheduler.schedule`: the waiting loop's admission, request i moved to
+    `running` with its entry in the pass.
+
+    - `hit` tokens cached, `g1_hit` of them from G1 and the rest loaded
+      (counted as the CPU tier's hit tokens with a CPU tier).
+    - Its admission is recorded in the prefix-cache stats
+      (`PrefixCacheStats`: G1 hits only, preempted requests apart).
+    - A handed-off request's first admission on a disaggregated decode worker
+      has its prompt's KV and its first token: its prefill is the prompt
+      only, so the pass computing the first token's KV is a decode
+      (docs/engine.md §10), and its source learns of the admission
+      (`_remote_admitted`).
+    """
     R, cfg, S = s.R, s.cfg, s.S
     num_tokens = R[i].num_tokens
     resumed = R[i].status == RequestStatus.PREEMPTED
@@ -339,15 +368,19 @@ def _admit(s, out, feats, i, hit, num_new, g1_hit, drafts, kv=None):
 
 @njit
 def _queue_load(s, hits, num_hit, num_tokens, kv, i):
-    """Admission of the waiting head i whose KV past its G1 hit of `num_hit`
-    blocks comes from elsewhere (vLLM's `load_kv_async`;
-    vllm/v1/core/sched/scheduler.py): with the admission checks of §3 step 4
-    (`reserve_full_isl`, watermark) it takes its G1 blocks for the hit and
-    for `num_tokens` more tokens (registered in the prefix cache only once
-    loaded: `delay_cache`), leaves the waiting queue and waits in
-    `waiting_for_kv`, using no budget, with R[i].kv_load = KVLoad.IN_FLIGHT
-    until its source sets KVLoad.LANDED. Its source prepares the transfer
-    (KO_LOAD_REQS lists it). False, changing nothing, if it does not fit."""
+    """`Scheduler.schedule`: in the waiting loop, with `load_kv_async`, the
+    admission of the waiting head i whose KV past its G1 hit of `num_hit`
+    blocks comes from elsewhere (docs/engine.md §9, §13).
+
+    - With the admission checks of §3 step 4 (`reserve_full_isl`, watermark)
+      it takes its G1 blocks for the hit and for `num_tokens` more tokens,
+      registered in the prefix cache only once loaded (`delay_cache`).
+    - It leaves the waiting queue and waits in `waiting_for_kv`, using no
+      budget, with R[i].kv_load = KVLoad.IN_FLIGHT until its source sets
+      KVLoad.LANDED.
+    - Its source prepares the transfer (KO_LOAD_REQS lists it).
+    - False, changing nothing, if it does not fit.
+    """
     R, cfg, S = s.R, s.cfg, s.S
     reserve, extra = _admission_reserve(s, i)
     if not _allocate(s, i, num_tokens, hits, num_hit, reserve, extra, True):
@@ -365,13 +398,16 @@ def _queue_load(s, hits, num_hit, num_tokens, kv, i):
 
 @njit
 def _schedule_loaded(s, out, feats, budget, threshold, kv):
-    """Requests waiting for a load, in the order their loads were queued
-    (vllm/v1/core/sched/scheduler.py, WAITING_FOR_REMOTE_KVS and
-    `_update_waiting_for_remote_kv`): one whose load has not landed is
-    skipped; one whose load landed counts its blocks as computed
-    (`_finish_load`) and is admitted as a waiting head would be (it keeps
-    its place if it does not fit, its load finished). Returns the budget
-    left, or 0 when a loaded request does not fit (strict head of line)."""
+    """`Scheduler.schedule`: the requests in WAITING_FOR_REMOTE_KVS, in the
+    order their loads were queued (`_update_waiting_for_remote_kv`).
+
+    - One whose load has not landed is skipped.
+    - One whose load landed counts its blocks as computed (`_finish_load`)
+      and is admitted as a waiting head would be; it keeps its place if it
+      does not fit, its load finished.
+    - Returns the budget left, or 0 when a loaded request does not fit
+      (strict head of line).
+    """
     R, cfg, S = s.R, s.cfg, s.S
     wfk = kv.wfk
     k = 0
@@ -403,9 +439,12 @@ def _schedule_loaded(s, out, feats, budget, threshold, kv):
 
 @njit
 def _finish_load(s, i):
-    """A landed load (`_update_waiting_for_remote_kv`): the request's blocks
-    count as computed, all but the last token (which is recomputed), and are
-    registered in the prefix cache."""
+    """`Scheduler._update_waiting_for_remote_kv`: a landed load.
+
+    - The request's blocks count as computed, all but the last token (which
+      is recomputed).
+    - They are registered in the prefix cache.
+    """
     R = s.R
     computed = min(R[i].num_held_blocks * s.cfg[0].block_size, R[i].num_tokens)
     if computed == R[i].num_tokens:
@@ -424,6 +463,18 @@ def _finish_load(s, i):
 
 @njit
 def _update_after_schedule(s, out, feats):
+    """`Scheduler._update_after_schedule`: each entry of the decided pass
+    advances its request's computed tokens (docs/engine.md §2, §10).
+
+    - Tokens computed again below the request's high mark
+      (`max_num_computed_tokens`, draft positions not counted) count as
+      recomputed (§6).
+    - An entry that leaves nothing to compute samples (F_SAMPLES); under
+      async scheduling it adds 1 + drafts placeholders and k placeholder
+      drafts (`AsyncScheduler._update_after_schedule`, §7, §12).
+    - The pass's features for pricing add up here, and the prefill tokens
+      leave the rank's pending prefill (§10, §11).
+    """
     R, cfg, S = s.R, s.cfg, s.S
     for e in range(feats[N_SCHED]):
         i = out[O_REQ, e]
@@ -461,10 +512,13 @@ def _update_after_schedule(s, out, feats):
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point (servesim/jit.py)
 def schedule(s, out, feats, kv=None, checking=None):
-    """One `Scheduler.schedule()` of the rank `s` (a `SchedulerArrays`);
-    fills `out` and `feats` (and, with `kv`, the transfers it decided in
-    `kv`'s KO rows, see above). `checking` (None, or True in the debug mode)
-    compiles the invariant check in only where it runs (`_check_after`)."""
+    """`Scheduler.schedule`: one pass decided for the rank `s` (a
+    `SchedulerArrays`), filling `out` and `feats`.
+
+    - With `kv`: the transfers it decided in `kv`'s KO rows (see above).
+    - `checking` (None, or True in the debug mode) compiles the invariant
+      check in only where it runs (`_check_after`).
+    """
     cfg, S = s.cfg, s.S
     threshold = cfg[0].long_prefill_token_threshold
     waiting = S[0].num_waiting
@@ -491,14 +545,17 @@ def schedule(s, out, feats, kv=None, checking=None):
 
 @njit(_nrt=True)  # NOTE(refcounts): it allocates and hands back its array
 def _check_holders(s, kv=None):
-    """The requests that hold G1 blocks outside `running` and the waiting
-    queue, for the debug mode's check: those in `waiting_for_kv` (a CPU-tier
-    load or a remote pull in flight into blocks they took at admission,
-    `_queue_load`; `kv.wfk[:S[0].num_waiting_for_kv]`) and, on a disaggregated prefill
-    worker, the finished requests whose blocks are held for the decode side
-    (`held[:S[0].num_delayed_free_requests]`). CPU-tier stores in flight hold none: they read G1
-    blocks without a reference (`storing`, cpu_tier.py), like vLLM's
-    offloading connector."""
+    """servesim's own: the requests that hold G1 blocks outside `running` and
+    the waiting queue, for the debug mode's check (docs/engine.md §14).
+
+    - Those in `waiting_for_kv`: a CPU-tier load or a remote pull in flight
+      into blocks they took at admission (`_queue_load`;
+      `kv.wfk[:S[0].num_waiting_for_kv]`).
+    - On a disaggregated prefill worker, the finished requests whose blocks
+      are held for the decode side (`held[:S[0].num_delayed_free_requests]`).
+    - CPU-tier stores in flight hold none: they read G1 blocks without a
+      reference (`storing`, cpu_tier.py), like vLLM's offloading connector.
+    """
     S = s.S
     n_wfk = 0
     if kv is not None:
@@ -513,12 +570,15 @@ def _check_holders(s, kv=None):
 
 @njit
 def check_pass(s, others, out, feats, where, pass_index):
-    """The debug mode's invariant check (servesim/scheduler/check.py) of this
-    rank after a pass: after `schedule()` (`feats` given, its entries checked
-    too; the pass index is that of the pass decided, counted here) or after
-    `update_from_output()` of pass `pass_index` (`feats` empty). `others`:
-    the requests holding blocks outside running and waiting
-    (`_check_holders`)."""
+    """servesim's own: the debug mode's invariant check
+    (servesim/scheduler/check.py, docs/engine.md §14) of this rank after a pass.
+
+    - After `schedule()`: `feats` given, its entries checked too; the pass
+      index is that of the pass decided, counted here.
+    - After `update_from_output()` of pass `pass_index`: `feats` empty.
+    - `others`: the requests holding blocks outside running and waiting
+      (`_check_holders`).
+    """
     S = s.S
     n_sched = -1
     total = 0
@@ -540,15 +600,23 @@ def check_pass(s, others, out, feats, where, pass_index):
 
 @njit(_nrt=True)  # NOTE(refcounts): it allocates, reached uncounted
 def _check_after(s, kv, out, feats, where, pass_index):
-    """`check_pass` with the holders `_check_holders` finds: the debug
-    mode's check, as `schedule` and `update_from_output` call it."""
+    """servesim's own: `check_pass` with the holders `_check_holders` finds,
+    the debug mode's check as `schedule` and `update_from_output` call it
+    (docs/engine.md §14)."""
     check_pass(s, _check_holders(s, kv), out, feats, where, pass_index)
 
 
 @njit(inline="always")
 def _append_token(s, i, release_ms, pass_index, max_model_len):
-    """Append one sampled token; True when the request stops on it (`check_stop`:
-    max_tokens, then max_model_len)."""
+    """`Scheduler._update_request_with_output`: append one sampled token; True
+    when the request stops on it.
+
+    - The stop is `check_stop`'s (vllm/v1/core/sched/utils.py): max_tokens,
+      then max_model_len.
+    - The token reaches the client after the later of its release and the
+      request's previous output, plus the detokenization delay
+      (docs/engine.md §8).
+    """
     R, last_client = s.R, s.last_client
     R[i].num_tokens += 1
     if R[i].num_output_placeholders > 0:
@@ -565,12 +633,14 @@ def _append_token(s, i, release_ms, pass_index, max_model_len):
 
 @njit(inline="always")
 def _append_verified(s, out, e, i, stale, release_ms, pass_index):
-    """Speculative decoding (`_update_request_with_output`,
-    vllm/v1/core/sched/scheduler.py; `check_stop` after each token): the 1 +
-    accepted tokens of entry e, appended one at a time; at the stop the rest
-    is trimmed (taken off
-    `num_computed_tokens`, and off the placeholders under async). True when
-    the request stops."""
+    """`Scheduler._update_request_with_output`: under speculative decoding,
+    the 1 + accepted tokens of entry e appended one at a time; True when the
+    request stops.
+
+    - `check_stop` after each token.
+    - At the stop the rest is trimmed: taken off `num_computed_tokens`, and
+      off the placeholders under async.
+    """
     R, cfg = s.R, s.cfg
     drafts = out[O_SPEC, e]
     tokens = 1
@@ -590,19 +660,22 @@ def _append_verified(s, out, e, i, stale, release_ms, pass_index):
 @njit(_nrt=False)  # NOTE(refcounts): an entry point (servesim/jit.py)
 def update_from_output(s, out, n_sched, release_ms, pass_index, finished, kv=None,
                        checking=None):
-    """`Scheduler.update_from_output`: append sampled tokens (released at
-    `release_ms`, reaching the client after detokenization), register the
-    blocks of requests that were RUNNING up to their completed tokens
-    (`cache_blocks`), finish requests and free their blocks. Fills `finished`
-    and returns how many.
+    """`Scheduler.update_from_output`: a pass's outputs processed; fills
+    `finished` and returns how many (docs/engine.md §6).
 
-    Under speculative decoding a pass yields 1 + accepted tokens per request
-    (`_append_verified`); a sync engine's drafter then proposes k drafts for
-    every request that sampled and did not finish.
-
-    With a CPU tier (`kv`) under async scheduling the pass's requests are no
-    longer in flight, and a finishing RUNNING request's store (if any,
-    `_connector_request_finished`) is decided before its free (KO_FSTORES)."""
+    - Sampled tokens are appended, released at `release_ms` and reaching the
+      client after detokenization.
+    - The blocks of requests that were RUNNING are registered up to their
+      completed tokens (`cache_blocks`).
+    - Finished requests are freed (on a prefill worker, held for the decode
+      side instead).
+    - Under speculative decoding a pass yields 1 + accepted tokens per
+      request (`_append_verified`); a sync engine's drafter then proposes k
+      drafts for every request that sampled and did not finish.
+    - With a CPU tier (`kv`) under async scheduling the pass's requests are
+      no longer in flight, and a finishing RUNNING request's store (if any,
+      `_connector_request_finished`) is decided before its free (KO_FSTORES).
+    """
     R, cfg, S = s.R, s.cfg, s.S
     num_finished = 0
     cpu = False
@@ -676,6 +749,9 @@ def update_from_output(s, out, n_sched, release_ms, pass_index, finished, kv=Non
 
 @njit
 def mark_started(R, out, n_sched, start_ms):
+    """servesim's own: the requests a pass admits for the first time (NEW
+    entries) take its GPU start as their `first_scheduled_time`
+    (docs/engine.md §7, §8)."""
     for e in range(n_sched):
         if out[O_KIND, e] == PassKind.NEW:
             R[out[O_REQ, e]].first_scheduled_time = start_ms
@@ -689,15 +765,16 @@ def add_request(s, i):
 
 @njit(inline="always")
 def _prefill_left(R, i):
-    """Running request i's prefill tokens still to compute: its part of
-    `S[0].pending_prefill_tokens`."""
+    """servesim's own: running request i's prefill tokens still to compute,
+    its part of `S[0].pending_prefill_tokens` (docs/engine.md §11)."""
     return max(0, R[i].prefill_target_tokens - R[i].num_computed_tokens)
 
 
 @njit(inline="always")
 def _queued(S, kv, i):
-    """Whether request i, not running, is in the waiting queue rather than
-    waiting for its load (`waiting_for_kv`, `kv.wfk`)."""
+    """servesim's own: whether request i, not running, is in the waiting
+    queue rather than waiting for its load (`waiting_for_kv`, `kv.wfk`), for
+    the pending prefill count (docs/engine.md §11)."""
     if kv is not None:
         wfk = kv.wfk
         for k in range(S[0].num_waiting_for_kv):
@@ -708,26 +785,33 @@ def _queued(S, kv, i):
 
 @njit(inline="always")
 def pending_prefill_tokens(S):
-    """The prefill tokens a rank has still to compute — its running
-    requests' rest of prefill (`prefill_target_tokens - num_computed_tokens`,
-    when positive) plus every waiting request's tokens; loads waiting ahead
-    of the queue are not counted — for the routers (docs/engine.md §11). Kept
-    in `S[0].pending_prefill_tokens` where requests join or leave the
-    running list and the waiting queue (request_queue.py), are scheduled
-    (`_update_after_schedule`), have tokens appended or rolled back
-    (`update_from_output`), so that a router reads it in O(1) at every
-    arrival; the debug mode checks it against a scan of the queues
-    (check.py `check_pending_prefill`)."""
+    """servesim's own: the prefill tokens a rank has still to compute, for
+    the routers (docs/engine.md §11).
+
+    - Its running requests' rest of prefill (`prefill_target_tokens -
+      num_computed_tokens`, when positive) plus every waiting request's
+      tokens; loads waiting ahead of the queue are not counted.
+    - Kept in `S[0].pending_prefill_tokens` where requests join or leave the
+      running list and the waiting queue (request_queue.py), are scheduled
+      (`_update_after_schedule`), have tokens appended or rolled back
+      (`update_from_output`), so that a router reads it in O(1) at every
+      arrival.
+    - The debug mode checks it against a scan of the queues (check.py
+      `check_pending_prefill`).
+    """
     return S[0].pending_prefill_tokens
 
 
 @njit
 def take_out_all(s, kv, out, feats, taken, checking=None):
-    """Take every running and waiting request out as unfinished (a livelock:
-    more than LIVELOCK_PREEMPTIONS preemptions since a token was sampled),
-    then, in the debug mode, check the rank (`_check_after`; `kv`, `held`:
-    the rank's, for the requests holding blocks outside the queues).
-    Returns how many."""
+    """servesim's own: take every running and waiting request out as
+    unfinished, a livelocked rank's (docs/engine.md §3); returns how many.
+
+    - A livelock: more than LIVELOCK_PREEMPTIONS preemptions since a token
+      was sampled.
+    - Then, in the debug mode, check the rank (`_check_after`; `kv`, `held`:
+      the rank's, for the requests holding blocks outside the queues).
+    """
     R, cfg, S, running = s.R, s.cfg, s.S, s.running
     priority = cfg[0].priority_scheduling
     n = 0
