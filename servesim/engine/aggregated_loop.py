@@ -148,6 +148,11 @@ class AggregatedLoop:
     arrivals = property(lambda self: int(self.cs[0]["arrival_next"]))  # routed (or rejected) so far
     done = property(lambda self: int(self.cs[0]["num_done"]))  # finished or rejected so far
 
+    def settle(self, span):
+        """Nothing is left to the replay for the requests `span` that
+        arrived: the loop routed, queued or rejected each (`worker_of`,
+        `rank_of`, `status`) and counts each rank's requests (`_resume`)."""
+
     def take_arrivals(self, seq):
         """Every request arrives, the k-th request `arrival_req[k]` at
         `arrival_ms[k]`; the first one's event has sequence `seq`."""

@@ -255,10 +255,12 @@ class DisaggregatedLoop:
         types = [typeof(core.compiled.arguments()) for core in cores]
         return (len(set(types[:num_prefill])) <= 1 and len(set(types[num_prefill:])) <= 1)
 
-    def attach(self, pool_a, pool_b, replay_arrays):
-        """The pools' `pool_arrays` and the replay's arrays (in `R_*` order),
-        before the run."""
+    def attach(self, pool_a, pool_b, replay_arrays, ranks):
+        """The pools' `pool_arrays`, the replay's arrays (in `R_*` order) and
+        each pool's ranks (the routers' `RankArrays.ranks`, whose counts of
+        requests `settle` keeps), before the run."""
         self._pools = (pool_a, pool_b, replay_arrays)
+        self._ranks = ranks
 
     def take_arrivals(self, seq):
         """An open loop: every request arrives, the k-th request
@@ -276,7 +278,15 @@ class DisaggregatedLoop:
 
     arrivals = property(lambda self: int(self.ps[0]["arrival_next"]))
     done = property(lambda self: int(self.ps[0]["num_done"]))
-    routed = property(lambda self: (self._pools[0][ROUTED], self._pools[1][ROUTED]))
+
+    def settle(self, span):
+        """After a call (the requests `span` arrived in it): each rank's count
+        of the requests routed to it, prefill and decode, as the routers keep
+        it one by one; the loop routed, queued, rejected, handed off and
+        finished each request itself."""
+        for ranks, routed in zip(self._ranks, (self._pools[0][ROUTED], self._pools[1][ROUTED])):
+            for j, rank in enumerate(ranks):
+                rank.num_requests = int(routed[j])
 
     def push(self, slot, t, order, seq):
         """Worker `slot`'s next event is at `(t, order, seq)`, unless the one

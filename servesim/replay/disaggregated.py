@@ -194,7 +194,6 @@ class DisaggregatedReplay(Replay):
         self.workers = self.prefill_workers + self.decode_workers
         self._use_compiled_log(buffer)
         self.runner = None  # the workers' compiled loop (engine/disaggregated_loop.py)
-        self._runner_done = 0  # the requests it finished or rejected, accounted for
         if DisaggregatedLoop.fit(self.workers, len(self.prefill_workers)):
             self.runner = DisaggregatedLoop(self.workers, len(self.prefill_workers), self.loop,
                                           self, buffer)
@@ -249,14 +248,15 @@ class DisaggregatedReplay(Replay):
             (self._open_ms, self._open_req, np.ascontiguousarray(w.dp_rank, np.int64),
              never_fits,
              self.prefill_worker_of, self.prefill_rank_of, self.worker_of, self.rank_of,
-             self.sides.handed, self.status, int(STATUS_FINISHED), int(STATUS_REJECTED)))
+             self.sides.handed, self.status, int(STATUS_FINISHED), int(STATUS_REJECTED)),
+            (self.router.arrays.ranks, self.decode_router.arrays.ranks))
         if not self._loop_takes_arrivals():
             return super()._schedule_arrivals()
         # an open loop: the workers' compiled loop routes the arrivals, hands
         # the requests off and marks them finished (a finish releases nothing)
+        self.taker = self.runner
         self.loop.seq += 1
         self.runner.take_arrivals(self.loop.seq)
-        self._own_arrivals = True
         self._next_release = n
 
     def _loop_takes_arrivals(self) -> bool:
@@ -270,22 +270,6 @@ class DisaggregatedReplay(Replay):
                   cluster.pool_data_parallel_size("decode"))
         return (self.workload.concurrency is None and self.sessions is None
                 and not check.enabled() and not (self.workload.dp_rank >= min(widths)).any())
-
-    def _sync_arrivals(self):
-        """Account for what the workers' compiled loop did since the last
-        call, as `_on_arrival`, `on_prefill_done` and `on_done` do one by one:
-        the arrivals, the requests finished or rejected, the requests routed
-        to each rank."""
-        runner = self.runner
-        new = runner.arrivals
-        self.arrived[self._open_req[self._arrivals:new]] = True
-        self._arrivals = new
-        done = runner.done
-        self.num_done += done - self._runner_done
-        self._runner_done = done
-        for router, routed in zip((self.router, self.decode_router), runner.routed):
-            for j, rank in enumerate(router.arrays.ranks):
-                rank.num_requests = int(routed[j])
 
     def horizon_key(self):
         """The pools touch each other (a prefill finish hands a request to a

@@ -64,6 +64,34 @@ class RequestStore:
         return out
 
 
+class OneWorkerArrivals:
+    """The open-loop arrivals one worker of one rank admits in its own pass
+    loop (`EngineCore.take_arrivals`), as the replay's `_sync_arrivals`
+    reads every compiled loop taking them: `arrivals` so far, `done` (the
+    requests rejected), `settle` (what the kernel leaves to the replay)."""
+
+    def __init__(self, replay, core):
+        self.replay = replay
+        self.core = core
+        # the prompts that can never fit the rank: rejected at arrival (the
+        # kernel's `add_request` does not queue them)
+        self.never_fits = replay._never_fit(core.ranks[0].scheduler)
+        self.done = 0
+
+    arrivals = property(lambda self: self.core.compiled.arrivals)
+
+    def settle(self, span):
+        """Requests `span` arrived: on worker 0, rank 0, counted there; those
+        that can never fit rejected."""
+        replay = self.replay
+        replay.worker_of[span] = 0
+        replay.rank_of[span] = 0
+        self.core.ranks[0].num_requests += len(span)
+        rejected = span[self.never_fits[span]]
+        replay.status[rejected] = STATUS_REJECTED
+        self.done += len(rejected)
+
+
 class Replay:
     """One simulation run; `run()` returns its :class:`SimulationResult`."""
 
@@ -127,10 +155,12 @@ class Replay:
         self.num_done = 0
         self._next_release = 0  # closed loop: next request to release
         self._last_progress = time.perf_counter()
-        self._arrivals = 0  # arrivals so far; open loop: they come in workload order
-        self._own_arrivals = False  # they go to the workers' compiled loop (`_arrivals_in_loop`)
-        self.cluster = None  # that loop over several workers or ranks (`_cluster_takes_arrivals`)
-        self._cluster_done = 0  # requests it finished or rejected, accounted for
+        self._arrivals = 0  # arrivals so far; open loop: in `_open_arrivals`' order
+        # the compiled loop that takes an open loop's arrivals (None: the event
+        # loop takes them one by one), and the requests it finished or
+        # rejected, accounted for (`_sync_arrivals`)
+        self.taker = None
+        self._taker_done = 0
         self.sessions = None  # arrivals that wait for finishes (workload/sessions.py)
         if workload.sessions is not None:
             from servesim.workload.sessions import SessionArrivals
@@ -214,25 +244,22 @@ class Replay:
             self._open_ms, self._open_req = self._open_arrivals()
         if concurrency is None and self._arrivals_in_loop():
             # the worker's compiled loop admits them (sequence drawn as below)
-            # rejected at arrival (`_sync_arrivals`)
-            self._never_fits = self._never_fit(self.workers[0].ranks[0].scheduler)
+            self.taker = OneWorkerArrivals(self, self.workers[0])
             self.loop.seq += 1
             self.workers[0].take_arrivals(self._open_ms, self._open_req, self.loop.seq)
-            self._own_arrivals = True
             self._next_release = n
         elif concurrency is None and self._cluster_takes_arrivals():
             # the workers' compiled loop routes and admits them (aggregated_loop.py)
             from servesim.engine.aggregated_loop import AggregatedLoop
 
             w = self.workload
-            self.cluster = AggregatedLoop(
+            self.taker = AggregatedLoop(
                 self.workers, self.loop, self, self.workers[0].pass_log, self.router.arrays,
                 self.router.code, self._open_ms, self._open_req,
                 np.ascontiguousarray(w.dp_rank, np.int64),
                 self.worker_of, self.rank_of, self.status, STATUS_FINISHED, STATUS_REJECTED)
             self.loop.seq += 1
-            self.cluster.take_arrivals(self.loop.seq)
-            self._own_arrivals = True
+            self.taker.take_arrivals(self.loop.seq)
             self._next_release = n
         elif concurrency is None:
             # one arrival in the heap at a time: each schedules the next (the
@@ -276,30 +303,23 @@ class Replay:
                 and AggregatedLoop.fit(self.workers))
 
     def _sync_arrivals(self):
-        """Account for the arrivals the workers' compiled loop admitted since
-        the last call, as `_on_arrival` does one by one (`_on_done` for the
-        requests it finished)."""
-        if self.cluster is not None:
-            new = self.cluster.arrivals
-            self.arrived[self._open_req[self._arrivals:new]] = True
-            self._arrivals = new
-            done = self.cluster.done
-            self.num_done += done - self._cluster_done
-            self._cluster_done = done
-            return
-        core = self.workers[0]
-        new, old = core.compiled.arrivals, self._arrivals
-        if new == old:
-            return
-        span = self._open_req[old:new]  # (the requests, in arrival order)
-        self.arrived[span] = True
-        self.worker_of[span] = 0
-        self.rank_of[span] = 0
-        core.ranks[0].num_requests += new - old
-        rejected = span[self._never_fits[span]]
-        self.status[rejected] = STATUS_REJECTED
-        self.num_done += len(rejected)
+        """The one account of the open-loop arrivals a compiled loop took
+        (`self.taker`: one worker's pass loop, `OneWorkerArrivals`, or a loop
+        over workers, engine/aggregated_loop.py and disaggregated_loop.py),
+        as `_on_arrival` and `on_done` keep it one by one: the requests that
+        arrived since the last call (the taker's `arrivals`, in
+        `_open_arrivals`' order), what the taker leaves to the replay for
+        them (its `settle`), and the requests it finished or rejected (its
+        `done`)."""
+        taker = self.taker
+        new = taker.arrivals
+        span = self._open_req[self._arrivals:new]  # (the requests, in arrival order)
         self._arrivals = new
+        self.arrived[span] = True
+        taker.settle(span)
+        done = taker.done
+        self.num_done += done - self._taker_done
+        self._taker_done = done
 
     def _on_open_arrival(self, k):
         """The k-th open-loop arrival at the engine (`_open_arrivals`): it
@@ -355,7 +375,7 @@ class Replay:
     def on_progress(self, core=None):
         """After a compiled run of `core`'s events: the debug mode's check
         across schedulers, and the progress callback now and then."""
-        if self._own_arrivals:
+        if self.taker is not None:
             self._sync_arrivals()
         if self._checked_tables and core is not None:
             for table in self._checked_tables:
@@ -379,7 +399,7 @@ class Replay:
             key = (self.sessions.horizon(), ARRIVAL, 0)
         elif self.workload.concurrency is not None:
             key = self.loop.next_key()
-        elif self._arrivals < len(self.workload) and not self._own_arrivals:
+        elif self._arrivals < len(self.workload) and self.taker is None:
             key = (float(self._open_ms[self._arrivals]), ARRIVAL, 0)
         else:
             key = (math.inf, 0, 0)
