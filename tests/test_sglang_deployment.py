@@ -153,6 +153,20 @@ def test_timing_aic_requires_a_deployment():
         sglang_config({"timing": {"type": "aic"}})
 
 
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_aic_under_sglang_without_the_package_exits_2(tmp_path, monkeypatch, command):
+    from servesim.config.examples import example_text
+    from tests.test_deployment import _without_aic
+
+    _without_aic(monkeypatch)
+    config = tmp_path / "c.yaml"
+    config.write_text(example_text("sglang-deployment"))
+    result = invoke(command, config, *(["-o", tmp_path / "out"] if command == "run" else []))
+    assert result.exit_code == 2, result.output
+    assert "engine.timing type aic needs the optional package aiconfigurator-core" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- aic
 
 
