@@ -148,6 +148,15 @@ def test_a_context_length_beyond_the_models_exits_2(tmp_path, monkeypatch):
     assert sglang_config(qwen3(tmp_path, "n", context_length=50000)).engine.sglang.context_length == 50000
 
 
+def test_a_multimodal_model_needs_a_given_mem_fraction_static(tmp_path):
+    vlm = {**QWEN3, "vision_config": {"depth": 27, "hidden_size": 1152}}
+    with pytest.raises(InputError, match=r"engine.mem_fraction_static: required with .*multimodal"):
+        sglang_config({"model": model_dir(tmp_path, vlm), "gpu": "h200_sxm", "tensor_parallel_size": 2})
+    cfg = sglang_config({"model": model_dir(tmp_path, vlm, "n"), "gpu": "h200_sxm",
+                         "tensor_parallel_size": 2, "mem_fraction_static": 0.8})
+    assert cfg.engine.deployment.mem_fraction_static == 0.8
+
+
 def test_timing_aic_requires_a_deployment():
     with pytest.raises(InputError, match=r"engine.timing: type aic requires a deployment"):
         sglang_config({"timing": {"type": "aic"}})

@@ -158,6 +158,11 @@ def sglang_capacity(ctx, s, dep, spec, cfg) -> tuple:
     context = _sglang_context_length(ctx, s, spec, cfg.context_length)
     given_total = cfg.max_total_tokens if s.given("max_total_tokens") else None
     given_running = cfg.max_running_requests if s.given("max_running_requests") else None
+    if dep.mem_fraction_static is None and spec.has_vision:
+        ctx.fail(s.sub("mem_fraction_static"), f"required with {spec.name}, a multimodal model: "
+                 "SGLang lowers its default fraction by the vision encoder's shape "
+                 "(adjust_mem_fraction_for_vlm, sglang/srt/arg_groups/memory_hook.py), which "
+                 "servesim does not read (nor count the encoder's weights)")
     if dep.mem_fraction_static is None:
         dep = attrs.evolve(dep, mem_fraction_static=sc.default_mem_fraction_static(
             spec, gpu, dep.tensor_parallel_size, cfg.chunked_prefill_size, cfg.max_prefill_tokens,

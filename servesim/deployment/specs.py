@@ -41,6 +41,9 @@ class ModelSpec:
     derived_max_model_len: int = 131072  # the context length; derived_max_model_len()
     # the context length as SGLang derives it; sglang_context_length()
     sglang_context_length: int = 2048
+    # a vision encoder beside the text model (config.json's vision_config);
+    # its weights are not counted here
+    has_vision: bool = False
     # MTP layers (vLLM's `n_predict` for `method: mtp`): num_nextn_predict_layers,
     # or Qwen3.5's mtp_num_hidden_layers; 0: the model has none
     mtp_layers: int = 0
@@ -169,6 +172,7 @@ def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> Mode
     """The shapes of a Hugging Face config (text part of a multimodal one).
     Every shape read is checked by `_count`: a malformed config.json is an
     InputError naming the file and the key, never a nonsense capacity."""
+    has_vision = isinstance(cfg.get("vision_config"), dict)
     if isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg:
         cfg = {**cfg, **cfg["text_config"]}
     missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -225,6 +229,7 @@ def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> Mode
         config_quantization=quant,
         derived_max_model_len=derived_max_model_len(cfg, path),
         sglang_context_length=sglang_context_length(cfg, path),
+        has_vision=has_vision,
         mtp_layers=count("num_nextn_predict_layers", "mtp_num_hidden_layers"),
     )
 
