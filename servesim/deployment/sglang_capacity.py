@@ -114,15 +114,15 @@ def reserved_mib(model: ModelSpec, gpu: GPUSpec, tp: int, chunked_prefill_size: 
     (`handle_gpu_memory_settings` and `reserve_for_graph_mb`): 512 + 1.5 per
     token of the larger of the chunk (`max_prefill_tokens` without chunked
     prefill) and 2048, + TP/8 GiB, + 2 per decode-graph batch size, + 8 per
-    prefill graph (1.5 GiB for an MLA model), at least 10 GiB on a GPU of
-    more than 60 GiB."""
+    prefill graph (up to the chunk, none without chunked prefill; 1.5 GiB
+    for an MLA model), at least 10 GiB on a GPU of more than 60 GiB."""
     tokens = chunked_prefill_size if chunked_prefill_size > 0 else max_prefill_tokens
     reserved = 512 + max(tokens, 2048) * 1.5 + tp / 8 * 1024
     reserved += decode_graph_max_bs(gpu, tp, max_running_requests) * 2
     if model.is_mla:
         reserved += 1.5 * 1024
     else:
-        max_bs = chunked_prefill_size if chunked_prefill_size > 0 else max_prefill_tokens
+        max_bs = chunked_prefill_size  # -1 (chunked prefill off): no prefill graph
         if max_total_tokens is not None:
             max_bs = min(max_bs, max_total_tokens)
         reserved += len(prefill_graph_sizes(max_bs)) * 8
