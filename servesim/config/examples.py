@@ -233,6 +233,10 @@ engine:
 }
 
 
+# the examples timed by `aic`, whose pass times need aiconfigurator-core
+AIC_EXAMPLES = ("deployment", "sglang-deployment")
+
+
 def bundled_trace_path() -> str:
     """Absolute path of the bundled Mooncake trace in the installed package."""
     return str(Path(__file__).resolve().parents[1] / "data" / BUNDLED_TRACE)
