@@ -28,7 +28,10 @@ def qwen3(tmp_path, name="m", **engine):
             "tensor_parallel_size": 2, **engine}
 
 
-def test_max_total_tokens_qwen3_32b_h200_tp2_by_hand(tmp_path):
+def test_max_total_tokens_qwen3_32b_h200_tp2_by_hand(tmp_path, monkeypatch):
+    from tests.test_deployment import _without_aic
+
+    _without_aic(monkeypatch)  # the capacity needs no aiconfigurator-core
     cfg = sglang_config(qwen3(tmp_path))
     # mem_fraction_static's default: the GPU's 144384 MiB less SGLang's
     # reserve of 512 + 1.5 x the 8192-token chunk + TP 2 / 8 GiB + 2 x the
@@ -229,6 +232,7 @@ def test_sglang_passes_are_priced_from_the_databases_sglang_data(tmp_path, monke
         direct = native.estimate_forward_pass_time_ms(json.loads(aic.fpm(*features)))
         errors.append(abs(ms / direct - 1) * 100)
     assert kinds == {(True, False), (False, True), (True, True)}  # extend, decode, mixed
+    assert any(features[2] > 0 for features, _ in priced)  # extends after a cached prefix
     errors.sort()
     assert errors[len(errors) // 2] <= 1.0
     assert errors[int(len(errors) * 0.99)] <= 2.0, errors[-5:]
