@@ -151,47 +151,75 @@ def sglang_capacity(ctx, s, dep, spec, cfg) -> tuple:
     capping it; `max_running_requests` defaulted by the pool and the context
     length; and one `context_length` request in the pool (servesim's check:
     SGLang would clip the longest prompt instead)."""
-    from servesim.deployment import sglang_capacity as sc
-    from servesim.deployment.kv_capacity import gpu_spec, kv_bytes_per_token
+    from servesim.deployment.sglang_capacity import default_max_running_requests
 
-    gpu = gpu_spec(dep.gpu)
     context = _sglang_context_length(ctx, s, spec, cfg.context_length)
     given_total = cfg.max_total_tokens if s.given("max_total_tokens") else None
     given_running = cfg.max_running_requests if s.given("max_running_requests") else None
-    if dep.mem_fraction_static is None and spec.has_vision:
+    if dep.mem_fraction_static is None:
+        dep = attrs.evolve(dep, mem_fraction_static=_sglang_mem_fraction(ctx, s, dep, spec, cfg,
+                                                                         given_running, given_total))
+    derived = _sglang_pool(ctx, s, dep, spec, cfg.page_size, given_total)
+    total = derived if given_total is None else min(derived, given_total)
+    _check_one_request(ctx, s, dep, spec, context, total)
+    dep = attrs.evolve(dep, derived_num_gpu_blocks=given_total is None or derived < given_total)
+    running = given_running or default_max_running_requests(total, context)
+    return dep, attrs.evolve(cfg, max_total_tokens=total, context_length=context,
+                             max_running_requests=running)
+
+
+def _sglang_mem_fraction(ctx, s, dep, spec, cfg, given_running, given_total) -> float:
+    """SGLang's default `mem_fraction_static` for the deployment
+    (sglang_capacity.default_mem_fraction_static); a multimodal model's is
+    refused: SGLang lowers it by the vision encoder's shape."""
+    from servesim.deployment.kv_capacity import gpu_spec
+    from servesim.deployment.sglang_capacity import default_mem_fraction_static
+
+    if spec.has_vision:
         ctx.fail(s.sub("mem_fraction_static"), f"required with {spec.name}, a multimodal model: "
                  "SGLang lowers its default fraction by the vision encoder's shape "
                  "(adjust_mem_fraction_for_vlm, sglang/srt/arg_groups/memory_hook.py), which "
                  "servesim does not read (nor count the encoder's weights)")
-    if dep.mem_fraction_static is None:
-        dep = attrs.evolve(dep, mem_fraction_static=sc.default_mem_fraction_static(
-            spec, gpu, dep.tensor_parallel_size, cfg.chunked_prefill_size, cfg.max_prefill_tokens,
-            given_running, given_total))
+    return default_mem_fraction_static(spec, gpu_spec(dep.gpu), dep.tensor_parallel_size,
+                                       cfg.chunked_prefill_size, cfg.max_prefill_tokens,
+                                       given_running, given_total)
+
+
+def _sglang_pool(ctx, s, dep, spec, page_size, given_total) -> int:
+    """The derived `max_total_tokens` (sglang_capacity.derive_max_total_tokens),
+    its refusals naming the key; a sliding-window model's cannot be derived
+    (kv_bytes_per_token), so a given one is taken as it is."""
+    from servesim.deployment.kv_capacity import gpu_spec
+    from servesim.deployment.sglang_capacity import derive_max_total_tokens
+
     if spec.sliding_window and given_total is not None:
-        derived = given_total  # servesim cannot derive it (kv_bytes_per_token): taken as given
-    else:
-        try:
-            derived = sc.derive_max_total_tokens(spec, gpu, dep, cfg.page_size).max_total_tokens
-        except InputError as exc:
-            message = str(exc).replace("engine.num_gpu_blocks", s.sub("max_total_tokens"))
-            key = "mem_fraction_static" if message.startswith("engine.mem_fraction_static") else "model"
-            _reraise(ctx, s.sub(key), InputError(message))
-    total = derived if given_total is None else min(derived, given_total)
-    running = given_running or sc.default_max_running_requests(total, context)
+        return given_total
+    try:
+        total = derive_max_total_tokens(spec, gpu_spec(dep.gpu), dep, page_size).max_total_tokens
+    except InputError as exc:
+        message = str(exc).replace("engine.num_gpu_blocks", s.sub("max_total_tokens"))
+        key = "mem_fraction_static" if message.startswith("engine.mem_fraction_static") else "model"
+        _reraise(ctx, s.sub(key), InputError(message))
     if total < 2:
         ctx.fail(s.sub("mem_fraction_static"), f"leaves {total} tokens of KV pool (SGLang refuses "
                  "to start: raise mem_fraction_static or tensor_parallel_size)")
-    if context > total:
-        per_token = kv_bytes_per_token(spec, dep)
-        ctx.fail(s.sub("context_length"),
-                 f"one request of context_length {context} needs {context * per_token / GIB:.2f} "
-                 f"GiB of KV cache ({context} tokens), more than the {total * per_token / GIB:.2f} "
-                 f"GiB ({total} tokens) the deployment leaves; the largest context_length that fits "
-                 f"is {total} (lower context_length, or raise mem_fraction_static or "
-                 "tensor_parallel_size)")
-    dep = attrs.evolve(dep, derived_num_gpu_blocks=given_total is None or derived < given_total)
-    return dep, attrs.evolve(cfg, max_total_tokens=total, context_length=context,
-                             max_running_requests=running)
+    return total
+
+
+def _check_one_request(ctx, s, dep, spec, context: int, total: int):
+    """servesim's check, as vLLM's `check_enough_kv_cache_memory` for
+    `max_model_len`: the pool holds one `context_length` request."""
+    from servesim.deployment.kv_capacity import kv_bytes_per_token
+
+    if context <= total:
+        return
+    per_token = 0 if spec.sliding_window else kv_bytes_per_token(spec, dep)
+    ctx.fail(s.sub("context_length"),
+             f"one request of context_length {context} needs {context * per_token / GIB:.2f} "
+             f"GiB of KV cache ({context} tokens), more than the {total * per_token / GIB:.2f} "
+             f"GiB ({total} tokens) the deployment leaves; the largest context_length that fits "
+             f"is {total} (lower context_length, or raise mem_fraction_static or "
+             "tensor_parallel_size)")
 
 
 # SGLang's override of the context-length limit (sglang/srt/environ.py)
