@@ -160,6 +160,14 @@ def test_a_multimodal_model_needs_a_given_mem_fraction_static(tmp_path):
     assert cfg.engine.deployment.mem_fraction_static == 0.8
 
 
+def test_aic_with_a_calibration_under_sglang_reads_its_factors(tmp_path):
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("type: aic_calibration\nfactors: {prefill: 1.1, decode: 0.95, mixed: 1.02}\n")
+    cfg = sglang_config(qwen3(tmp_path, timing={"type": "aic", "calibration": str(cal)}))
+    assert cfg.engine.timing.calibration_factors == (1.1, 0.95, 1.02)
+    assert config_to_dict(cfg)["engine"]["timing"] == {"type": "aic", "calibration": str(cal)}
+
+
 def test_timing_aic_requires_a_deployment():
     with pytest.raises(InputError, match=r"engine.timing: type aic requires a deployment"):
         sglang_config({"timing": {"type": "aic"}})
