@@ -27,16 +27,20 @@ def models_command():
 
 @click.command()
 def gpus_command():
-    """List the GPUs (engine.gpu): memory, the KV link's GB/s, and the database's vLLM data for pass times."""
+    """List the GPUs (engine.gpu): memory, the KV link's GB/s, and the database's vLLM and SGLang data for pass times."""
     from servesim.deployment import aic
     from servesim.deployment.kv_capacity import GIB
     from servesim.deployment.gpus import GPUS
 
     systems = aic.database_systems()
+    sglang = aic.database_systems("sglang")
     for name, spec in GPUS.items():
         data = ", ".join(systems.get(name, [])) or ("no vLLM data" if systems else "database not installed")
-        click.echo(f"  {name:<22} {spec.hbm_bytes / GIB:6.1f} GiB   KV link {spec.kv_link_gbps:5.1f} GB/s   "
-                   f"vLLM pass-time data: {data}")
+        line = (f"  {name:<22} {spec.hbm_bytes / GIB:6.1f} GiB   KV link {spec.kv_link_gbps:5.1f} GB/s   "
+                f"vLLM pass-time data: {data}")
+        if systems:
+            line += f"; SGLang: {', '.join(sglang.get(name, [])) or 'none'}"
+        click.echo(line)
 
 
 @click.command()

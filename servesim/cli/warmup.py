@@ -22,7 +22,7 @@ def warmup_command(features):
 
     from servesim import jit
     from servesim.cli.compile_progress import CompileProgress, features_key
-    from servesim.config.examples import EXAMPLES, example_text
+    from servesim.config.examples import AIC_EXAMPLES, EXAMPLES, example_text
     from servesim.errors import InputError
     from servesim.replay.api import resolve_config, run
 
@@ -39,7 +39,7 @@ def warmup_command(features):
         for name in names:
             path = str(Path(tmp) / f"{name}.yaml")
             Path(path).write_text(example_text(name), encoding="utf-8")
-            if every and name == "deployment":
+            if every and name in AIC_EXAMPLES:
                 from servesim.deployment import aic
 
                 if aic.package_version() is None:

@@ -206,7 +206,35 @@ engine:
   timing:
     type: polynomial          # fixed | linear | polynomial | fitted
 """,
+    "sglang-deployment": """\
+# Qwen3-32B on two H200s with tensor parallelism 2 on one SGLang 0.5.23 worker
+# (docs/sglang.md, "Deployments"): max_total_tokens derived as SGLang derives it,
+# pass times from the database's SGLang data (pip install 'servesim[aic]').
+workload:
+  synthetic:
+    requests: 500
+    input_tokens: {distribution: uniform, min: 512, max: 4096}
+    output_tokens: {distribution: uniform, min: 64, max: 512}
+    arrival: poisson
+    rate: 4.0                 # requests/s
+    seed: 42
+engine:
+  backend: sglang
+  model: Qwen/Qwen3-32B       # `servesim models`; or a folder holding config.json
+  gpu: h200_sxm               # `servesim gpus`
+  tensor_parallel_size: 2
+  quantization: null          # null (16-bit weights) | fp8
+  kv_cache_dtype: auto        # auto | bf16 | bfloat16 | fp8_e4m3
+  mem_fraction_static: null   # null: SGLang's default for the GPU (0.903 here)
+  page_size: 1
+  max_running_requests: 256
+  timing: {type: aic}         # optionally {type: aic, calibration: calibration.yaml}
+""",
 }
+
+
+# the examples timed by `aic`, whose pass times need aiconfigurator-core
+AIC_EXAMPLES = ("deployment", "sglang-deployment")
 
 
 def bundled_trace_path() -> str:

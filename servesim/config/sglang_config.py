@@ -5,14 +5,15 @@ backend knows is refused with that backend's name for it."""
 import attrs
 
 from servesim.config.validation import BOOL, INT, NUMBER, Section, enum, ge, gt
+from servesim.deployment.config import SGLANG_KEYS as DEPLOYMENT_KEYS
 from servesim.engine.config import EngineConfig
 from servesim.sglang.cluster import ROUTERS as SGLANG_ROUTERS  # noqa: F401  (re-exported: config.py)
 from servesim.sglang.config import SGLangConfig
 
 BACKENDS = ("vllm", "sglang")
-SGLANG_KEYS = ("backend", *(f.name for f in attrs.fields(SGLangConfig)), "timing")
-# timing types an SGLang engine prices (docs/sglang.md, "Timing")
-SGLANG_TIMING_TYPES = ("fixed", "linear", "polynomial", "fitted")
+SGLANG_KEYS = ("backend", *(f.name for f in attrs.fields(SGLangConfig)), "timing", *DEPLOYMENT_KEYS)
+# timing types an SGLang engine prices (docs/sglang.md, "Timing"; aic: a deployment's)
+SGLANG_TIMING_TYPES = ("fixed", "linear", "polynomial", "fitted", "aic")
 
 # vLLM's engine keys -> what SGLang calls them (None: SGLang has no such knob here)
 SGLANG_NAME_OF = {
@@ -23,6 +24,7 @@ SGLANG_NAME_OF = {
     "num_gpu_blocks": "max_total_tokens (in tokens, not blocks)",
     "enable_prefix_caching": "disable_radix_cache (the opposite sense)",
     "max_model_len": "context_length",
+    "gpu_memory_utilization": "mem_fraction_static (the weights and KV pool's share of the GPU's memory)",
     "scheduling_policy": "schedule_policy (fcfs or lpm)",
     "async_scheduling": "disable_overlap_schedule (the opposite sense; overlap is SGLang's default)",
     "long_prefill_token_threshold": None,
@@ -37,6 +39,10 @@ SGLANG_NAME_OF = {
 # own server arguments for features it does not model: refused naming the feature
 SGLANG_UNSUPPORTED = {
     "kv_offloading": "a CPU tier (SGLang's hierarchical cache)",
+    "pipeline_parallel_size": "pipeline parallelism",
+    "pp_size": "pipeline parallelism",
+    "enable_expert_parallel": "expert parallelism",
+    "ep_size": "expert parallelism",
     "enable_hierarchical_cache": "the hierarchical cache",
     "hicache_ratio": "the hierarchical cache",
     "hicache_size": "the hierarchical cache",
@@ -65,6 +71,8 @@ VLLM_NAME_OF = {
     "disable_overlap_schedule": "async_scheduling (the opposite sense)",
     "enable_mixed_chunk": None,
     "ignore_eos": None,
+    "mem_fraction_static": "gpu_memory_utilization (of all the GPU's memory, not the weights and "
+                           "KV pool's share)",
 }
 
 
@@ -97,17 +105,17 @@ def check_backend_keys(ctx, data, backend: str, path_of):
 def parse_sglang_engine(ctx, data, path_of, parse_timing) -> EngineConfig:
     """The EngineConfig of an `engine:` block with `backend: sglang`."""
     check_backend_keys(ctx, data, "sglang", path_of)
-    from servesim.deployment.config import KEYS as DEPLOYMENT_KEYS
+    from servesim.config.deployment_config import (
+        read_sglang_deployment,
+        sglang_capacity,
+    )
 
-    for key in data:
-        if key in DEPLOYMENT_KEYS:
-            ctx.fail(path_of(key), "deployments (model, gpu, ...) are not supported with "
-                     "backend: sglang yet; give max_total_tokens and a timing model")
     s = Section(ctx, data, "engine", SGLANG_KEYS, path_of)
-    d = SGLangConfig()
+    dep, spec = read_sglang_deployment(ctx, s)
+    d = SGLangConfig() if dep is None else _deployment_defaults(dep)
     page_size = s.get("page_size", INT, d.page_size, ge(1))
     total = s.get("max_total_tokens", INT, d.max_total_tokens, ge(2))
-    if total % page_size:
+    if total % page_size and (dep is None or s.given("max_total_tokens")):
         ctx.fail(s.sub("max_total_tokens"), f"must be a multiple of {s.sub('page_size')} "
                  f"({page_size}), got {total}")
     chunk = s.get("chunked_prefill_size", INT, d.chunked_prefill_size)
@@ -133,12 +141,30 @@ def parse_sglang_engine(ctx, data, path_of, parse_timing) -> EngineConfig:
         context_length=s.get("context_length", INT, d.context_length, ge(2)),
         ignore_eos=s.get("ignore_eos", BOOL, d.ignore_eos),
     )
+    if dep is not None:
+        dep, cfg = sglang_capacity(ctx, s, dep, spec, cfg)
     timing = parse_timing(ctx, s.data.get("timing"), s.sub("timing"))
     if timing.type not in SGLANG_TIMING_TYPES:
         ctx.fail(s.sub("timing"), f"type {timing.type} is not supported with backend: sglang "
                  f"(accepted: {', '.join(SGLANG_TIMING_TYPES)})")
-    return EngineConfig(timing=timing, sglang=cfg)
+    if timing.type == "aic" and dep is None:
+        ctx.fail(s.sub("timing"), f"type aic requires a deployment: {s.sub('model')} and {s.sub('gpu')}")
+    return EngineConfig(timing=timing, sglang=cfg, deployment=dep)
+
+
+def _deployment_defaults(dep) -> SGLangConfig:
+    """SGLang's defaults that a deployment's GPU sets: `chunked_prefill_size`
+    by its memory (servesim/deployment/sglang_capacity.py); the capacity,
+    `context_length` and `max_running_requests` are derived after the keys
+    are read (config/deployment_config.py `sglang_capacity`)."""
+    from servesim.deployment.kv_capacity import gpu_spec
+    from servesim.deployment.sglang_capacity import default_chunked_prefill_size
+
+    return SGLangConfig(chunked_prefill_size=default_chunked_prefill_size(gpu_spec(dep.gpu)))
 
 
 def sglang_engine_to_data(engine: EngineConfig, timing_data: dict) -> dict:
-    return {"backend": "sglang", **attrs.asdict(engine.sglang), "timing": timing_data}
+    from servesim.config.deployment_config import deployment_to_data
+
+    return {"backend": "sglang", **attrs.asdict(engine.sglang), "timing": timing_data,
+            **deployment_to_data(engine.deployment)}

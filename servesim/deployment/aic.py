@@ -9,10 +9,10 @@ import importlib.util
 import json
 import os
 
-from servesim.deployment.config import DeploymentConfig
+from servesim.deployment.config import DeploymentConfig, fp8_kv
 from servesim.errors import InputError
 
-BACKEND = "vllm"
+BACKEND = "vllm"  # the database's framework when none is named (a vLLM engine's)
 INSTALL = "pip install 'servesim[aic]', or pip install '.[aic]' in a clone of servesim (needs Python >= 3.11)"
 
 
@@ -41,15 +41,15 @@ def _systems_dir():
     return os.path.join(list(spec.submodule_search_locations)[0], "systems")
 
 
-def database_systems() -> dict:
-    """System name -> vLLM data versions the database holds (empty without
-    the package)."""
+def database_systems(backend: str = BACKEND) -> dict:
+    """System name -> the data versions the database holds for `backend`
+    (vllm or sglang; empty without the package)."""
     root = _systems_dir()
     if root is None:
         return {}
     out = {}
     for name in sorted(os.listdir(root)):
-        gemm = os.path.join(root, "data", name[:-5] if name.endswith(".yaml") else name, "gemm", BACKEND)
+        gemm = os.path.join(root, "data", name[:-5] if name.endswith(".yaml") else name, "gemm", backend)
         if name.endswith(".yaml") and os.path.isdir(gemm):
             versions = sorted(v for v in os.listdir(gemm) if os.path.isdir(os.path.join(gemm, v)))
             if versions:
@@ -57,8 +57,9 @@ def database_systems() -> dict:
     return out
 
 
-def backend_version(system: str) -> str:
-    """The database's current vLLM version for `system` (query_versions.yaml)."""
+def backend_version(system: str, backend: str = BACKEND) -> str:
+    """The database's current version of `backend`'s data for `system`
+    (query_versions.yaml: the system's override, else the default)."""
     from ruamel.yaml import YAML, YAMLError
 
     path = os.path.join(_systems_dir(), "query_versions.yaml")
@@ -67,7 +68,7 @@ def backend_version(system: str) -> str:
             data = YAML(typ="safe").load(f)
     except (OSError, YAMLError) as e:
         raise InputError(f"{path}: cannot read the database versions: {e}") from None
-    slot = (data.get("overrides") or {}).get(system, {}).get(BACKEND) or data["defaults"][BACKEND]
+    slot = (data.get("overrides") or {}).get(system, {}).get(backend) or data["defaults"][backend]
     return str(slot["current"])
 
 
@@ -83,8 +84,8 @@ def engine_config(dep: DeploymentConfig, data_parallel_size: int = 1) -> dict:
         "schema_version": ac.engine_spec_schema_version(),
         "model_name": dep.model,
         "system_name": dep.gpu,
-        "backend": BACKEND,
-        "backend_version": backend_version(dep.gpu),
+        "backend": dep.backend,
+        "backend_version": backend_version(dep.gpu, dep.backend),
         "tp_size": tp,
         "pp_size": dep.pipeline_parallel_size,
         "attention_dp_size": data_parallel_size,
@@ -103,7 +104,7 @@ def engine_config(dep: DeploymentConfig, data_parallel_size: int = 1) -> dict:
     if dep.quantization == "fp8" and load_model_spec(dep.model).config_quantization is None:
         config["weight_dtype"] = "fp8"
         config["moe_dtype"] = "fp8"
-    if dep.kv_cache_dtype == "fp8":
+    if fp8_kv(dep):
         config["kv_cache_dtype"] = "fp8"
     return config
 
@@ -112,9 +113,10 @@ def check_supported(dep: DeploymentConfig):
     """Reject a model or GPU the database lacks, listing what it has."""
     from servesim.deployment.specs import database_models
 
-    systems = database_systems()
+    systems = database_systems(dep.backend)
     if dep.gpu not in systems:
-        raise InputError(f"engine.gpu: the database has no vLLM data for {dep.gpu!r}; it has: "
+        name = "SGLang" if dep.backend == "sglang" else "vLLM"
+        raise InputError(f"engine.gpu: the database has no {name} data for {dep.gpu!r}; it has: "
                          + ", ".join(systems))
     if dep.model not in database_models():
         raise InputError(f"engine.model: timing type aic needs a database model, got {dep.model!r}; "
@@ -161,7 +163,7 @@ def _quant_modes(dep: DeploymentConfig) -> dict:
     modes = {}
     if dep.quantization == "fp8" and load_model_spec(dep.model).config_quantization is None:
         modes["gemm_quant_mode"] = modes["moe_quant_mode"] = "fp8"
-    if dep.kv_cache_dtype == "fp8":
+    if fp8_kv(dep):
         modes["kvcache_quant_mode"] = "fp8"
     return modes
 
@@ -182,7 +184,8 @@ def head_times(dep: DeploymentConfig, rows, data_parallel_size: int = 1) -> list
     tp = dep.tensor_parallel_size
     try:
         handle = EngineHandle.compile(
-            dep.model, dep.gpu, BACKEND, backend_version=backend_version(dep.gpu), tp_size=tp,
+            dep.model, dep.gpu, dep.backend, backend_version=backend_version(dep.gpu, dep.backend),
+            tp_size=tp,
             pp_size=dep.pipeline_parallel_size, attention_dp_size=data_parallel_size,
             moe_tp_size=1 if dep.enable_expert_parallel else tp,
             moe_ep_size=tp * data_parallel_size if dep.enable_expert_parallel else 1,
@@ -212,11 +215,23 @@ def fpm(prefill_tokens, num_prefill, prefill_context, decode_requests, decode_co
     return _FPM % (num_prefill, prefill_tokens, prefill_context, decode_requests, decode_context)
 
 
-def measured_token_grid(system: str, version: str) -> list:
-    """The token counts (GEMM `m`) the database measured on `system`."""
+def deployment_grid(dep: DeploymentConfig) -> list:
+    """The GEMM token counts the database measured for a deployment's GPU and
+    backend, at the backend's current version."""
+    return measured_token_grid(dep.gpu, backend_version(dep.gpu, dep.backend), dep.backend)
+
+
+def timing_source(dep: DeploymentConfig) -> str:
+    """Where a deployment's `aic` pass times come from, e.g.
+    `aiconfigurator-core 0.12.0 (sglang 0.5.14 data)`."""
+    return f"aiconfigurator-core {package_version()} ({dep.backend} {backend_version(dep.gpu, dep.backend)} data)"
+
+
+def measured_token_grid(system: str, version: str, backend: str = BACKEND) -> list:
+    """The token counts (GEMM `m`) the database measured on `system` with `backend`."""
     import pyarrow.parquet as pq
 
-    path = os.path.join(_systems_dir(), "data", system, "gemm", BACKEND, version, "gemm_perf.parquet")
+    path = os.path.join(_systems_dir(), "data", system, "gemm", backend, version, "gemm_perf.parquet")
     # ParquetFile reads the one file directly; pq.read_table goes through
     # pyarrow's dataset layer, whose first use costs ~0.5 s of start-up
     column = pq.ParquetFile(path).read(columns=["m"], use_threads=False).column("m")

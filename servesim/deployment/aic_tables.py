@@ -33,9 +33,12 @@ def _limits(engine) -> dict:
     model's context length (vLLM's default for it, `derived_max_model_len`).
     With speculative decoding a decode request of k drafts is k + 1 decode
     queries (table_pricing.table_spec_pass_ms), so the decode axes reach
-    `max_num_seqs * (k + 1)`, within the token budget."""
+    `max_num_seqs * (k + 1)`, within the token budget. An SGLang engine's
+    limits are its own (`_sglang_limits`)."""
     from servesim.deployment.specs import load_model_spec
 
+    if engine.sglang is not None:
+        return _sglang_limits(engine.sglang)
     s = engine.scheduler
     top = s.max_model_len or load_model_spec(engine.deployment.model).derived_max_model_len
     seqs = s.max_num_seqs
@@ -46,8 +49,25 @@ def _limits(engine) -> dict:
             "max_model_len": top}
 
 
+def _sglang_limits(cfg) -> dict:
+    """An SGLang worker's limits (servesim/sglang/prefill_adder.py): a pass's
+    new tokens stay within `chunked_prefill_size` and `max_prefill_tokens`
+    with chunked prefill (mixed chunks add the running decodes), and within
+    one `context_length` prompt without it; its requests within the request
+    slots (`max_num_reqs`)."""
+    if cfg.chunked_prefill:
+        budget = max(cfg.chunked_prefill_size, cfg.max_prefill_tokens)
+    else:
+        budget = max(cfg.max_prefill_tokens, cfg.context_length)
+    return {"max_num_batched_tokens": budget, "max_num_seqs": cfg.max_num_reqs,
+            "max_model_len": cfg.context_length}
+
+
 def cache_key(dep, limits: dict, data_parallel_size: int, version: str) -> str:
-    ident = {"format": FORMAT, "package": version, "dp": data_parallel_size,
+    # the backend joins the key only when it is not vLLM's, so that vLLM's
+    # cached tables keep their names
+    backend = {} if dep.backend == "vllm" else {"backend": dep.backend}
+    ident = {"format": FORMAT, "package": version, "dp": data_parallel_size, **backend,
              **{k: getattr(dep, k) for k in ("model", "gpu", "tensor_parallel_size",
                                               "pipeline_parallel_size", "enable_expert_parallel",
                                               "quantization", "kv_cache_dtype")},
@@ -177,7 +197,7 @@ def load_or_build(engine, data_parallel_size: int = 1) -> np.ndarray:
         except (OSError, ValueError):
             pass  # a damaged cache file is rebuilt
     direct = aic.DirectModel(dep, data_parallel_size)
-    grid = aic.measured_token_grid(dep.gpu, aic.backend_version(dep.gpu))
+    grid = aic.deployment_grid(dep)
     table = build_table(direct, grid, limits)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp.npy"
@@ -218,7 +238,7 @@ def load_or_build_head(engine, data_parallel_size: int = 1) -> tuple:
         except (OSError, ValueError, IndexError):
             pass  # a damaged cache file is rebuilt
     aic.check_supported(dep)
-    nodes = head_nodes(aic.measured_token_grid(dep.gpu, aic.backend_version(dep.gpu)), limits)
+    nodes = head_nodes(aic.deployment_grid(dep), limits)
     saved = np.array([nodes, aic.head_times(dep, nodes, data_parallel_size)], dtype=np.float64)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp.npy"

@@ -14,8 +14,8 @@ from servesim.errors import InputError
 
 # weight bytes per parameter of the linear layers, by `quantization`
 WEIGHT_BYTES = {None: 2.0, "fp8": 1.0}
-# bytes per KV element, by `kv_cache_dtype`
-KV_BYTES = {"auto": 2, "fp8": 1}
+# bytes per KV element, by `kv_cache_dtype` (vLLM's names, then SGLang's)
+KV_BYTES = {"auto": 2, "fp8": 1, "bf16": 2, "bfloat16": 2, "fp8_e4m3": 1}
 
 
 @attrs.frozen
@@ -39,6 +39,11 @@ class ModelSpec:
     sliding_window: int = 0
     config_quantization: str | None = None  # quantization named in config.json
     derived_max_model_len: int = 131072  # the context length; derived_max_model_len()
+    # the context length as SGLang derives it; sglang_context_length()
+    sglang_context_length: int = 2048
+    # a vision encoder beside the text model (config.json's vision_config);
+    # its weights are not counted here
+    has_vision: bool = False
     # MTP layers (vLLM's `n_predict` for `method: mtp`): num_nextn_predict_layers,
     # or Qwen3.5's mtp_num_hidden_layers; 0: the model has none
     mtp_layers: int = 0
@@ -167,6 +172,7 @@ def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> Mode
     """The shapes of a Hugging Face config (text part of a multimodal one).
     Every shape read is checked by `_count`: a malformed config.json is an
     InputError naming the file and the key, never a nonsense capacity."""
+    has_vision = isinstance(cfg.get("vision_config"), dict)
     if isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg:
         cfg = {**cfg, **cfg["text_config"]}
     missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -222,6 +228,8 @@ def spec_from_hf_config(cfg: dict, name: str, path: str = "config.json") -> Mode
         sliding_window=window,
         config_quantization=quant,
         derived_max_model_len=derived_max_model_len(cfg, path),
+        sglang_context_length=sglang_context_length(cfg, path),
+        has_vision=has_vision,
         mtp_layers=count("num_nextn_predict_layers", "mtp_num_hidden_layers"),
     )
 
@@ -261,3 +269,32 @@ def derived_max_model_len(cfg: dict, path: str = "config.json") -> int:
                 raise InputError(f"{where}: factor: must be a positive number, not {json.dumps(factor)}")
             length *= factor
     return int(length)
+
+
+# the config.json keys SGLang reads a context length from, in its order of
+# preference (CONTEXT_LENGTH_KEYS, sglang/srt/utils/hf_transformers/common.py)
+_SGLANG_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                       "max_position_embeddings")
+
+
+def sglang_context_length(cfg: dict, path: str = "config.json") -> int:
+    """SGLang 0.5.23's `get_context_length` (sglang/srt/utils/hf_transformers/
+    common.py), the default of `context_length`: the first of its length keys
+    the config has (not the smallest, as vLLM takes), times the RoPE scaling
+    factor unless the scaling names `original_max_position_embeddings` or is
+    `llama3`; 2048 when the config has none of the keys."""
+    rope = cfg.get("rope_scaling")
+    factor = 1
+    if isinstance(rope, dict) and rope:
+        factor = rope.get("factor", 1)
+        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+            factor = 1
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+                or not 0 < factor < float("inf"):
+            raise InputError(f"{path}: rope_scaling: factor: must be a positive number, "
+                             f"not {json.dumps(factor)}")
+    for key in _SGLANG_LENGTH_KEYS:
+        value = _count(cfg, key, path)
+        if value is not None:
+            return int(factor * value)
+    return 2048

@@ -13,20 +13,23 @@ from servesim.errors import InputError
 ALLOW_LONG_MAX_MODEL_LEN = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 
 
-def verify_with_parallel_config(model: ModelSpec, tensor_parallel_size: int) -> None:
+def verify_with_parallel_config(model: ModelSpec, tensor_parallel_size: int,
+                                engine: str = "vLLM") -> None:
     """vLLM's `ModelConfig.verify_with_parallel_config`: the attention heads
     split evenly over the TP ranks; and its QKV projection
     (`QKVParallelLinear`) splits the KV heads evenly when TP does not exceed
     them, else replicates each on TP / KV-heads ranks, which must be whole.
-    An MLA model's latent is replicated on every rank (no KV-head check)."""
+    An MLA model's latent is replicated on every rank (no KV-head check).
+    SGLang's `QKVParallelLinear` (sglang/srt/layers/linear.py) divides the
+    heads by the same rules (`engine` names the one that refuses)."""
     tp = tensor_parallel_size
     if model.num_heads % tp:
         raise InputError(f"the model's {model.num_heads} attention heads must be "
-                         f"divisible by tensor_parallel_size {tp} (vLLM refuses to start)")
+                         f"divisible by tensor_parallel_size {tp} ({engine} refuses to start)")
     kv = model.num_kv_heads
     if not model.is_mla and (kv % tp if tp <= kv else tp % kv):
         raise InputError(f"the model's {kv} KV heads must be divisible by "
-                         f"tensor_parallel_size {tp}, or {tp} by them (vLLM splits or "
+                         f"tensor_parallel_size {tp}, or {tp} by them ({engine} splits or "
                          "replicates whole KV heads; it refuses to start)")
 
 

@@ -1,7 +1,7 @@
 """The `deployment` section of summary.json: what was simulated, the derived
 KV capacity and where pass times came from."""
 
-from servesim.deployment.config import KEYS
+from servesim.deployment.config import keys_of
 
 
 def deployment_summary(engine, data_parallel_size: int = 1) -> dict | None:
@@ -11,26 +11,51 @@ def deployment_summary(engine, data_parallel_size: int = 1) -> dict | None:
     from servesim.deployment.kv_capacity import derive_capacity, gpu_spec
     from servesim.deployment.specs import load_model_spec
 
-    out = {key: getattr(dep, key) for key in KEYS}
-    s = engine.scheduler
-    capacity = derive_capacity(load_model_spec(dep.model), gpu_spec(dep.gpu), dep,
-                               engine.kv_cache.block_size, s.max_num_batched_tokens,
-                               s.max_num_seqs, data_parallel_size)
-    out["num_gpu_blocks"] = engine.kv_cache.num_gpu_blocks
-    out["num_gpu_blocks_source"] = "derived" if dep.derived_num_gpu_blocks else "given"
-    out["capacity"] = capacity.as_dict()
-    out["capacity_text"] = capacity.describe()
+    out = {key: getattr(dep, key) for key in keys_of(dep)}
+    if engine.sglang is not None:
+        out.update(_sglang_capacity(engine))
+    else:
+        s = engine.scheduler
+        capacity = derive_capacity(load_model_spec(dep.model), gpu_spec(dep.gpu), dep,
+                                   engine.kv_cache.block_size, s.max_num_batched_tokens,
+                                   s.max_num_seqs, data_parallel_size)
+        out["num_gpu_blocks"] = engine.kv_cache.num_gpu_blocks
+        out["num_gpu_blocks_source"] = "derived" if dep.derived_num_gpu_blocks else "given"
+        out["capacity"] = capacity.as_dict()
+        out["capacity_text"] = capacity.describe()
     timing = engine.timing
     if timing.type == "aic":
         from servesim.deployment import aic
 
-        out["timing_source"] = f"aiconfigurator-core {aic.package_version()} (vllm {aic.backend_version(dep.gpu)} data)"
+        out["timing_source"] = aic.timing_source(dep)
         if timing.calibration:
             out["timing_source"] += f", calibrated by {timing.calibration}"
     else:
         out["timing_source"] = timing.type
     out["host_terms"] = host_terms(engine)
     out["host_terms_text"] = describe_host_terms(out["host_terms"])
+    return out
+
+
+def _sglang_capacity(engine) -> dict:
+    """An SGLang deployment's token pool and the terms it came from
+    (servesim/deployment/sglang_capacity.py)."""
+    from servesim.deployment.kv_capacity import gpu_spec
+    from servesim.deployment.sglang_capacity import derive_max_total_tokens
+    from servesim.deployment.specs import load_model_spec
+
+    dep, cfg = engine.deployment, engine.sglang
+    out = {"max_total_tokens": cfg.max_total_tokens,
+           "max_total_tokens_source": "derived" if dep.derived_num_gpu_blocks else "given"}
+    spec = load_model_spec(dep.model)
+    if spec.sliding_window:
+        out["capacity_text"] = f"KV capacity: {cfg.max_total_tokens} tokens (given)"
+        return out
+    capacity = derive_max_total_tokens(spec, gpu_spec(dep.gpu), dep, cfg.page_size)
+    out["capacity"] = capacity.as_dict()
+    out["capacity_text"] = capacity.describe()
+    if not dep.derived_num_gpu_blocks:
+        out["capacity_text"] += f", capped at the given {cfg.max_total_tokens}"
     return out
 
 

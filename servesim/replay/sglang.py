@@ -81,10 +81,11 @@ def build_reqs(cfg, workload):
 
 class PassCost:
     """A pass's GPU time under the engine's timing model (the same kernel as
-    vLLM engines: servesim/engine/pricing.py), from its rows."""
+    vLLM engines: servesim/engine/pricing.py), from its rows; `aic` from the
+    database's SGLang tables (servesim/deployment/aic_tables.py)."""
 
     def __init__(self, engine):
-        self.pricer = PassPricer(engine.timing, engine.sglang.max_total_tokens, 1)
+        self.pricer = PassPricer(engine.timing, engine.sglang.max_total_tokens, 1, engine)
 
     def __call__(self, batch) -> float:
         prefill = prefill_rows = decode = decode_context = prefill_context = 0
