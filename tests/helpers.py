@@ -400,3 +400,15 @@ def answers_ctrl_c():
     Python started with it ignored never raises KeyboardInterrupt, so a suite
     launched with `&` would otherwise fail these tests for no fault of ours."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def without_aic(monkeypatch):
+    """This process as if aiconfigurator-core were not installed."""
+    import importlib.util as util
+
+    from servesim.deployment import specs
+
+    find_spec = util.find_spec
+    monkeypatch.setattr(specs, "_database_dir", lambda: None)
+    monkeypatch.setattr(util, "find_spec",
+                        lambda name, *a: None if name == "aiconfigurator_core" else find_spec(name, *a))

@@ -225,26 +225,17 @@ def test_unknown_database_model_without_package(tmp_path, monkeypatch):
     assert cfg.engine.kv_cache.num_gpu_blocks == 46773
 
 
-def _without_aic(monkeypatch):
-    """This process as if aiconfigurator-core were not installed."""
-    import importlib.util as util
-
-    from servesim.deployment import specs
-
-    find_spec = util.find_spec
-    monkeypatch.setattr(specs, "_database_dir", lambda: None)
-    monkeypatch.setattr(util, "find_spec",
-                        lambda name, *a: None if name == "aiconfigurator_core" else find_spec(name, *a))
-
-
+@pytest.mark.parametrize("example", ["deployment", "sglang-deployment"])
 @pytest.mark.parametrize("command", ["validate", "run"])
-def test_validate_refuses_aic_timing_without_the_package_as_run_does(tmp_path, monkeypatch, command):
-    from helpers import invoke
+def test_validate_refuses_aic_timing_without_the_package_as_run_does(tmp_path, monkeypatch, command,
+                                                                     example):
+    # vLLM's and SGLang's deployment examples alike
+    from helpers import invoke, without_aic
     from servesim.config.examples import example_text
 
-    _without_aic(monkeypatch)
+    without_aic(monkeypatch)
     config = tmp_path / "c.yaml"
-    config.write_text(example_text("deployment"))
+    config.write_text(example_text(example))
     result = invoke(command, config, *(["-o", tmp_path / "out"] if command == "run" else []))
     assert result.exit_code == 2, result.output
     assert "engine.timing type aic needs the optional package aiconfigurator-core" in result.output

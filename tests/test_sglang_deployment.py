@@ -29,9 +29,9 @@ def qwen3(tmp_path, name="m", **engine):
 
 
 def test_max_total_tokens_qwen3_32b_h200_tp2_by_hand(tmp_path, monkeypatch):
-    from tests.test_deployment import _without_aic
+    from helpers import without_aic
 
-    _without_aic(monkeypatch)  # the capacity needs no aiconfigurator-core
+    without_aic(monkeypatch)  # the capacity needs no aiconfigurator-core
     cfg = sglang_config(qwen3(tmp_path))
     # mem_fraction_static's default: the GPU's 144384 MiB less SGLang's
     # reserve of 512 + 1.5 x the 8192-token chunk + TP 2 / 8 GiB + 2 x the
@@ -171,20 +171,6 @@ def test_aic_with_a_calibration_under_sglang_reads_its_factors(tmp_path):
 def test_timing_aic_requires_a_deployment():
     with pytest.raises(InputError, match=r"engine.timing: type aic requires a deployment"):
         sglang_config({"timing": {"type": "aic"}})
-
-
-@pytest.mark.parametrize("command", ["validate", "run"])
-def test_aic_under_sglang_without_the_package_exits_2(tmp_path, monkeypatch, command):
-    from servesim.config.examples import example_text
-    from tests.test_deployment import _without_aic
-
-    _without_aic(monkeypatch)
-    config = tmp_path / "c.yaml"
-    config.write_text(example_text("sglang-deployment"))
-    result = invoke(command, config, *(["-o", tmp_path / "out"] if command == "run" else []))
-    assert result.exit_code == 2, result.output
-    assert "engine.timing type aic needs the optional package aiconfigurator-core" in result.output
-    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- aic

@@ -12,6 +12,18 @@ from servesim.errors import InputError
 
 BUNDLED_TRACE = "mooncake_conversation_1000.jsonl.gz"
 
+# the deployment examples' load (vLLM's and SGLang's, side by side)
+_DEPLOYMENT_WORKLOAD = """\
+workload:
+  synthetic:
+    requests: 500
+    input_tokens: {distribution: uniform, min: 512, max: 4096}
+    output_tokens: {distribution: uniform, min: 64, max: 512}
+    arrival: poisson
+    rate: 4.0                 # requests/s
+    seed: 42
+"""
+
 _MOONCAKE_WORKLOAD = """\
 workload:
   trace: {trace}
@@ -24,14 +36,7 @@ EXAMPLES = {
 # Qwen3-32B on two H200s with tensor parallelism 2 (docs/deployment.md): vLLM's
 # KV capacity derived from the model and the GPU, pass times from NVIDIA's
 # aiconfigurator-core database (pip install 'servesim[aic]').
-workload:
-  synthetic:
-    requests: 500
-    input_tokens: {distribution: uniform, min: 512, max: 4096}
-    output_tokens: {distribution: uniform, min: 64, max: 512}
-    arrival: poisson
-    rate: 4.0                 # requests/s
-    seed: 42
+""" + _DEPLOYMENT_WORKLOAD + """\
 engine:
   model: Qwen/Qwen3-32B       # `servesim models`; or a folder holding config.json
   gpu: h200_sxm               # `servesim gpus`
@@ -210,14 +215,7 @@ engine:
 # Qwen3-32B on two H200s with tensor parallelism 2 on one SGLang 0.5.23 worker
 # (docs/sglang.md, "Deployments"): max_total_tokens derived as SGLang derives it,
 # pass times from the database's SGLang data (pip install 'servesim[aic]').
-workload:
-  synthetic:
-    requests: 500
-    input_tokens: {distribution: uniform, min: 512, max: 4096}
-    output_tokens: {distribution: uniform, min: 64, max: 512}
-    arrival: poisson
-    rate: 4.0                 # requests/s
-    seed: 42
+""" + _DEPLOYMENT_WORKLOAD + """\
 engine:
   backend: sglang
   model: Qwen/Qwen3-32B       # `servesim models`; or a folder holding config.json
