@@ -208,9 +208,9 @@ def test_which_compiled_loop_takes_the_arrivals():
     cluster_taken = AggregatedLoop.take_arrivals
     calls = []
 
-    def worker_spy(core, arrival_ms, arrival_req, seq):
+    def worker_spy(core, arrival_ms, arrival_req, *rest):
         calls.append(("worker", arrival_req.tolist()))
-        return worker_taken(core, arrival_ms, arrival_req, seq)
+        return worker_taken(core, arrival_ms, arrival_req, *rest)
 
     def cluster_spy(cluster, seq):
         calls.append(("cluster", cluster.arrival_req.tolist()))

@@ -148,7 +148,7 @@ class AggregatedLoop:
     arrivals = property(lambda self: int(self.cs[0]["arrival_next"]))  # routed (or rejected) so far
     done = property(lambda self: int(self.cs[0]["num_done"]))  # finished or rejected so far
 
-    def settle(self, span):
+    def settle(self, span, replay):
         """Nothing is left to the replay for the requests `span` that
         arrived: the loop routed, queued or rejected each (`worker_of`,
         `rank_of`, `status`) and counts each rank's requests (`_resume`)."""

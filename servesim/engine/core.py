@@ -167,13 +167,13 @@ class EngineCore:
             self._push_resume(loop.now, wake_order(loop.order), loop.seq)
         return True
 
-    def take_arrivals(self, arrival_ms, arrival_req, seq) -> None:
+    def take_arrivals(self, arrival_ms, arrival_req, status, rejected_code, seq) -> None:
         """Every request arrives here, the k-th request `arrival_req[k]` at
         `arrival_ms[k]` (in time order), admitted by the compiled loop itself
         (pass_loop `_arrive`: what `add_request` does, without a return to the
         event loop at each arrival); the first arrival's event has sequence `seq`.
         For a worker of one rank that takes the whole open-loop workload."""
-        self.compiled.take_arrivals(arrival_ms, arrival_req, seq)
+        self.compiled.take_arrivals(arrival_ms, arrival_req, status, rejected_code, seq)
         if len(arrival_ms):
             self._push_resume(float(arrival_ms[0]), ARRIVAL, seq)
 

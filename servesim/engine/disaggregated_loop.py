@@ -279,7 +279,7 @@ class DisaggregatedLoop:
     arrivals = property(lambda self: int(self.ps[0]["arrival_next"]))
     done = property(lambda self: int(self.ps[0]["num_done"]))
 
-    def settle(self, span):
+    def settle(self, span, replay):
         """After a call (the requests `span` arrived in it): each rank's count
         of the requests routed to it, prefill and decode, as the routers keep
         it one by one; the loop routed, queued, rejected, handed off and

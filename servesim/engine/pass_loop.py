@@ -163,13 +163,17 @@ def next_arrival(R, state, arrival_ms, arrival_req):
 
 
 @njit
-def _arrive(s, ws, arrival_ms, arrival_req):
+def _arrive(s, ws, arrival_ms, arrival_req, status):
     """The next of the arrivals the loop admits itself (a worker of one rank
     taking an open-loop workload, `WorkerLoop.take_arrivals`): it
-    arrives (`next_arrival`) and is queued (`add_request`)."""
+    arrives (`next_arrival`) and is queued (`add_request`), or, if it can
+    never fit, rejected (`status[i]`, `ws[0].num_rejected`), as a loop over
+    workers takes one (worker_loop `arrive`)."""
     R = s.R
     i = next_arrival(R, ws, arrival_ms, arrival_req)
-    add_request(s, ws, i, R[i].num_prompt_tokens, R[i].arrival_time)
+    if not add_request(s, ws, i, R[i].num_prompt_tokens, R[i].arrival_time):
+        status[i] = ws[0].rejected_code
+        ws[0].num_rejected += 1
 
 
 @njit
@@ -286,7 +290,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
             ws[0].force = 0
             ws[0].now_ms = t
             if kind == EV_ARRIVE:
-                _arrive(w.sched_t[0], ws, w.arrival_ms, w.arrival_req)
+                _arrive(w.sched_t[0], ws, w.arrival_ms, w.arrival_req, w.status)
                 continue
             if kind == EV_END:
                 # the outputs of the pass at the head of the queue

@@ -87,8 +87,9 @@ class WorkerLoop:
         self.width = width
         table = s0.table
         pricer = ranks[0].pricer
-        # arrival_ms, arrival_req (`take_arrivals`)
-        self._shared = (table.R, np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64))
+        # arrival_ms, arrival_req, status (`take_arrivals`)
+        self._shared = (table.R, np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64),
+                        np.zeros(0, dtype=np.int8))
         self._ranks = (padded([s.arrays for s in schedulers]),
                        stats, pricer.model, pricer.params, pricer.kv_capacity_tokens, pricer.table,
                        s0.pool.num_gpu_blocks, launch_params)
@@ -123,17 +124,21 @@ class WorkerLoop:
         t = _next_land(side[0], side[1], side[4], d)
         return bool(_wake_at(t, self._ranks[0], d, self.ws, self.xw_t, self.xw_s))
 
-    def take_arrivals(self, arrival_ms, arrival_req, seq):
+    def take_arrivals(self, arrival_ms, arrival_req, status, rejected_code, seq):
         """The loop admits every request itself (`_arrive`), the k-th
-        request `arrival_req[k]` at `arrival_ms[k]`; the first one's event
-        has sequence `seq`."""
+        request `arrival_req[k]` at `arrival_ms[k]`, and marks one that can
+        never fit `status[i] = rejected_code`; the first one's event has
+        sequence `seq`."""
         self.state["arrival_next"] = 0
         self.state["arrival_end"] = len(arrival_ms)
         self.state["arrival_seq"] = seq
-        self._shared = (self._shared[0], arrival_ms, arrival_req)
+        self.state["rejected_code"] = rejected_code
+        self.state["num_rejected"] = 0
+        self._shared = (self._shared[0], arrival_ms, arrival_req, status)
         self._args = None
 
     arrivals = property(lambda self: int(self.state["arrival_next"]))  # admitted (or rejected) so far
+    rejected = property(lambda self: int(self.state["num_rejected"]))  # of those, rejected
 
     def run(self, horizon, seq, log):
         """`run_passes` up to the `horizon` key, the event loop's sequence

@@ -86,9 +86,10 @@ WORKER_DTYPE = np.dtype([
     # the arrivals the loop admits itself (`WorkerLoop.take_arrivals`):
     # the k-th for k from `arrival_next` up to `arrival_end`, request
     # `arrival_req[k]` at `arrival_ms[k]`, the next one's event sequence
-    # `arrival_seq`; a call stops before arrival `arrival_limit`
+    # `arrival_seq`; a call stops before arrival `arrival_limit`; one that
+    # can never fit gets `status[i] = rejected_code`, counted in `num_rejected`
     ("arrival_next", np.int64), ("arrival_end", np.int64), ("arrival_seq", np.int64),
-    ("arrival_limit", np.int64),
+    ("arrival_limit", np.int64), ("rejected_code", np.int64), ("num_rejected", np.int64),
 ])
 POOL_PREFILL, POOL_DECODE = 0, 1  # ws[0].pool (-1: aggregated)
 # the kinds of the worker's events
@@ -128,8 +129,9 @@ def track_usage(stats, pscal, num_gpu_blocks, now):
 
 
 FIELDS = (
-    # the request table its ranks share, the arrivals the loop admits
-    "R", "arrival_ms", "arrival_req",
+    # the request table its ranks share, the arrivals the loop admits and
+    # the replay's status of each request (it marks those it rejects)
+    "R", "arrival_ms", "arrival_req", "status",
     # each attention-DP rank's scheduler arrays (scheduler/scheduler_arrays.py;
     # a tuple, `padded`), its state, configuration and block pool's among them
     "sched_t",

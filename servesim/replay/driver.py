@@ -66,30 +66,22 @@ class RequestStore:
 
 class OneWorkerArrivals:
     """The open-loop arrivals one worker of one rank admits in its own pass
-    loop (`EngineCore.take_arrivals`), as the replay's `_sync_arrivals`
-    reads every compiled loop taking them: `arrivals` so far, `done` (the
-    requests rejected), `settle` (what the kernel leaves to the replay)."""
+    loop (`EngineCore.take_arrivals`; it rejects those that can never fit
+    itself), as the replay's `_sync_arrivals` reads every compiled loop
+    taking them: `arrivals` so far, `done` (the requests rejected), `settle`
+    (what the kernel leaves to the replay)."""
 
-    def __init__(self, replay, core):
-        self.replay = replay
+    def __init__(self, core):
         self.core = core
-        # the prompts that can never fit the rank: rejected at arrival (the
-        # kernel's `add_request` does not queue them)
-        self.never_fits = replay._never_fit(core.ranks[0].scheduler)
-        self.done = 0
 
     arrivals = property(lambda self: self.core.compiled.arrivals)
+    done = property(lambda self: self.core.compiled.rejected)
 
-    def settle(self, span):
-        """Requests `span` arrived: on worker 0, rank 0, counted there; those
-        that can never fit rejected."""
-        replay = self.replay
+    def settle(self, span, replay):
+        """Requests `span` arrived: on worker 0, rank 0, counted there."""
         replay.worker_of[span] = 0
         replay.rank_of[span] = 0
         self.core.ranks[0].num_requests += len(span)
-        rejected = span[self.never_fits[span]]
-        replay.status[rejected] = STATUS_REJECTED
-        self.done += len(rejected)
 
 
 class Replay:
@@ -244,9 +236,10 @@ class Replay:
             self._open_ms, self._open_req = self._open_arrivals()
         if concurrency is None and self._arrivals_in_loop():
             # the worker's compiled loop admits them (sequence drawn as below)
-            self.taker = OneWorkerArrivals(self, self.workers[0])
+            self.taker = OneWorkerArrivals(self.workers[0])
             self.loop.seq += 1
-            self.workers[0].take_arrivals(self._open_ms, self._open_req, self.loop.seq)
+            self.workers[0].take_arrivals(self._open_ms, self._open_req, self.status,
+                                          STATUS_REJECTED, self.loop.seq)
             self._next_release = n
         elif concurrency is None and self._cluster_takes_arrivals():
             # the workers' compiled loop routes and admits them (aggregated_loop.py)
@@ -316,7 +309,7 @@ class Replay:
         span = self._open_req[self._arrivals:new]  # (the requests, in arrival order)
         self._arrivals = new
         self.arrived[span] = True
-        taker.settle(span)
+        taker.settle(span, self)
         done = taker.done
         self.num_done += done - self._taker_done
         self._taker_done = done
