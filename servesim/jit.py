@@ -288,6 +288,30 @@ def _give_back(args):
             _give_back(a)
 
 
+def _bundle_paths(args, prefix=()) -> tuple:
+    """Where the bundles of `args` are (tuples searched too), as index paths:
+    the same for any arguments of the same Numba types."""
+    from numba.experimental.structref import StructRefProxy
+
+    paths = []
+    for k, a in enumerate(args):
+        if isinstance(a, StructRefProxy):
+            paths.append((*prefix, k))
+        elif isinstance(a, tuple):
+            paths.extend(_bundle_paths(a, (*prefix, k)))
+    return tuple(paths)
+
+
+def _give_back_at(args, paths):
+    """`_give_back` of the bundles at `paths` (`_bundle_paths` of arguments of
+    `args`' types), without searching `args` again."""
+    for path in paths:
+        value = args
+        for k in path:
+            value = value[k]
+        value._meminfo.release()
+
+
 class Entry:
     """A kernel that one caller calls again and again with arguments of the
     same types (a worker's pass loop, the loops over workers): the first
@@ -306,13 +330,20 @@ class Entry:
         self.kernel = kernel
         self.function = None
         self.uncounted = getattr(kernel, "targetoptions", {}).get("_nrt") is False
+        self.bundles = None  # where the bundles of the arguments are (`_bundle_paths`)
 
     def __call__(self, *args):
         if self.function is None:
-            self.function = compile_for(self.kernel, args) or self.kernel
+            self.function = compile_for(self.kernel, args)
+            # (the function is for these types only: its arguments' bundles stay where they are)
+            self.bundles = _bundle_paths(args) if self.function is not None else None
+            self.function = self.function or self.kernel
         result = self.function(*args)
         if self.uncounted:
-            _give_back(args)
+            if self.bundles is None:
+                _give_back(args)
+            else:
+                _give_back_at(args, self.bundles)
         return result
 
     def reset(self):
