@@ -18,7 +18,8 @@ reference) and, after `schedule()`, the pass's scheduled entries. The compiled
 scheduler calls it from its own kernels when `cfg[0].invariant_check` is set
 (`servesim.scheduler.scheduler`). Several
 compiled schedulers share one table (workers, DP ranks): each checks its own
-requests, and `check_table` checks across them.
+requests, and `check_table` checks across them (compiled too, over each rank's
+`RankQueues`, after every pass).
 
 The invariants, with vLLM's accounting:
 - blocks conserved: free-queue length + blocks held by some request (ref
