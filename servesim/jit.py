@@ -55,6 +55,7 @@ rather than ~4.9 s), and collects them when it ends.
 
 import contextlib
 import gc
+import inspect
 import sys
 
 from servesim.cache import configure_numba
@@ -62,6 +63,7 @@ from servesim.cache import configure_numba
 configure_numba()
 
 import numba  # noqa: E402  (after the cache folder is set)
+import numpy as np  # noqa: E402
 
 _SKIPPED_PROBES = ("scipy.linalg", "cffi")  # (numba itself imports scipy: cheap)
 
@@ -196,21 +198,82 @@ def records(n, dtype):
     return array.view(np.recarray) if plain_python() else array
 
 
-def compiled_for(dispatcher, args):
-    """The function `dispatcher` (a kernel) compiled for `args`' types
-    (`Dispatcher.get_overload`), for a caller that calls the kernel again and
-    again with arguments of those same types: called directly, it skips the
-    dispatcher's resolution of every argument's type at each call — for a
-    structured array (the request table, a scheduler's state) that goes
-    through Python. The dispatcher itself when no compiled function matches
-    the types exactly. The caller must call it with arguments of exactly
-    those types (it does not check them)."""
-    if plain_python():
-        return dispatcher  # a plain function
-    try:
-        return dispatcher.get_overload(tuple(dispatcher.typeof_pyval(a) for a in args))
-    except KeyError:
-        return dispatcher
+def _folded(dispatcher, args) -> bool:
+    """Whether `args` are as the dispatcher's own call hands them to the
+    function it compiled: every parameter given by position, the values of a
+    `*` parameter as one tuple (a bundle's constructor, `*fields`, takes one
+    tuple argument)."""
+    code = dispatcher.py_func.__code__
+    star = bool(code.co_flags & inspect.CO_VARARGS)
+    return (not code.co_kwonlyargcount and len(args) == code.co_argcount + star
+            and (not star or type(args[-1]) is tuple))
+
+
+_COMPILED = {}  # (kernel, `types_key` of its arguments) -> its function compiled for them
+_MAX_COMPILED = 256  # more than that and they are looked up again
+
+
+def compile_for(dispatcher, args):
+    """The function `dispatcher` (a kernel) compiled for `args`' types, for a
+    caller that calls it again and again with arguments of those types:
+    called directly, it skips the dispatcher's resolution of every
+    argument's type at each call — for a structured array (the request
+    table, a scheduler's state) that goes through Python, ~0.1-1 ms each.
+    Found by the arguments' `types_key` when a call (of any caller: each run
+    makes its bundles and loops anew) had arguments of those types; else the
+    types are resolved once here, as the dispatcher's own call resolves
+    them, and the function loaded from the cache or compiled as that call
+    would (`Dispatcher.compile`). `args` as the dispatcher folds them
+    (`_folded`). None as plain Python, for other `args`, or when compiling
+    fails (the caller then calls the dispatcher, which reports why). The
+    caller must call it with arguments of exactly those types (it does not
+    check them)."""
+    if plain_python() or not _folded(dispatcher, args):
+        return None
+    key = (dispatcher, types_key(args))
+    function = _COMPILED.get(key)
+    if function is None:
+        try:
+            function = dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in args))
+        except Exception:
+            return None
+        if len(_COMPILED) >= _MAX_COMPILED:
+            _COMPILED.clear()
+        _COMPILED[key] = function
+    return function
+
+
+_SCALAR_TYPES = {float: numba.types.float64, bool: numba.types.boolean,
+                 type(None): numba.types.none}  # (as `numba.typeof` types them)
+_KEPT_DTYPES = {}  # id -> dtype: each dtype `types_key` named, kept so that no other takes its id
+
+
+def _type_key(value):
+    """`types_key` of one value."""
+    if type(value) is np.ndarray:
+        dtype = value.dtype
+        if _KEPT_DTYPES.get(id(dtype)) is not dtype:
+            _KEPT_DTYPES[id(dtype)] = dtype
+        flags = value.flags
+        return (id(dtype), value.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable)
+    if type(value) is tuple:
+        return (tuple, *map(_type_key, value))
+    bundle_type = getattr(value, "_numba_type_", None)  # (what `numba.typeof` reads first)
+    if bundle_type is not None:
+        return bundle_type
+    return _SCALAR_TYPES.get(type(value)) or numba.typeof(value)
+
+
+def types_key(values) -> tuple:
+    """A key of the Numba types of `values`, made without typing their
+    arrays: equal keys, equal types. Numba types an array (typeof.py
+    `_typeof_ndarray`) by its dtype, its number of dimensions, its layout
+    (C, else F, else A contiguous) and whether it is writeable; here the
+    dtype goes by identity, since equal dtypes may be different Numba types
+    (of another alignment flag) — the same dtype under another object only
+    makes another key. A tuple goes by its items; anything else (a bundle,
+    a number, None) by its Numba type."""
+    return tuple(map(_type_key, values))
 
 
 def _give_back(args):
@@ -225,11 +288,35 @@ def _give_back(args):
             _give_back(a)
 
 
+def _bundle_paths(args, prefix=()) -> tuple:
+    """Where the bundles of `args` are (tuples searched too), as index paths:
+    the same for any arguments of the same Numba types."""
+    from numba.experimental.structref import StructRefProxy
+
+    paths = []
+    for k, a in enumerate(args):
+        if isinstance(a, StructRefProxy):
+            paths.append((*prefix, k))
+        elif isinstance(a, tuple):
+            paths.extend(_bundle_paths(a, (*prefix, k)))
+    return tuple(paths)
+
+
+def _give_back_at(args, paths):
+    """`_give_back` of the bundles at `paths` (`_bundle_paths` of arguments of
+    `args`' types), without searching `args` again."""
+    for path in paths:
+        value = args
+        for k in path:
+            value = value[k]
+        value._meminfo.release()
+
+
 class Entry:
     """A kernel that one caller calls again and again with arguments of the
     same types (a worker's pass loop, the loops over workers): the first
-    call goes through the dispatcher (which compiles or loads it), later
-    ones straight to the function compiled for those types (`compiled_for`).
+    call resolves their types and compiles or loads the function for them
+    (`compile_for`), every call goes straight to it.
     `reset()` when the arguments' types may change.
 
     NOTE(refcounts): Numba's call from Python takes a reference on every
@@ -243,15 +330,20 @@ class Entry:
         self.kernel = kernel
         self.function = None
         self.uncounted = getattr(kernel, "targetoptions", {}).get("_nrt") is False
+        self.bundles = None  # where the bundles of the arguments are (`_bundle_paths`)
 
     def __call__(self, *args):
         if self.function is None:
-            result = self.kernel(*args)
-            self.function = compiled_for(self.kernel, args)
-        else:
-            result = self.function(*args)
+            self.function = compile_for(self.kernel, args)
+            # (the function is for these types only: its arguments' bundles stay where they are)
+            self.bundles = _bundle_paths(args) if self.function is not None else None
+            self.function = self.function or self.kernel
+        result = self.function(*args)
         if self.uncounted:
-            _give_back(args)
+            if self.bundles is None:
+                _give_back(args)
+            else:
+                _give_back_at(args, self.bundles)
         return result
 
     def reset(self):

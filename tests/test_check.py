@@ -14,8 +14,9 @@ from servesim.engine import kv_handoff, worker
 from servesim.errors import InvariantError
 from servesim.kvcache import block_pool as bp
 from servesim.replay.driver import Replay
-from servesim.scheduler import request_queue
+from servesim.scheduler import check, request_queue
 from servesim.scheduler.kv_cache_manager import _free
+from servesim.scheduler.request import RequestStatus
 from tests.helpers import LINEAR_10MS, after_every_event, make_config, make_workload
 
 
@@ -183,6 +184,118 @@ def test_a_request_lost_across_schedulers_is_caught(checking, monkeypatch, clust
         r.run()
     assert "a RUNNING request is in running, a PREEMPTED one in waiting" in str(info.value)
     assert f"request '{found['id']}'" in str(info.value)
+
+
+def across_reference(table):
+    """The check across a table's schedulers as NumPy says it (the Python
+    `check_table` the compiled one replaced): the first violation's
+    `(code, request, found, expected)`, or None."""
+    R = table.R
+    n = len(R)
+    members = []
+    for s in table.checked_schedulers:
+        head = 0 if s.priority else s.S[0]["waiting_head"]
+        waiting = s.wq[(head + np.arange(s.S[0]["num_waiting"])) % len(s.wq)]
+        wfk = s.kv_state[0][:s.S[0]["num_waiting_for_kv"]] if s.kv_state is not None else []
+        others = np.concatenate([wfk, s.held[:s.S[0]["num_delayed_free_requests"]]]).astype(int)
+        members.append((s.running[:s.S[0]["num_running"]], waiting, others))
+    count = np.bincount(np.concatenate([q for m in members for q in m]), minlength=n)
+    running, waiting, holding = (np.zeros(n, dtype=bool) for _ in range(3))
+    for kind, flags in enumerate((running, waiting, holding)):
+        flags[np.concatenate([m[kind] for m in members])] = True
+    status, held = R["status"], R["num_held_blocks"]
+    for code, bad, found, expected in (
+            (check.DUPLICATE, count > 1, count, 1),
+            (check.LOST, ((status == RequestStatus.RUNNING) & ~running)
+             | ((status == RequestStatus.PREEMPTED) & ~waiting & ~holding), status, -1),
+            (check.HOLDS_BLOCKS, (held != 0) & ~running & ~holding, held, 0)):
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            return code, i, int(found[i]), expected
+    return None
+
+
+def put(s, queue, *requests):
+    """Append `requests` to rank scheduler `s`'s `queue` ("running",
+    "waiting" from its head, "held" for a decode worker, "waiting_for_kv"),
+    counts kept in its state."""
+    S = s.S[0]
+    for i in requests:
+        if queue == "running":
+            s.running[S["num_running"]] = i
+            S["num_running"] += 1
+        elif queue == "waiting":
+            s.wq[(S["waiting_head"] + S["num_waiting"]) % len(s.wq)] = i
+            S["num_waiting"] += 1
+        elif queue == "held":
+            s.held[S["num_delayed_free_requests"]] = i
+            S["num_delayed_free_requests"] += 1
+        else:
+            s.kv_state[0][S["num_waiting_for_kv"]] = i
+            S["num_waiting_for_kv"] += 1
+
+
+RUNNING, WAITING, PREEMPTED, FINISHED = (int(RequestStatus.RUNNING), int(RequestStatus.WAITING),
+                                         int(RequestStatus.PREEMPTED),
+                                         int(RequestStatus.FINISHED))
+
+
+@pytest.mark.parametrize("case", [
+    # (each rank's queues, then request: (status, num_held_blocks)), None: the rule holds
+    ([{"running": [0], "waiting": [2]}, {"running": [1]}], {0: (RUNNING, 2), 1: (RUNNING, 1)},
+     None),
+    ([{"running": [0]}, {"waiting": [0]}], {0: (RUNNING, 2)}, check.DUPLICATE),
+    ([{"running": [1, 0]}, {"running": [0]}], {0: (RUNNING, 2), 1: (RUNNING, 1)},
+     check.DUPLICATE),
+    ([{"held": [3]}, {"waiting_for_kv": [3]}], {3: (FINISHED, 4)}, check.DUPLICATE),
+    ([{"running": [0]}, {}], {0: (RUNNING, 1), 4: (RUNNING, 1)}, check.LOST),
+    ([{}, {"waiting": [1]}], {1: (PREEMPTED, 0), 2: (PREEMPTED, 0)}, check.LOST),
+    ([{}, {"waiting_for_kv": [2]}], {2: (PREEMPTED, 3)}, None),  # its load in flight
+    ([{"held": [5]}, {}], {5: (FINISHED, 2)}, None),  # held for a decode worker
+    ([{}, {"waiting": [3]}], {3: (WAITING, 2)}, check.HOLDS_BLOCKS),
+    ([{}, {}], {1: (FINISHED, 1)}, check.HOLDS_BLOCKS),
+    # the first rule broken over all requests, before the next rule
+    ([{"running": [0]}, {"waiting": [5, 5]}], {0: (WAITING, 0), 3: (RUNNING, 0)},
+     check.DUPLICATE),
+    ([{"waiting": [4]}, {}], {1: (WAITING, 3), 4: (RUNNING, 0)}, check.LOST),
+], ids=["holds", "running-and-waiting", "running-twice", "held-and-loading", "lost-running",
+        "lost-preempted", "preempted-loading", "held-finished", "waiting-holds-blocks",
+        "finished-holds-blocks", "duplicate-first", "lost-before-holds"])
+@pytest.mark.parametrize("wrapped", [False, True])  # the waiting ring across its end
+def test_the_check_across_schedulers_finds_what_the_rules_say(checking, case, wrapped):
+    """`check.check_table` (compiled) over a table shared by two ranks
+    with queues made by hand: silent when the rules hold, else the first
+    request breaking the first rule (duplicates, then lost requests, then
+    blocks held outside running), as the NumPy statement of the rules
+    (`across_reference`) finds it; the second rank gets `kv` (a remote
+    source, `waiting_for_kv`)."""
+    from servesim.scheduler.scheduler_arrays import KV_SOURCE_REMOTE
+
+    queues, requests, code = case
+    r = replay(make_config(cluster={"workers": 2}, block_size=16, num_gpu_blocks=64),
+               make_workload(rows()))
+    ranks = [core.ranks[0].scheduler for core in r.workers]
+    table = ranks[0].table
+    assert table.checked_schedulers == ranks
+    check.check_table(table, check.AFTER_OUTPUT, 0)  # (the rank's queues made again after:)
+    ranks[1].attach_kv_source(KV_SOURCE_REMOTE)
+    if wrapped:
+        for s in ranks:
+            s.S[0]["waiting_head"] = len(s.wq) - 1
+    for s, queue in zip(ranks, queues):
+        for name, members in queue.items():
+            put(s, name, *members)
+    for i, (status, held) in requests.items():
+        table.R[i]["status"] = status
+        table.R[i]["num_held_blocks"] = held
+    expected = across_reference(table)
+    assert (expected and expected[0]) == code
+    if code is None:
+        check.check_table(table, check.AFTER_OUTPUT, 7)
+        return
+    with pytest.raises(InvariantError) as info:
+        check.check_table(table, check.AFTER_OUTPUT, 7)
+    assert info.value.args == (code, check.AFTER_OUTPUT, 7, expected[1], -1, *expected[2:])
 
 
 @pytest.mark.parametrize("engine", [{}, {"async_scheduling": True}])

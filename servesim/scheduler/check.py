@@ -18,7 +18,8 @@ reference) and, after `schedule()`, the pass's scheduled entries. The compiled
 scheduler calls it from its own kernels when `cfg[0].invariant_check` is set
 (`servesim.scheduler.scheduler`). Several
 compiled schedulers share one table (workers, DP ranks): each checks its own
-requests, and `check_table` checks across them.
+requests, and `check_table` checks across them (compiled too, over each rank's
+`RankQueues`, after every pass).
 
 The invariants, with vLLM's accounting:
 - blocks conserved: free-queue length + blocks held by some request (ref
@@ -64,8 +65,11 @@ import os
 
 import numpy as np
 
+from numba.experimental import structref
+
+from servesim.bundles import BundleType, addresses_of, bundle_at, declare
 from servesim.errors import InvariantError
-from servesim.jit import njit
+from servesim.jit import Entry, njit, plain_python
 from servesim.kvcache import block_pool as bp
 from servesim.scheduler.request_queue import _before
 from servesim.scheduler.request import RequestStatus
@@ -359,31 +363,119 @@ def check_rank(s, others, sched_req, sched_tok, sched_capped, n_sched, total_tok
         _fail(BUDGET, where, pass_index, -1, -1, total, cfg[0].max_num_batched_tokens)
 
 
+# -- across the schedulers sharing a table ----------------------------------------
+
+QUEUE_FIELDS = ("S", "cfg", "running", "wq", "held", "wfk")
+
+
+class RankQueuesType(BundleType):
+    pass
+
+
+class RankQueues(structref.StructRefProxy):
+    """One rank's queues as the check across schedulers reads them, in the
+    order of `QUEUE_FIELDS`: its state `S` and configuration `cfg` records,
+    `running`, the waiting queue `wq`, `held` (blocks held for a decode
+    worker) and `wfk` (`waiting_for_kv`; empty on a rank without `kv`). Make
+    with `new_rank_queues` (`RankScheduler.queues`)."""
+
+
+@njit
+def _new_rank_queues(*fields):
+    return RankQueues(*fields)
+
+
+new_rank_queues = declare(RankQueuesType, RankQueues, QUEUE_FIELDS, _new_rank_queues)
+
+
+@njit
+def _prefix(num, cap):
+    """The length of Python's `queue[:num]` for a queue of `cap` entries."""
+    if num > cap:
+        return cap
+    if num < 0:
+        return max(0, cap + num)
+    return num
+
+
+@njit
+def _count_members(queue, head, num, count, flags):
+    """Count each of the `num` requests of `queue` (a ring from `head`) in
+    `count`, and flag it in `flags`."""
+    cap = len(queue)
+    n = len(count)
+    for k in range(num):
+        i = queue[(head + k) % cap]
+        if i < 0 or i >= n:
+            raise IndexError("a rank's queue holds a request outside its table")
+        count[i] += 1
+        flags[i] = True
+
+
+@njit
+def _check_across(R, addresses, first, where, pass_index):
+    """`check_table` over the table `R` and the `RankQueues` of its
+    schedulers (`addresses`, of `first`'s type: `bundle_at`): each request
+    counted once per queue it is in (running, waiting, or holding blocks
+    outside the two: waiting for its load, or held for a decode worker);
+    the first request breaking each rule, in the order of `check_table`,
+    raises."""
+    n = len(R)
+    count = np.zeros(n, dtype=np.int64)
+    running = np.zeros(n, dtype=np.bool_)
+    waiting = np.zeros(n, dtype=np.bool_)
+    holding = np.zeros(n, dtype=np.bool_)
+    for k in range(len(addresses)):
+        q = bundle_at(addresses, k, first)
+        S = q.S
+        _count_members(q.running, 0, _prefix(S[0].num_running, len(q.running)), count, running)
+        head = 0 if q.cfg[0].priority_scheduling else S[0].waiting_head
+        _count_members(q.wq, head, S[0].num_waiting, count, waiting)
+        _count_members(q.wfk, 0, _prefix(S[0].num_waiting_for_kv, len(q.wfk)), count, holding)
+        _count_members(q.held, 0, _prefix(S[0].num_delayed_free_requests, len(q.held)), count,
+                       holding)
+    for i in range(n):
+        if count[i] > 1:
+            _fail(DUPLICATE, where, pass_index, i, -1, count[i], 1)
+    for i in range(n):
+        status = R[i].status
+        if ((status == RequestStatus.RUNNING and not running[i])
+                or (status == RequestStatus.PREEMPTED and not waiting[i] and not holding[i])):
+            _fail(LOST, where, pass_index, i, -1, status, -1)
+    for i in range(n):
+        if R[i].num_held_blocks != 0 and not running[i] and not holding[i]:
+            _fail(HOLDS_BLOCKS, where, pass_index, i, -1, R[i].num_held_blocks, 0)
+
+
+class _AcrossSchedulers:
+    """A table's check across its schedulers: their `RankQueues` by address
+    and the compiled check as an `Entry` (the table's and the bundles' types
+    are typed once, at the first call). Made again when a rank's bundle is
+    (`RankScheduler.queues`)."""
+
+    def __init__(self, queues):
+        if not plain_python() and len({q._numba_type_ for q in queues}) > 1:
+            raise TypeError("the schedulers sharing a table have queues of different types")
+        self.queues = queues
+        self.addresses = addresses_of(queues)
+        self.entry = Entry(_check_across)
+
+    def __call__(self, R, where, pass_index):
+        self.entry(R, self.addresses, self.queues[0], where, pass_index)
+
+
 def check_table(table, where, pass_index):
     """Across the compiled schedulers sharing a request table (several
     workers or DP ranks, each checked alone by `check_rank`): a request is in
     one queue of one scheduler at most, a RUNNING one in some `running`, a
     PREEMPTED one in some waiting queue or waiting for its load
     (`waiting_for_kv`: a preempted request's CPU-tier load), and one holding
-    blocks is running or holds them for a load in flight. The replay calls it after each pass when more than one scheduler shares
-    the table."""
-    R = table.R
-    n = len(R)
-    members = [scheduler.queue_members() for scheduler in table.checked_schedulers]
-    count = np.bincount(np.concatenate([q for m in members for q in m]), minlength=n)
-    running, waiting, holding = (np.zeros(n, dtype=np.bool_) for _ in range(3))
-    for kind, flags in enumerate((running, waiting, holding)):
-        flags[np.concatenate([m[kind] for m in members])] = True
-    status = R["status"]
-    for code, bad, expected in (
-            (DUPLICATE, count > 1, 1),
-            (LOST,
-             ((status == RequestStatus.RUNNING) & ~running)
-             | ((status == RequestStatus.PREEMPTED) & ~waiting & ~holding), -1),
-            (HOLDS_BLOCKS, (R["num_held_blocks"] != 0) & ~running & ~holding, 0)):
-        found = np.flatnonzero(bad)
-        if len(found):
-            i = int(found[0])
-            actual = {DUPLICATE: count[i], LOST: status[i],
-                      HOLDS_BLOCKS: R["num_held_blocks"][i]}[code]
-            raise InvariantError(code, where, pass_index, i, -1, int(actual), expected)
+    blocks is running or holds them for a load in flight (or for a decode
+    worker). The replay calls it after each pass when more than one
+    scheduler shares the table; compiled (`_check_across`), as it runs
+    after every pass."""
+    queues = [scheduler.queues() for scheduler in table.checked_schedulers]
+    across = table.check_across
+    if across is None or across.queues != queues:
+        across = table.check_across = _AcrossSchedulers(queues)
+    across(table.R, where, pass_index)

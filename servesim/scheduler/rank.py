@@ -10,12 +10,11 @@ The compiled pass loop (engine/pass_loop.py) runs the kernels over
 
 import numpy as np
 
-from servesim.jit import Entry, records
+from servesim.jit import records
 from servesim.scheduler import check
 from servesim.scheduler.kv_cache_manager import can_ever_fit
 from servesim.scheduler.output import NUM_KO_ROWS
 from servesim.scheduler.request import RequestStatus
-from servesim.scheduler.scheduler import _check_holders
 from servesim.scheduler.scheduler_arrays import (CONFIG_DTYPE, KV_SOURCE_CPU, STATE_DTYPE,
                                                  new_kv_arrays, new_scheduler_arrays)
 
@@ -85,7 +84,7 @@ class RankScheduler:
 
         # num_delayed_free_requests's
         self.held = np.zeros(len(table.request_ids) + 1, dtype=np.int64)
-        self._holders = None  # the holders kernel as an `Entry` (`_check_holders`)
+        self._queues = None  # the debug mode's view of the queues (`queues`)
         self.arrays = new_scheduler_arrays(
             table.R, table.idents, table.tables, pool.blocks, pool.idmap, pool.scalars,
             self.cfg, self.S, self.running, self.wq, self.spec, self.held, tokens.client_ms,
@@ -119,7 +118,7 @@ class RankScheduler:
         from servesim.kvcache.cpu_tier import TierArrays
 
         self.cfg[0]["kv_source"] = source
-        self._holders = None  # (the `kv` argument's type changes)
+        self._queues = None  # (`waiting_for_kv` is new)
         self._tier = tier if tier is not None else TierArrays.empty()
         n = len(self.table.request_ids) + 1
         width = max(n, self.num_gpu_blocks) + self._out_width
@@ -171,22 +170,20 @@ class RankScheduler:
                     and row["num_held_blocks"])
 
 
-    def queue_members(self):
-        """`(running, waiting, others)`: the request indices of each, others
-        being those holding blocks outside the two (loads in flight, blocks
-        held for a decode worker: `_check_holders`), for the debug mode's
-        check across schedulers (servesim/scheduler/check.py)."""
-        head = 0 if self.priority else self.S[0]["waiting_head"]
-        waiting = self.wq[(head + np.arange(self.S[0]["num_waiting"])) % len(self.wq)]
-        return self.running[:self.S[0]["num_running"]].copy(), waiting, self._check_holders()
-
-    def _check_holders(self):
-        # (`waiting_for_kv` is kv_state[0]; the tier's arrays are not touched.
-        # Called after every pass of a checked run: through `Entry`, which
-        # skips the dispatcher's typing of the bundles at each call)
-        if self._holders is None:
-            self._holders = Entry(_check_holders)
-        return self._holders(self.arrays, self._kv() if self.kv_state is not None else None)
+    def queues(self):
+        """This rank's queues for the debug mode's check across schedulers
+        (servesim/scheduler/check.py `check_table`), as a `RankQueues`
+        bundle of its state and configuration records, `running`, the
+        waiting queue, `held` and `waiting_for_kv` (empty without `kv`): the
+        requests holding blocks outside running and waiting are those of the
+        last two (loads in flight, blocks held for a decode worker), as
+        `_check_holders` finds them. Made once (again after
+        `attach_kv_source`): the kernels change these arrays in place."""
+        if self._queues is None:
+            wfk = self.kv_state[0] if self.kv_state is not None else np.zeros(0, dtype=np.int64)
+            self._queues = check.new_rank_queues(self.S, self.cfg, self.running, self.wq,
+                                                 self.held, wfk)
+        return self._queues
 
     num_running = property(lambda self: int(self.S[0]["num_running"]))
     num_waiting = property(lambda self: int(self.S[0]["num_waiting"]

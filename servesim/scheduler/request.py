@@ -128,6 +128,7 @@ class RequestTable:
         self.accepted_offsets = accepted_offsets
         self.accepted_values = accepted_values
         self.checked_schedulers = []  # the debug mode's schedulers on this table (check.py)
+        self.check_across = None  # their check across them, compiled (check.py `check_table`)
         self._request_keys = None  # (`request_keys`)
 
     def request_keys(self):
