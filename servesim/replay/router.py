@@ -20,7 +20,7 @@ from servesim.config.config_types import RouterConfig
 from servesim.errors import InputError
 from servesim.engine import routing
 from servesim.engine.routing import RankArrays, RoutePolicy
-from servesim.jit import Entry
+from servesim.jit import Entry, types_key
 from servesim.scheduler import check
 
 POLICIES = {"round_robin": RoutePolicy.ROUND_ROBIN, "least_loaded": RoutePolicy.LEAST_LOADED,
@@ -87,10 +87,10 @@ class Router:
 
     def _call(self, kernel, *args):
         """`kernel(*args)`, through its compiled function for these types
-        (jit.Entry, one per kernel and array types: no per-argument dispatch
-        at every arrival)."""
-        key = (kernel, *((a.dtype, a.flags.c_contiguous) if isinstance(a, np.ndarray) else None
-                         for a in args))
+        (jit.Entry, one per kernel and argument types — an array's by
+        `types_key`, anything else by its Python type: no per-argument
+        dispatch at every arrival)."""
+        key = (kernel, *(types_key((a,)) if isinstance(a, np.ndarray) else type(a) for a in args))
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = Entry(kernel)
