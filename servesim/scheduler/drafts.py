@@ -5,7 +5,8 @@ verification pass accepts.
 - `scheduled_drafts`: the drafts the running loop asks room for;
 - `_padding_drafts`: a prefill's padding drafts (vLLM schedules them and rejects them);
 - `accepted_drafts`: a trace's `accepted` list, cycled, or a draw per position
-  from a counter-based generator keyed by (seed, request, verification, position);
+  from a counter-based generator keyed by (seed, request, verification, position)
+  (`uniform`; the part keyed by seed and request made once, `draw_states`);
 - `_verify_drafts`: the accepted prefix kept, the rest rolled back.
 
 The config is speculative.py's `SpeculativeConfig`.
@@ -37,29 +38,57 @@ if plain_python():  # NumPy's scalars wrap too, but warn each time: not here
 
 
 @njit(inline="always")
-def uniform(seed, request, draw, position):
-    """A uniform number in [0, 1) for one draft position of one verification
-    pass of one request: a pure function of its four keys."""
+def request_state(seed, request):
+    """The generator's state after its first two keys, the seed and the
+    request: what all of one request's draws share (`uniform`), made once
+    per request ahead of the run (`draw_states`)."""
     x = _mix(np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15))
-    x = _mix(x ^ np.uint64(request))
-    x = _mix(x ^ np.uint64(draw))
+    return _mix(x ^ np.uint64(request))
+
+
+@njit(inline="always")
+def uniform_from(state, draw, position):
+    """`uniform` from the request's `request_state`."""
+    x = _mix(state ^ np.uint64(draw))
     x = _mix(x ^ np.uint64(position))
     return float(x >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
 @njit(inline="always")
-def accepted_drafts(seed, rates, acc_offsets, acc_values, request, key, draw, num_drafts):
+def uniform(seed, request, draw, position):
+    """A uniform number in [0, 1) for one draft position of one verification
+    pass of one request: a pure function of its four keys."""
+    return uniform_from(request_state(seed, request), draw, position)
+
+
+def draw_states(seed, keys):
+    """Each request's `request_state` from its key (acceptance_profiles.py's
+    `request_states`, the same finaliser over the array): `accepted_drafts`
+    reads it."""
+    from servesim.scheduler.acceptance_profiles import request_states
+
+    return request_states(seed, keys)
+
+
+@njit(inline="always")
+def accepted_drafts(rates, acc_offsets, acc_values, request, state, draw, num_drafts):
     """How many of `num_drafts` real drafts the request's `draw`-th
     verification pass accepts: its `accepted` list (cycled) when the trace
-    gives one, else a draw keyed by the request's `key` from the per-position
-    rates; at most `num_drafts`."""
+    gives one, else draft position a is accepted when its draw
+    `uniform(seed, key, draw, a)` (from the request's `request_state`,
+    `state`) is below `rates[a]` and every draft before it was; at most
+    `num_drafts`."""
     lo = acc_offsets[request]
     n = acc_offsets[request + 1] - lo
     if n > 0:
         return min(acc_values[lo + draw % n], num_drafts)
+    # every position drawn (the draws are independent), the accepted prefix
+    # counted without a branch on each: which position rejects is random
     a = 0
-    while a < num_drafts and uniform(seed, key, draw, a) < rates[a]:
-        a += 1
+    alive = True
+    for pos in range(num_drafts):
+        alive = alive & (uniform_from(state, draw, pos) < rates[pos])
+        a += alive
     return a
 
 
@@ -116,19 +145,17 @@ def _verify_drafts(s, i, drafts, real, stale):
     alone but still counts in the acceptance statistics, as vLLM records
     them. Returns the tokens it yields."""
     R, cfg = s.R, s.cfg
-    acc_offsets, acc_values, rates, pos_counts, keys = s.spec
+    acc_offsets, acc_values, rates, pos_counts, states = s.spec
     accepted = 0
     if real:
         draw = R[i].num_drafts
-        accepted = accepted_drafts(cfg[0].spec_seed, rates, acc_offsets, acc_values, i, keys[i],
-                                   draw, drafts)
+        accepted = accepted_drafts(rates, acc_offsets, acc_values, i, states[i], draw, drafts)
         R[i].num_drafts = draw + 1
         R[i].num_draft_tokens += drafts
         R[i].num_accepted_tokens += accepted
         for pos in range(drafts):
             pos_counts[0, pos] += 1
-            if pos < accepted:
-                pos_counts[1, pos] += 1
+            pos_counts[1, pos] += pos < accepted
     if not stale:
         rejected = drafts - accepted
         R[i].num_computed_tokens -= rejected
