@@ -7,7 +7,8 @@ verification pass accepts.
 - `accepted_drafts`: a trace's `accepted` list, cycled, or a draw per position
   from a counter-based generator keyed by (seed, request, verification, position)
   (`uniform`; the part keyed by seed and request made once, `draw_states`);
-- `_verify_drafts`: the accepted prefix kept, the rest rolled back.
+- `_verify_drafts`: the accepted prefix kept, the rest rolled back;
+- `position_counts`: the per-position acceptance counts of a rank's passes.
 
 The config is speculative.py's `SpeculativeConfig`.
 """
@@ -92,6 +93,21 @@ def accepted_drafts(rates, acc_offsets, acc_values, request, state, draw, num_dr
     return a
 
 
+def position_counts(verified):
+    """Per draft position, the verification passes that drafted it and
+    those that accepted it (`[2, max(k, 1)]`, summary.json's
+    `acceptance_rate_per_position` over the first row's first entry, every
+    verification pass), from the rank's histogram `verified[drafts,
+    accepted]` of the verification passes of real drafts (`_verify_drafts`:
+    one count a pass, not one per position)."""
+    k = verified.shape[0] - 1
+    counts = np.zeros((2, max(k, 1)), dtype=np.int64)
+    for pos in range(k):
+        counts[0, pos] = verified[pos + 1:, :].sum()
+        counts[1, pos] = verified[:, pos + 1:].sum()
+    return counts
+
+
 @njit(inline="always")
 def scheduled_drafts(R, i, num_new):
     """`Scheduler.schedule`, running loop (vllm/v1/core/sched/scheduler.py):
@@ -145,7 +161,7 @@ def _verify_drafts(s, i, drafts, real, stale):
     alone but still counts in the acceptance statistics, as vLLM records
     them. Returns the tokens it yields."""
     R, cfg = s.R, s.cfg
-    acc_offsets, acc_values, rates, pos_counts, states = s.spec
+    acc_offsets, acc_values, rates, verified, states = s.spec
     accepted = 0
     if real:
         draw = R[i].num_drafts
@@ -153,9 +169,7 @@ def _verify_drafts(s, i, drafts, real, stale):
         R[i].num_drafts = draw + 1
         R[i].num_draft_tokens += drafts
         R[i].num_accepted_tokens += accepted
-        for pos in range(drafts):
-            pos_counts[0, pos] += 1
-            pos_counts[1, pos] += pos < accepted
+        verified[drafts, accepted] += 1  # the per-position counts: `position_counts`
     if not stale:
         rejected = drafts - accepted
         R[i].num_computed_tokens -= rejected
