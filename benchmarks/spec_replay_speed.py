@@ -10,9 +10,11 @@ run's Python (setting up the tables, the block identities, the report),
 which costs a run the same whatever its passes. Run with another tree's
 servesim (`PYTHONPATH=TREE python benchmarks/spec_replay_speed.py`) to
 compare the two; `--raw FILE` appends every round's figures to FILE (JSON
-lines) for that.
+lines) for that, and `--only NAME` (plain, "mtp k=3", "mtp k=1") runs one
+variant alone in the process (the three in one process cost k = 1 and k = 3
+more a pass than alone: benchmarks/RESULTS.md, 2026-12-08).
 
-    python benchmarks/spec_replay_speed.py [ROUNDS] [--raw FILE]   (default 3)
+    python benchmarks/spec_replay_speed.py [ROUNDS] [--raw FILE] [--only NAME]   (default 3)
 """
 
 import json
@@ -42,16 +44,20 @@ def main(argv):
     from servesim import jit
     from servesim.replay.api import prepare, simulate
 
-    raw = None
-    if "--raw" in argv:
-        k = argv.index("--raw")
-        raw = argv[k + 1]
-        argv = argv[:k] + argv[k + 2:]
+    options = {}
+    for flag in ("--raw", "--only"):
+        if flag in argv:
+            k = argv.index(flag)
+            options[flag] = argv[k + 1]
+            argv = argv[:k] + argv[k + 2:]
+    raw = options.get("--raw")
     loop = _timing_entries(jit)
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "mooncake-full.yaml")
     variants = {"plain": (),
                 "mtp k=3": ("engine.speculative={method: mtp, num_speculative_tokens: 3}",),
                 "mtp k=1": ("engine.speculative={method: mtp, num_speculative_tokens: 1}",)}
+    if "--only" in options:
+        variants = {options["--only"]: variants[options["--only"]]}
     prepared = {}
     for name, overrides in variants.items():
         cfg, workload, _ = prepare(path, overrides=overrides, pass_log=False)
@@ -72,14 +78,18 @@ def main(argv):
             if raw:
                 with open(raw, "a") as out:
                     out.write(json.dumps({"variant": name, "passes": passes[name], **row}) + "\n")
-    plain = {key: statistics.median(times["plain"][key]) / passes["plain"] for key in ("cpu", "loop")}
+    plain = None
+    if "plain" in times:
+        plain = {key: statistics.median(times["plain"][key]) / passes["plain"] * 1e6
+                 for key in ("cpu", "loop")}
     for name in variants:
         m = {key: statistics.median(v) for key, v in times[name].items()}
         per = {key: m[key] / passes[name] * 1e6 for key in m}
+        x = {key: f" ({per[key] / plain[key]:.2f}x plain)" if plain else "" for key in ("cpu", "loop")}
         print(f"{name}: {passes[name]} passes, simulate {m['wall']:.3f} s wall, {m['cpu']:.3f} s "
               f"CPU (medians of {len(times[name]['cpu'])}): {per['wall']:.1f} us a pass wall, "
-              f"{per['cpu']:.1f} us CPU ({per['cpu'] / plain['cpu'] / 1e6:.2f}x plain), of which "
-              f"the compiled loop {per['loop']:.1f} us ({per['loop'] / plain['loop'] / 1e6:.2f}x)")
+              f"{per['cpu']:.1f} us CPU{x['cpu']}, of which the compiled loop "
+              f"{per['loop']:.1f} us{x['loop']}")
 
 
 if __name__ == "__main__":
