@@ -166,7 +166,7 @@ def event_queue(num_identities: int, num_gpu_blocks: int, lag_ms: float):
     return ev, ev_t, np.zeros(max(num_identities, 1) if on else 1, dtype=np.uint8)
 
 
-@njit
+@njit(inline="always")  # once per evicted block: a call spread its arrays over ~20 stack words
 def _uncache(blocks, idmap, b, events):
     """`BlockPool._maybe_evict_cached_block` (vllm/v1/core/block_pool.py):
     drop block b from its identity's list of cached blocks.

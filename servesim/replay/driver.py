@@ -27,6 +27,7 @@ from servesim.replay.telemetry import Telemetry
 from servesim.workload.workload import Workload
 from servesim.scheduler import check
 from servesim.scheduler.check import AFTER_OUTPUT, check_table
+from servesim.scheduler.drafts import position_counts
 from servesim.scheduler.rank import RankScheduler
 from servesim.scheduler.request import RequestTable
 
@@ -522,8 +523,8 @@ class Replay:
                 if rank.connector is not None:
                     _add_cpu_tier_stats(stats, rank.connector)
         if self.config.engine.speculative is not None:
-            stats.spec_positions = sum(rank.scheduler.spec[3] for core in self.workers
-                                       for rank in core.ranks)
+            stats.spec_positions = sum(position_counts(rank.scheduler.spec[3])
+                                       for core in self.workers for rank in core.ranks)
             spec = self.config.engine.speculative
             if spec.acceptance_profiles:
                 from servesim.scheduler.acceptance_profiles import profile_summary

@@ -23,12 +23,18 @@ def _mix(x):
     return x ^ (x >> np.uint64(31))
 
 
-def uniform(seed, keys, draws, position):
-    """drafts.py's `uniform` over arrays of keys and draw numbers."""
+def request_states(seed, keys):
+    """drafts.py's `request_state` over an array of keys (uint64)."""
     with np.errstate(over="ignore"):
         x = _mix(np.full(np.shape(keys), np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15),
                          dtype=np.uint64))
-        x = _mix(x ^ np.asarray(keys).astype(np.uint64))
+        return _mix(x ^ np.asarray(keys).astype(np.uint64))
+
+
+def uniform(seed, keys, draws, position):
+    """drafts.py's `uniform` over arrays of keys and draw numbers."""
+    x = request_states(seed, keys)
+    with np.errstate(over="ignore"):
         x = _mix(x ^ np.asarray(draws).astype(np.uint64))
         x = _mix(x ^ np.uint64(position))
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)

@@ -5,8 +5,10 @@ verification pass accepts.
 - `scheduled_drafts`: the drafts the running loop asks room for;
 - `_padding_drafts`: a prefill's padding drafts (vLLM schedules them and rejects them);
 - `accepted_drafts`: a trace's `accepted` list, cycled, or a draw per position
-  from a counter-based generator keyed by (seed, request, verification, position);
-- `_verify_drafts`: the accepted prefix kept, the rest rolled back.
+  from a counter-based generator keyed by (seed, request, verification, position)
+  (`uniform`; the part keyed by seed and request made once, `draw_states`);
+- `_verify_drafts`: the accepted prefix kept, the rest rolled back;
+- `position_counts`: the per-position acceptance counts of a rank's passes.
 
 The config is speculative.py's `SpeculativeConfig`.
 """
@@ -40,36 +42,83 @@ if plain_python():  # NumPy's scalars wrap too, but warn each time: not here
 
 
 @njit(inline="always")
+def request_state(seed, request):
+    """servesim's own: the acceptance generator's state after its first two
+    keys, the seed and the request (docs/engine.md §12).
+
+    - What all of one request's draws share (`uniform`), made once per
+      request ahead of the run (`draw_states`).
+    """
+    x = _mix(np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15))
+    return _mix(x ^ np.uint64(request))
+
+
+@njit(inline="always")
+def uniform_from(state, draw, position):
+    """servesim's own: `uniform` from the request's `request_state`
+    (docs/engine.md §12)."""
+    x = _mix(state ^ np.uint64(draw))
+    x = _mix(x ^ np.uint64(position))
+    return float(x >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(inline="always")
 def uniform(seed, request, draw, position):
     """servesim's own: a uniform number in [0, 1) for one draft position of
     one verification pass of one request (docs/engine.md §12).
 
     - A pure function of its four keys.
     """
-    x = _mix(np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15))
-    x = _mix(x ^ np.uint64(request))
-    x = _mix(x ^ np.uint64(draw))
-    x = _mix(x ^ np.uint64(position))
-    return float(x >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    return uniform_from(request_state(seed, request), draw, position)
+
+
+def draw_states(seed, keys):
+    """Each request's `request_state` from its key (acceptance_profiles.py's
+    `request_states`, the same finaliser over the array): `accepted_drafts`
+    reads it."""
+    from servesim.scheduler.acceptance_profiles import request_states
+
+    return request_states(seed, keys)
 
 
 @njit(inline="always")
-def accepted_drafts(seed, rates, acc_offsets, acc_values, request, key, draw, num_drafts):
+def accepted_drafts(rates, acc_offsets, acc_values, request, state, draw, num_drafts):
     """servesim's own: how many of `num_drafts` real drafts the request's
     `draw`-th verification pass accepts (docs/engine.md §12).
 
     - Its `accepted` list (cycled) when the trace gives one.
-    - Else a draw keyed by the request's `key` from the per-position rates.
+    - Else draft position a is accepted when its draw `uniform(seed, key,
+      draw, a)` (from the request's `request_state`, `state`) is below
+      `rates[a]` and every draft before it was.
     - At most `num_drafts`.
     """
     lo = acc_offsets[request]
     n = acc_offsets[request + 1] - lo
     if n > 0:
         return min(acc_values[lo + draw % n], num_drafts)
+    # every position drawn (the draws are independent), the accepted prefix
+    # counted without a branch on each: which position rejects is random
     a = 0
-    while a < num_drafts and uniform(seed, key, draw, a) < rates[a]:
-        a += 1
+    alive = True
+    for pos in range(num_drafts):
+        alive = alive & (uniform_from(state, draw, pos) < rates[pos])
+        a += alive
     return a
+
+
+def position_counts(verified):
+    """Per draft position, the verification passes that drafted it and
+    those that accepted it (`[2, max(k, 1)]`, summary.json's
+    `acceptance_rate_per_position` over the first row's first entry, every
+    verification pass), from the rank's histogram `verified[drafts,
+    accepted]` of the verification passes of real drafts (`_verify_drafts`:
+    one count a pass, not one per position)."""
+    k = verified.shape[0] - 1
+    counts = np.zeros((2, max(k, 1)), dtype=np.int64)
+    for pos in range(k):
+        counts[0, pos] = verified[pos + 1:, :].sum()
+        counts[1, pos] = verified[:, pos + 1:].sum()
+    return counts
 
 
 @njit(inline="always")
@@ -134,19 +183,15 @@ def _verify_drafts(s, i, drafts, real, stale):
       the acceptance statistics, as vLLM records them.
     """
     R, cfg = s.R, s.cfg
-    acc_offsets, acc_values, rates, pos_counts, keys = s.spec
+    acc_offsets, acc_values, rates, verified, states = s.spec
     accepted = 0
     if real:
         draw = R[i].num_drafts
-        accepted = accepted_drafts(cfg[0].spec_seed, rates, acc_offsets, acc_values, i, keys[i],
-                                   draw, drafts)
+        accepted = accepted_drafts(rates, acc_offsets, acc_values, i, states[i], draw, drafts)
         R[i].num_drafts = draw + 1
         R[i].num_draft_tokens += drafts
         R[i].num_accepted_tokens += accepted
-        for pos in range(drafts):
-            pos_counts[0, pos] += 1
-            if pos < accepted:
-                pos_counts[1, pos] += 1
+        verified[drafts, accepted] += 1  # the per-position counts: `position_counts`
     if not stale:
         rejected = drafts - accepted
         R[i].num_computed_tokens -= rejected

@@ -12,6 +12,7 @@ import numpy as np
 
 from servesim.jit import records
 from servesim.scheduler import check
+from servesim.scheduler.drafts import draw_states
 from servesim.scheduler.kv_cache_manager import can_ever_fit
 from servesim.scheduler.output import NUM_KO_ROWS
 from servesim.scheduler.request import RequestStatus
@@ -69,10 +70,13 @@ class RankScheduler:
             self.cfg[0]["num_hash_lookahead_tokens"] = int(pool.enable_caching)
             self.cfg[0]["spec_seed"] = speculative.seed
             rates[:] = speculative.acceptance_rates
-        # (accepted-list offsets, values, rates, per-position [drafted, accepted],
-        # each request's key for its acceptance draws)
+        # (accepted-list offsets, values, rates, the verification passes by
+        # [drafts, accepted] (drafts.py `position_counts`), each request's state
+        # for its acceptance draws, drafts.py `draw_states`)
+        states = (draw_states(speculative.seed, table.request_keys()) if k
+                  else np.zeros(0, dtype=np.uint64))
         self.spec = (table.accepted_offsets, table.accepted_values, rates,
-                     np.zeros((2, max(k, 1)), dtype=np.int64), table.request_keys())
+                     np.zeros((k + 1, k + 1), dtype=np.int64), states)
         self.S = records(1, STATE_DTYPE)
         self.running = np.zeros(config.max_num_seqs + 1, dtype=np.int64)
         self.wq = np.zeros(len(table.request_ids) + 1, dtype=np.int64)

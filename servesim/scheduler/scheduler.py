@@ -632,12 +632,45 @@ def _append_token(s, i, release_ms, pass_index, max_model_len):
 
 
 @njit(inline="always")
+def _append_tokens(s, i, n, release_ms, pass_index, max_model_len):
+    """`Scheduler._update_request_with_output`: up to n sampled tokens of
+    request i appended at once, up to the token it stops on.
+
+    - `check_stop` after each (max_tokens, then max_model_len), worked out
+      before the loop from the room `min(max_tokens - produced,
+      max_model_len - num_tokens)`: the tokens' release times are the only
+      per-token work.
+    - Returns `(tokens appended, whether it stops)`.
+    """
+    R, last_client = s.R, s.last_client
+    num_tokens = R[i].num_tokens
+    produced = num_tokens - R[i].num_prompt_tokens
+    stop_at = max(1, min(R[i].max_tokens - produced, max_model_len - num_tokens))
+    appended = min(n, stop_at)
+    R[i].num_tokens = num_tokens + appended
+    if R[i].num_output_placeholders > 0:
+        R[i].num_output_placeholders = max(0, R[i].num_output_placeholders - appended)
+    client_ms, detokenize_ms = s.client_ms, s.detokenize_ms
+    at = s.token_offsets[i] + produced
+    client = last_client[i]
+    for t in range(appended):
+        client = max(release_ms, client) + detokenize_ms
+        client_ms[at + t] = client
+    last_client[i] = client
+    if R[i].first_token_pass < 0:
+        R[i].first_token_pass = pass_index
+    R[i].finish_pass = pass_index
+    return appended, stop_at <= n
+
+
+@njit(inline="always")
 def _append_verified(s, out, e, i, stale, release_ms, pass_index):
     """`Scheduler._update_request_with_output`: under speculative decoding,
-    the 1 + accepted tokens of entry e appended one at a time; True when the
-    request stops.
+    the 1 + accepted tokens of entry e appended (`_append_tokens`); True when
+    the request stops.
 
-    - `check_stop` after each token.
+    - `check_stop` after each token (worked out from the request's room
+      before the tokens are written).
     - At the stop the rest is trimmed: taken off `num_computed_tokens`, and
       off the placeholders under async.
     """
@@ -646,15 +679,14 @@ def _append_verified(s, out, e, i, stale, release_ms, pass_index):
     tokens = 1
     if drafts > 0:
         tokens = _verify_drafts(s, i, drafts, out[O_KIND, e] == PassKind.RUNNING, stale)
-    for t in range(tokens):
-        if _append_token(s, i, release_ms, pass_index, cfg[0].max_model_len):
-            if not stale:
-                trimmed = tokens - 1 - t
-                R[i].num_computed_tokens -= trimmed
-                if cfg[0].async_scheduling:
-                    R[i].num_output_placeholders -= trimmed
-            return True
-    return False
+    appended, stopped = _append_tokens(s, i, tokens, release_ms, pass_index,
+                                       cfg[0].max_model_len)
+    if stopped and not stale:
+        trimmed = tokens - appended
+        R[i].num_computed_tokens -= trimmed
+        if cfg[0].async_scheduling:
+            R[i].num_output_placeholders -= trimmed
+    return stopped
 
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point (servesim/jit.py)
