@@ -6,18 +6,17 @@ on a synchronous engine, the host work between passes (scheduling, input
 preparation, sampling, output processing), which the GPU waits for.
 
 - The frontend: 4 ms per request and 3.6 µs per prompt token
-  (`engine.frontend`). The per-request figure is of the order vLLM's
-  benchmark client and API server add to TTFT at moderate concurrency
-  (tenstorrent/tt-inference-server#190: ~40 ms at batch 32 in their client,
-  of which the server's part is a few ms); the per-token figure is a fast
-  tokenizer's cost on long prompts (the same project's #2173 measures 10–21
-  µs a token on 131-token prompts, where the fixed part dominates).
-- The host time per pass: 1.4 ms (`engine.host_ms_per_pass`), the step time
-  AIConfigurator's live comparison of vLLM with and without async scheduling
-  attributes to the synchronous loop; hidden under `async_scheduling`. The
-  real term grows with the batch (the silicon rows of vLLM 0.12 show 1.3–2.1
-  ms at concurrency 8 and 2.9–4.0 ms at 64, benchmarks/RESULTS.md); no batch
-  slope is modelled until a measurement independent of those rows exists.
+  (`engine.frontend`).
+- The host time per pass: 1.4 ms (`engine.host_ms_per_pass`), hidden under
+  `async_scheduling`. The real term grows with the batch (the silicon rows
+  of vLLM 0.12 show 1.3–2.1 ms at concurrency 8 and 2.9–4.0 ms at 64,
+  benchmarks/RESULTS.md); no batch slope is modelled until a measurement
+  independent of those rows exists.
+
+Both values are issue 38's, with the sources it names (tenstorrent/
+tt-inference-server#190, AIConfigurator's live probe and its sync-vs-async
+comparison); docs/deployment.md says what each source measures and what it
+does not isolate.
 
 None of these figures is fitted to the silicon rows servesim is checked
 against. Other timing types add nothing (their pass times come from a
