@@ -32,8 +32,12 @@ def deployment_summary(engine, data_parallel_size: int = 1) -> dict | None:
             out["timing_source"] += f", calibrated by {timing.calibration}"
     else:
         out["timing_source"] = timing.type
-    out["host_terms"] = host_terms(engine)
-    out["host_terms_text"] = describe_host_terms(out["host_terms"])
+    if engine.sglang is not None:  # (docs/sglang.md: not modelled there)
+        out["host_terms"] = None
+        out["host_terms_text"] = "no API-server or host time modelled under backend: sglang"
+    else:
+        out["host_terms"] = host_terms(engine)
+        out["host_terms_text"] = describe_host_terms(out["host_terms"])
     return out
 
 
