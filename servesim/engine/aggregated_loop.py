@@ -76,7 +76,8 @@ def run_cluster(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, arriv
         if popped:
             ws[0].force = 1  # it runs from its event
         ws[0].seq = cs[0].seq
-        state = run_passes(w, None, t, order, seq, log_on, log, None)  # (never checking)
+        # (never checking; aggregated workers: no handoffs)
+        state = run_passes(w, None, t, order, seq, log_on, log, None, None)
         cs[0].seq = ws[0].seq
         cs[0].last_worker = k
         finished = w.finished

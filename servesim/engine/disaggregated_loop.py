@@ -143,7 +143,7 @@ def _run_worker(w, popped, ps, t, order, seq, log_on, log, checking):
     if popped:
         ws[0].force = 1  # it runs from its event
     ws[0].seq = ps[0].seq
-    state = run_passes(w, w.kv_t, t, order, seq, log_on, log, checking)
+    state = run_passes(w, w.kv_t, t, order, seq, log_on, log, checking, True)  # (a pool's worker)
     ps[0].seq = ws[0].seq
     return state
 

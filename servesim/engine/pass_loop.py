@@ -198,7 +198,7 @@ def _has_requests(sched_t, ranks):
 
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
-def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
+def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs):
     """Run the worker's events up to the horizon (module docstring); returns
     the state handed back. `w`: the worker's arrays (a `WorkerArrays`,
     engine/worker_state.py; read as `w.name` where used, so that entering
@@ -212,6 +212,9 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
     `kv` bundle (a `KVArrays`, `RankScheduler._kv`; None: no CPU tier and no
     remote KV), `checking`: True in the debug mode, else None (the invariant
     check, the scheduler's `_check_after`, is then compiled away),
+    `handoffs`: True for a disaggregated pool's worker (`ws[0].pool` >= 0),
+    else None (the handoffs' kernels, engine/kv_handoff.py, are then
+    compiled away, as Numba prunes a branch on a None argument),
     `xw_t[:ws[0].num_wakes]`, `xw_s`: the transfer wakes pending (instant,
     sequence). In disaggregated mode (`ws[0].pool`) `side_*_t` are each
     rank's sender (prefill) or receiver (decode) arrays and `XI`, `XF`,
@@ -348,16 +351,17 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                 if cpu:
                     for r in range(ranks):
                         _poll(kv_t[r], w.R, t)
-            if pool == POOL_PREFILL:
-                for r in range(ranks):
-                    if w.side_state_t[r][0].num_pending:
-                        kv_handoff.poll_sender(w.sched_t[r], w.side_pending_t[r],
-                                                w.side_state_t[r], w.side_log_t[r], w.XF, t)
-            elif pool == POOL_DECODE:
-                for r in range(ranks):
-                    if w.side_state_t[r][0].num_pending:
-                        kv_handoff.poll_receiver(w.R, w.side_pending_t[r], w.side_state_t[r],
-                                                  w.XI, w.XF, t)
+            if handoffs is not None:
+                if pool == POOL_PREFILL:
+                    for r in range(ranks):
+                        if w.side_state_t[r][0].num_pending:
+                            kv_handoff.poll_sender(w.sched_t[r], w.side_pending_t[r],
+                                                    w.side_state_t[r], w.side_log_t[r], w.XF, t)
+                elif pool == POOL_DECODE:
+                    for r in range(ranks):
+                        if w.side_state_t[r][0].num_pending:
+                            kv_handoff.poll_receiver(w.R, w.side_pending_t[r], w.side_state_t[r],
+                                                      w.XI, w.XF, t)
             n_taken = 0
             for r in range(ranks):
                 S = w.sched_t[r].S
@@ -382,13 +386,14 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                 if cpu:
                     for r in range(ranks):
                         _submit_decided(kv_t[r], t)
-                elif pool == POOL_DECODE:
-                    for r in range(ranks):
-                        if kv_t[r].KC[output.KO_LOADS] == 0:
-                            continue  # no pull decided
-                        n_pulls = _submit_pulls(w.R, kv_t[r], w.side_pending_t[r],
-                                                w.side_state_t[r], w.XI, w.XF, w.link_free,
-                                                w.link_of, w.xparams, t, w.pulls, n_pulls)
+                elif handoffs is not None:
+                    if pool == POOL_DECODE:
+                        for r in range(ranks):
+                            if kv_t[r].KC[output.KO_LOADS] == 0:
+                                continue  # no pull decided
+                            n_pulls = _submit_pulls(w.R, kv_t[r], w.side_pending_t[r],
+                                                    w.side_state_t[r], w.XI, w.XF, w.link_free,
+                                                    w.link_of, w.xparams, t, w.pulls, n_pulls)
             for r in range(ranks):
                 track_usage(w.stats[r], w.sched_t[r].pscal, w.num_gpu_blocks, t)
                 stamp_events(w.sched_t[r].events, t)
@@ -410,7 +415,7 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking):
                 if preempted:  # only preempted, idle: decide again at once
                     ws[0].decision = DEC_NOW
                     ws[0].decision_ms = t
-                elif pool >= 0:
+                elif handoffs is not None:  # (then `pool` >= 0)
                     _wake_at(_next_land(w.side_pending_t, w.side_state_t, w.XF, ranks), w.sched_t,
                              ranks, ws, w.xw_t, w.xw_s)
                 elif kv_t is not None:

@@ -148,8 +148,9 @@ class WorkerLoop:
         st = self.state
         st["arrival_limit"] = min(st["arrival_end"], st["arrival_next"] + ARRIVALS_PER_CALL)
         checking = True if self.schedulers[0].cfg[0]["invariant_check"] else None
+        handoffs = True if self.state["pool"] >= 0 else None  # (a disaggregated pool's worker)
         return self._entry(*self.arguments(), float(horizon[0]), int(horizon[1]),
-                           int(horizon[2]), *log_arguments(log), checking)
+                           int(horizon[2]), *log_arguments(log), checking, handoffs)
 
     def arguments(self):
         """`run_passes`' arguments but the horizon and the pass log (made
