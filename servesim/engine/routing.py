@@ -186,17 +186,17 @@ def kv_router_book(kvr, j, i, idents, num_full, prefill_tokens):
 
 
 @njit
-def cached_prefix_seen(s, idents, num_full, scratch, now):
-    """The leading full blocks of a prompt the router believes rank `s`
-    (its scheduler arrays) has cached at `now`: with a KV event lag, those
-    of the view its KV events built, taken up to `now - lag` (the cache as
-    it was then; kvcache/block_pool.py `see_events`); without, the cache as
-    it is."""
-    events = s.events
-    if events[0][bp.EV_ON]:
+def cached_prefix_seen(events, blocks, idmap, idents, num_full, scratch, now):
+    """The leading full blocks of a prompt the router believes a rank (its
+    KV `events`, `blocks` and `idmap`, scheduler arrays) has cached at `now`:
+    with a KV event lag, those of the view its KV events built, taken up to
+    `now - lag` (the cache as it was then; kvcache/block_pool.py
+    `see_events`); without (`events` None: the view's kernels are then
+    compiled away), the cache as it is."""
+    if events is not None:
         bp.see_events(events, now - events[1][bp.EV_LAG])
         return bp.viewed_prefix(events[2], idents, num_full)
-    return bp.find_cached_prefix(s.blocks, s.idmap, idents, num_full, scratch)
+    return bp.find_cached_prefix(blocks, idmap, idents, num_full, scratch)
 
 
 @njit(inline="always")
@@ -230,7 +230,8 @@ def kv_router(rank_set, kvr, num_workers, dp, pinned, idents, scratch, num_promp
         forget_finished(kvr, s.R, s.idents, j)
         hit = 0
         if enable_caching and not ints[KI_LOAD_ONLY]:
-            hit = cached_prefix_seen(s, idents, num_full, scratch, now)
+            hit = cached_prefix_seen(s.events, s.blocks, s.idmap, idents, num_full, scratch,
+                                     now)
         x = kv_router_logit(kvr, j, idents, num_full, hit, num_prompt_tokens, block_size)
         logits[j] = x
         kvr.hits[j] = hit

@@ -40,7 +40,10 @@ NONE = -1
 # early because the ring was full) and the lag (`ev_t[EV_LAG]`); `view[ident]`
 # is 1 where the router believes the identity cached. Events concern
 # identities: one is stored when its first cached block is registered,
-# removed when its last cached block is evicted.
+# removed when its last cached block is evicted. Without a lag a pool's
+# `events` is None: the kernels here take None for no queue, and Numba
+# prunes their branches on it, so a run without a lag compiles none of the
+# queue's kernels (`_queue_event`, `stamp_events`, `see_events`).
 EV_ON, EV_HEAD, EV_COUNT, EV_STAMPED, EV_EARLY = range(5)
 EV_HEADER = 5
 EV_LAG, EV_T0 = 0, 1
@@ -122,7 +125,10 @@ def stamp_events(events, now):
     - The pass loop calls this after every decision and every pass end.
     - Those `lag` old or more reach the view (`see_events`: whoever asks
       later asks at `now` or after).
+    - None (no lag, no queue): nothing to do.
     """
+    if events is None:
+        return
     ev, ev_t, view = events
     if not ev[EV_ON]:
         return
@@ -156,14 +162,16 @@ def viewed_prefix(view, idents, max_blocks):
 def event_queue(num_identities: int, num_gpu_blocks: int, lag_ms: float):
     """The `events` tuple of a pool: with `lag_ms` > 0 a ring of
     max(4 * num_gpu_blocks, 4096) events and a view of every identity;
-    otherwise off, of size 1."""
-    on = lag_ms > 0
-    cap = max(4 * num_gpu_blocks, 4096) if on else 1
+    otherwise None (no queue: the kernels that queue, stamp and read events
+    are compiled away, see above)."""
+    if not lag_ms > 0:
+        return None
+    cap = max(4 * num_gpu_blocks, 4096)
     ev = np.zeros(EV_HEADER + cap, dtype=np.int64)
-    ev[EV_ON] = int(on)
+    ev[EV_ON] = 1
     ev_t = np.zeros(EV_T0 + cap, dtype=np.float64)
     ev_t[EV_LAG] = lag_ms
-    return ev, ev_t, np.zeros(max(num_identities, 1) if on else 1, dtype=np.uint8)
+    return ev, ev_t, np.zeros(max(num_identities, 1), dtype=np.uint8)
 
 
 @njit(inline="always")  # once per evicted block: a call spread its arrays over ~20 stack words
@@ -362,7 +370,7 @@ class BlockPool:
         self.idmap = np.empty(max(num_identities, 1), dtype=np.int32)
         self.scalars = np.zeros(1, dtype=np.int64)
         init_pool(self.blocks, self.idmap, self.scalars)
-        # the KV events the router sees `kv_event_lag_ms` late (off at 0)
+        # the KV events the router sees `kv_event_lag_ms` late (None at 0)
         self.events = event_queue(num_identities, config.num_gpu_blocks, kv_event_lag_ms)
 
     @property

@@ -464,7 +464,7 @@ class Replay:
         from servesim.kvcache.block_pool import EV_EARLY
 
         early = sum(int(rank.pool.events[0][EV_EARLY]) for core in self.workers
-                    for rank in core.ranks)
+                    for rank in core.ranks if rank.pool.events is not None)
         if not early:
             return []
         message = (f"cluster.router.kv_event_lag_ms: {early} KV events reached the router "
