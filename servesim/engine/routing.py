@@ -378,13 +378,17 @@ def weighted(rank_set, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scr
 def route(policy, rr, rank_set, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
           num_prompt_tokens, block_size, enable_caching, kvr, i, admit, now):
     """The rank `j` (module docstring) `policy` sends request i, arriving at
-    `now`, to (`admit` False: it is rejected whichever rank it goes to)."""
-    if policy == RoutePolicy.KV_ROUTER:
-        return kv_router(rank_set, kvr, num_workers, dp, pinned, idents, scratch,
-                         num_prompt_tokens, block_size, enable_caching, i, admit, now)
-    if policy == RoutePolicy.WEIGHTED:
-        return weighted(rank_set, kvr, num_gpu_blocks, num_workers, dp, pinned, idents, scratch,
-                        num_prompt_tokens, block_size, enable_caching)
+    `now`, to (`admit` False: it is rejected whichever rank it goes to).
+    `kvr`: the router's state (`RouterArrays`) for `kv_router` and
+    `weighted`, None for the rules that keep none, whose runs then compile
+    neither of those two (Numba prunes the branch on a None argument)."""
+    if kvr is not None:
+        if policy == RoutePolicy.KV_ROUTER:
+            return kv_router(rank_set, kvr, num_workers, dp, pinned, idents, scratch,
+                             num_prompt_tokens, block_size, enable_caching, i, admit, now)
+        if policy == RoutePolicy.WEIGHTED:
+            return weighted(rank_set, kvr, num_gpu_blocks, num_workers, dp, pinned, idents,
+                            scratch, num_prompt_tokens, block_size, enable_caching)
     if policy == RoutePolicy.LEAST_PREFILL:
         max_blocks = (num_prompt_tokens - 1) // block_size if enable_caching else 0
         return least_prefill(rank_set, num_workers, dp, pinned, idents, max_blocks, scratch,
@@ -412,8 +416,9 @@ class RouterArrays:
     a list linked through the requests; its distinct blocks; its prefill
     tokens; each request's link, prefill tokens and blocks; each rank's count
     of requests holding each identity), and scratch for the logits and hits
-    of a choice. Without a book its arrays are of the same types with nothing
-    in them (one compile of the loops for every policy)."""
+    of a choice. Without a book (`weighted`) its arrays are of the same types
+    with nothing in them, so both policies share one compile of the loops
+    (the other rules take None instead, `route`)."""
 
     def __init__(self, options=None, num_ranks=1, num_requests=1, num_identities=1,
                  load_only=False, book=False):
@@ -437,7 +442,8 @@ class RankArrays:
     (and the compiled loops over workers queue arrivals on), as a `rank_set`
     in (worker, rank) order (module docstring), the
     round-robin state and the `RouterArrays` of `options` (a RouterConfig;
-    `load_only` on a disaggregated decode pool)."""
+    `load_only` on a disaggregated decode pool) when its policy keeps state
+    (`kv_router`, `weighted`; else None, `route`)."""
 
     def __init__(self, workers, data_parallel_size: int, options=None, load_only=False):
         ranks = [w.ranks[r] for w in workers for r in range(data_parallel_size)]
@@ -452,9 +458,10 @@ class RankArrays:
         self.rank_set = (addresses_of(arrays), arrays[0])
         self._arrays = arrays  # (the bundles the addresses point to, held for the run)
         self.rr = np.zeros(RR_PINNED + data_parallel_size, dtype=np.int64)
-        book = options is not None and options.policy == "kv_router"
-        self.router = RouterArrays(options, len(ranks), len(ranks[0].scheduler.table.R),
-                                   len(pool.idmap), load_only, book).arrays
+        policy = None if options is None else options.policy
+        self.router = (RouterArrays(options, len(ranks), len(ranks[0].scheduler.table.R),
+                                    len(pool.idmap), load_only, policy == "kv_router").arrays
+                       if policy in ("kv_router", "weighted") else None)
 
     def target(self, j):
         """Rank index j as (worker, rank)."""

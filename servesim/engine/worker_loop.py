@@ -162,7 +162,7 @@ def pool_arrays(ranks: routing.RankArrays, policy, table, extra_tokens=0):
     (`_queue`): its ranks' (`ranks`), the policy, a count of requests routed
     to each rank, the request table's block identities, the cached-prefix
     scratch for a prompt of the table's with `extra_tokens` more, and
-    the router's knobs and state (`RankArrays.router`)."""
+    the router's knobs and state (`RankArrays.router`, None for a rule that keeps none)."""
     prompts = table.R["num_prompt_tokens"]
     longest = (int(prompts.max()) if len(prompts) else 1) + extra_tokens
     scratch = np.zeros(max(1, longest // ranks.block_size), dtype=np.int64)
