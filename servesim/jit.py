@@ -276,6 +276,16 @@ def types_key(values) -> tuple:
     return tuple(map(_type_key, values))
 
 
+def one_type(arguments) -> bool:
+    """Whether every tuple in `arguments` has the same Numba type (true of
+    none or one): by `types_key` when their keys agree, which they do when
+    they hold the same dtypes (a worker's arguments, made by one builder),
+    else by `numba.typeof` (equal types under other dtype objects)."""
+    if len({types_key(args) for args in arguments}) <= 1:
+        return True
+    return len({numba.typeof(args) for args in arguments}) <= 1
+
+
 def _give_back(args):
     """Give back the reference Numba's call took on each bundle in `args`
     (tuples searched too): see `Entry`."""

@@ -38,7 +38,7 @@ from servesim.engine.worker_loop import (ARRIVE, ROUTED, arrival_due, arrive, ne
                                          run_reporting, worker_horizon)
 from servesim.engine import routing
 from servesim.bundles import addresses_of, bundle_at
-from servesim.jit import Entry, njit, plain_python
+from servesim.jit import Entry, njit, one_type, plain_python
 
 # cs: the state of the cluster's loop, that of any loop over workers
 # (engine/worker_loop.py `LOOP_DTYPE`)
@@ -138,13 +138,11 @@ class AggregatedLoop:
         tier's workers route each arrival from the replay: the loop would
         be compiled once more for their type, ~10 s cold, for a saving of
         a few µs an arrival)."""
-        from numba import typeof
-
         if any(core.compiled.arguments()[1] is not None for core in cores):
             return False
         if plain_python():
             return True
-        return len({typeof(core.compiled.arguments()) for core in cores}) == 1
+        return one_type([core.compiled.arguments() for core in cores])
 
     arrivals = property(lambda self: int(self.cs[0]["arrival_next"]))  # routed (or rejected) so far
     done = property(lambda self: int(self.cs[0]["num_done"]))  # finished or rejected so far

@@ -65,7 +65,7 @@ from servesim.engine.worker_state import DEC_NONE, FINISHED, HORIZON, IDLE, TAKE
 from servesim.engine.events import DECIDE
 from servesim.engine.kv_handoff import hand_off, wait_on
 from servesim.bundles import addresses_of, bundle_at
-from servesim.jit import Entry, njit, plain_python
+from servesim.jit import Entry, njit, one_type, plain_python
 
 from servesim.engine.worker_loop import (ARRIVE, POOL_DP, ROUTED, R_ARRIVAL_MS, R_ARRIVAL_REQ,
                                          R_FINISHED, R_HANDED, R_NEVER_FITS, R_PINNED, R_PREFILL_RANK,
@@ -248,12 +248,10 @@ class DisaggregatedLoop:
     def fit(cores, num_prefill) -> bool:
         """Whether each pool's workers pass arguments of one type
         (`run_workers` reads each pool's bundles by address, as one type)."""
-        from numba import typeof
-
         if plain_python():
             return True  # no types to agree on
-        types = [typeof(core.compiled.arguments()) for core in cores]
-        return (len(set(types[:num_prefill])) <= 1 and len(set(types[num_prefill:])) <= 1)
+        return (one_type([core.compiled.arguments() for core in cores[:num_prefill]])
+                and one_type([core.compiled.arguments() for core in cores[num_prefill:]]))
 
     def attach(self, pool_a, pool_b, replay_arrays, ranks):
         """The pools' `pool_arrays`, the replay's arrays (in `R_*` order) and
