@@ -174,11 +174,45 @@ def collecting_while_compiling():
 
 
 def njit(func=None, **options):
+    """`numba.njit` with the project's settings (module docstring), each
+    kernel typed from other kernels without literal arguments
+    (`_without_literals`)."""
     options.setdefault("cache", True)
     options.setdefault("nogil", True)
     if func is None:
-        return lambda f: numba.njit(**options)(f)
-    return numba.njit(**options)(func)
+        return lambda f: njit(f, **options)
+    dispatcher = numba.njit(**options)(func)
+    if hasattr(dispatcher, "get_call_template"):  # (not as plain Python)
+        _without_literals(dispatcher)
+    return dispatcher
+
+
+def _without_literals(dispatcher):
+    """Make the calls of other kernels compile `dispatcher` for their
+    arguments' plain types. Numba types a constant argument of a call from
+    compiled code as a literal (`_before(t, DECIDE, ...)`: `Literal[int](2)`)
+    and compiles the callee once for each such signature: `_before` three
+    times, `allocate_slots` and `_allocate` twice, in every run (~1 s of a
+    cold run's compile; nothing in servesim's kernels is typed by a literal
+    argument's value). The plain signature is tried first, the literal one
+    only if typing it fails (as Numba's own resolution of overloads falls
+    back the other way). What a kernel computes does not change: a literal
+    only lets Numba prune a branch its value never takes."""
+    from numba.core import errors, types
+
+    typed = dispatcher.get_call_template
+
+    def get_call_template(args, kws):
+        plain = tuple(types.unliteral(a) for a in args)
+        plain_kws = {k: types.unliteral(v) for k, v in kws.items()}
+        if plain != tuple(args) or plain_kws != kws:
+            try:
+                return typed(plain, plain_kws)
+            except errors.TypingError:
+                pass
+        return typed(args, kws)
+
+    dispatcher.get_call_template = get_call_template
 
 
 def plain_python() -> bool:
