@@ -282,10 +282,10 @@ def test_the_loops_bundle_holds_the_workers_own_arrays():
                                 cluster={"data_parallel_size": 2}), make_workload(rows))
     replay.run()
     compiled = replay.workers[0].compiled
-    w, kv = compiled.arguments()
+    w, kv, tier = compiled.arguments()
     s = compiled.schedulers
     R, stats, launch, num_gpu_blocks, outs, ws, queue, pulls = fields(w)
-    assert kv is None
+    assert kv is None and tier is None
     assert np.shares_memory(R, s[0].table.R)
     assert np.shares_memory(stats, compiled.stats) and np.shares_memory(launch, compiled.launch)
     assert num_gpu_blocks == s[0].pool.num_gpu_blocks

@@ -76,8 +76,8 @@ def run_cluster(workers, w0, keys_t, keys_o, keys_s, cs, pool, arrival_ms, arriv
         if popped:
             ws[0].force = 1  # it runs from its event
         ws[0].seq = cs[0].seq
-        # (never checking; aggregated workers: no handoffs)
-        state = run_passes(w, None, t, order, seq, log_on, log, None, None)
+        # (never checking; workers without KV transfers, `fit`; no handoffs)
+        state = run_passes(w, None, None, t, order, seq, log_on, log, None, None)
         cs[0].seq = ws[0].seq
         cs[0].last_worker = k
         finished = w.finished
@@ -184,7 +184,7 @@ class AggregatedLoop:
         args = [core.compiled.arguments() for core in self.cores]
         if self._group is None or any(a is not b for a, b in zip(args, self._args)):
             self._args = args
-            bundles = [w for w, _ in args]
+            bundles = [args_k[0] for args_k in args]
             self._group = (addresses_of(bundles), bundles[0])
         return self._group
 

@@ -143,7 +143,8 @@ def _run_worker(w, popped, ps, t, order, seq, log_on, log, checking):
     if popped:
         ws[0].force = 1  # it runs from its event
     ws[0].seq = ps[0].seq
-    state = run_passes(w, w.kv_t, t, order, seq, log_on, log, checking, True)  # (a pool's worker)
+    # (a pool's worker: its `kv` bundles are remote KV's, never a CPU tier's)
+    state = run_passes(w, w.kv_t, None, t, order, seq, log_on, log, checking, True)
     ps[0].seq = ws[0].seq
     return state
 
@@ -320,8 +321,8 @@ class DisaggregatedLoop:
         if self._groups is None or any(a is not b for a, b in zip(args, self._args)):
             self._args = args
             p = self.num_prefill
-            a = [w for w, _ in args[:p]]
-            b = [w for w, _ in args[p:]]
+            a = [args_k[0] for args_k in args[:p]]
+            b = [args_k[0] for args_k in args[p:]]
             self._groups = (addresses_of(a), a[0], addresses_of(b), b[0])
         return self._groups
 

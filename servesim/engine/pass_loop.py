@@ -91,7 +91,6 @@ from servesim.kvcache.block_pool import stamp_events
 from servesim.scheduler import output, scheduler
 from servesim.scheduler.kv_cache_manager import can_ever_fit
 from servesim.scheduler.scheduler import LIVELOCK_PREEMPTIONS
-from servesim.scheduler.scheduler_arrays import KV_SOURCE_CPU
 from servesim.engine import kv_handoff
 
 from servesim.engine.kv_transfers import (_kv_room, _next_completion_ms, _next_land, _poll,
@@ -198,7 +197,7 @@ def _has_requests(sched_t, ranks):
 
 
 @njit(_nrt=False)  # NOTE(refcounts): an entry point, compiled without counts (servesim/jit.py)
-def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs):
+def run_passes(w, kv_t, tier_t, h_time, h_order, h_seq, log_on, log, checking, handoffs):
     """Run the worker's events up to the horizon (module docstring); returns
     the state handed back. `w`: the worker's arrays (a `WorkerArrays`,
     engine/worker_state.py; read as `w.name` where used, so that entering
@@ -210,7 +209,10 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs)
     k-th of the arrivals the loop admits comes, and its request
     (`next_arrival`). `kv_t` (an argument): each rank's
     `kv` bundle (a `KVArrays`, `RankScheduler._kv`; None: no CPU tier and no
-    remote KV), `checking`: True in the debug mode, else None (the invariant
+    remote KV), `tier_t`: the same tuple when the bundles are a CPU tier's,
+    else None (the CPU tier's transfer kernels are then compiled away: a
+    disaggregated pool's `kv` bundles are remote KV's, never a CPU tier's,
+    which does not combine with it), `checking`: True in the debug mode, else None (the invariant
     check, the scheduler's `_check_after`, is then compiled away),
     `handoffs`: True for a disaggregated pool's worker (`ws[0].pool` >= 0),
     else None (the handoffs' kernels, engine/kv_handoff.py, are then
@@ -230,7 +232,6 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs)
     ws = w.ws  # (its record read everywhere below as ws[0]: held for the call)
     ranks = w.feats.shape[1]
     width = w.outs.shape[3]
-    cpu = w.sched_t[0].cfg[0].kv_source == KV_SOURCE_CPU  # (read under `kv_t is not None`)
     pool = ws[0].pool
     n_fin = 0
     ws[0].num_taken_out = 0
@@ -277,9 +278,9 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs)
             if kind == EV_END and log_on and not _log_room(log, ranks, width):
                 ws[0].num_finished = n_fin
                 return LOG_FULL
-            if kv_t is not None:
-                if cpu and (ws[0].num_wakes + 1 >= len(w.xw_t)
-                            or not _kv_room(kv_t, w.sched_t, ranks, width, w.num_gpu_blocks)):
+            if tier_t is not None:
+                if (ws[0].num_wakes + 1 >= len(w.xw_t)
+                        or not _kv_room(tier_t, w.sched_t, ranks, width, w.num_gpu_blocks)):
                     ws[0].num_finished = n_fin
                     return ROOM
             if (not (ws[0].force or decide == DEC_NOW
@@ -307,10 +308,9 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs)
                     n = scheduler.update_from_output(
                         w.sched_t[r], w.outs[head, r], w.feats[head, r, output.N_SCHED], release,
                         index, w.finished[n_fin:], rank_kv(kv_t, r), checking)
-                    if kv_t is not None:
-                        if cpu:
-                            _submit_finished_stores(kv_t[r], w.queue[following].end_ms
-                                                    if count == 2 else t)
+                    if tier_t is not None:
+                        _submit_finished_stores(tier_t[r], w.queue[following].end_ms
+                                                if count == 2 else t)
                     if log_on:
                         _log_pass(log, ws, w.queue, head, r, index, w.outs[head, r],
                                   w.feats[head, r], w.finished[n_fin:], n)
@@ -347,10 +347,9 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs)
             # now take effect first; the loads and preemption stores decided
             # go out at once)
             ws[0].decision = DEC_NONE
-            if kv_t is not None:
-                if cpu:
-                    for r in range(ranks):
-                        _poll(kv_t[r], w.R, t)
+            if tier_t is not None:
+                for r in range(ranks):
+                    _poll(tier_t[r], w.R, t)
             if handoffs is not None:
                 if pool == POOL_PREFILL:
                     for r in range(ranks):
@@ -382,11 +381,11 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs)
                     w.taken[n_taken] = w.outs[tail, r, output.O_UNFIN, e]
                     n_taken += 1
             n_pulls = 0
-            if kv_t is not None:
-                if cpu:
-                    for r in range(ranks):
-                        _submit_decided(kv_t[r], t)
-                elif handoffs is not None:
+            if tier_t is not None:
+                for r in range(ranks):
+                    _submit_decided(tier_t[r], t)
+            elif handoffs is not None:
+                if kv_t is not None:  # (a pool's ranks always have `kv` bundles)
                     if pool == POOL_DECODE:
                         for r in range(ranks):
                             if kv_t[r].KC[output.KO_LOADS] == 0:
@@ -418,20 +417,18 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs)
                 elif handoffs is not None:  # (then `pool` >= 0)
                     _wake_at(_next_land(w.side_pending_t, w.side_state_t, w.XF, ranks), w.sched_t,
                              ranks, ws, w.xw_t, w.xw_s)
-                elif kv_t is not None:
-                    if cpu:
-                        _wake_at(_next_completion_ms(kv_t, ranks), w.sched_t, ranks, ws, w.xw_t,
-                                 w.xw_s)
+                elif tier_t is not None:
+                    _wake_at(_next_completion_ms(tier_t, ranks), w.sched_t, ranks, ws, w.xw_t,
+                             w.xw_s)
             continue  # else wait: for the pass in flight's end, or an arrival
         # launch it: it starts when the host is done with it and the pass in
         # flight ends, and no earlier than the stores still reading the G1
         # blocks it writes
         ready = host_ready_ms(w.launch, t)
         start = max(ready, w.queue[head].end_ms) if count == 1 else ready
-        if kv_t is not None:
-            if cpu:
-                for r in range(ranks):
-                    start = max(start, _store_done_ms(kv_t[r]))
+        if tier_t is not None:
+            for r in range(ranks):
+                start = max(start, _store_done_ms(tier_t[r]))
         duration = 0.0
         prefill_tokens = total_tokens = 0
         for r in range(ranks):
@@ -457,12 +454,11 @@ def run_passes(w, kv_t, h_time, h_order, h_seq, log_on, log, checking, handoffs)
         w.queue[tail].launch_end_ms = launch_end
         ws[0].busy_ms += duration
         ws[0].num_passes += 1
-        if kv_t is not None:
-            if cpu:
-                for r in range(ranks):  # `offloading`: the pass's stores go out at its end
-                    kv = kv_t[r]
-                    for k in range(kv.KC[output.KO_STORES]):
-                        _submit(kv, kv.KO[output.KO_STORES, k], end)
+        if tier_t is not None:
+            for r in range(ranks):  # `offloading`: the pass's stores go out at its end
+                kv = tier_t[r]
+                for k in range(kv.KC[output.KO_STORES]):
+                    _submit(kv, kv.KO[output.KO_STORES, k], end)
         if ws[0].async_scheduling:
             ws[0].decision = DEC_PASS
             ws[0].decision_ms = max(launch_end, w.queue[head].end_ms) if count == 1 else launch_end

@@ -19,6 +19,7 @@ from servesim.engine.kv_transfers import _next_land
 from servesim.engine.pass_log_buffer import log_arguments
 from servesim.engine.pass_loop import _wake_at, run_passes
 from servesim.engine.worker_state import (DEC_NONE, PASS_DTYPE, new_worker_state)
+from servesim.scheduler.scheduler_arrays import KV_SOURCE_CPU
 from servesim.jit import records
 
 
@@ -167,17 +168,20 @@ class WorkerLoop:
 
     def _make_args(self):
         """The loop's arguments but the horizon and the pass log: the worker's
-        arrays (engine/worker_state.py) and each rank's `kv` bundle
+        arrays (engine/worker_state.py), each rank's `kv` bundle
         (`RankScheduler._kv`, which grows the CPU tier's job arrays so that
-        one call's jobs fit; only this worker calls it during a run) and the
-        transfer wakes' arrays, grown when they may run short."""
+        one call's jobs fit; only this worker calls it during a run), and
+        the same bundles again when they are a CPU tier's (else None:
+        `run_passes`' `tier_t`); the transfer wakes' arrays are grown when
+        they may run short."""
         kv = (padded([s._kv() for s in self.schedulers])
               if self.schedulers[0].kv_state is not None else None)
         self._grow_wakes()
         w = new_worker_arrays(*self._shared, *self._ranks, *self._side_args, self.outs,
                               self.feats, self.pidx, self.queue, self.ws, self.xw_t,
                               self.xw_s, self.finished, self.taken, self.pulls, kv)
-        return w, kv
+        tier = kv if self.schedulers[0].cfg[0]["kv_source"] == KV_SOURCE_CPU else None
+        return w, kv, tier
 
     def _grow_wakes(self):
         if self.state["num_wakes"] + 1 >= len(self.xw_t):
