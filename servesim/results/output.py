@@ -89,12 +89,18 @@ def _float_texts(arr) -> list:
 
 
 def _ints(arr) -> list:
-    return list(map(str, arr.tolist()))
+    """JSON texts of an integer array, each distinct value formatted once
+    (most columns hold a few: lengths, counts, workers)."""
+    if len(arr) < 64:
+        return list(map(str, arr.tolist()))
+    distinct, inverse = np.unique(arr, return_inverse=True)
+    return np.array(list(map(str, distinct.tolist())), dtype=object)[inverse].tolist()
 
 
 def _passes(arr) -> list:
     """JSON texts of pass indices: -1 ("never") is null."""
-    return ["null" if v < 0 else str(v) for v in arr.tolist()]
+    arr = np.asarray(arr)
+    return [t if v >= 0 else "null" for t, v in zip(_ints(arr), arr.tolist())] if (arr < 0).any() else _ints(arr)
 
 
 def _ids(ids) -> list:
