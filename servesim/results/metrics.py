@@ -56,9 +56,9 @@ def _fill_gaps(times, offsets, finished, out):
 
 ITL_QUANTILE_STEPS = 200
 # the distinct values counted before the order statistics fall back to a
-# partition: a share of the samples, and a table of at most ~48 MB
+# partition: a share of the samples, and a table of at most 2 MB
 _MAX_DISTINCT_SHARE = 16
-_MAX_DISTINCT = 1 << 20
+_MAX_DISTINCT = 1 << 17
 
 
 @njit
