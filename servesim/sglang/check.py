@@ -46,26 +46,31 @@ def check_scheduler(s, where: str):
     if s.rows_used != len(holders) or s.rows_used > s.max_num_reqs:
         fail(f"{s.rows_used} request rows in use, {len(holders)} holders, {s.max_num_reqs} rows")
     locks = {}
+    children = tree.children()
     for r in holders:
         node, depth = r.last_node, 0
-        while node is not None and node is not tree.root:
-            if node.parent is None or node.parent.children.get(tree._child_key(node.key)) is not node:
+        while node is not None and node != tree.root:
+            parent = tree.parent(node)
+            if node not in children.get(parent, ()):
                 fail("the request's locked prefix is no longer in the tree", r)
-            locks[id(node)] = locks.get(id(node), 0) + 1
-            depth += len(node.key)
-            node = node.parent
+            locks[node] = locks.get(node, 0) + 1
+            depth += tree.key_len(node)
+            node = parent
         if not tree.disable and depth != r.tree_len:
             fail(f"the locked prefix is {depth} tokens deep, tree_len {r.tree_len}", r)
-    unlocked, stack = 0, [tree.root]
+    unlocked, total_in_tree, stack = 0, 0, [tree.root]
     while stack:
         node = stack.pop()
-        stack.extend(node.children.values())
-        if node is tree.root:
+        stack.extend(children.get(node, ()))
+        if node == tree.root:
             continue
-        if node.lock_ref < locks.get(id(node), 0):
-            fail(f"a node locked {node.lock_ref} times is on {locks[id(node)]} holders' paths")
-        if node.lock_ref == 0:
-            unlocked += len(node.key)
+        total_in_tree += tree.key_len(node)
+        if tree.lock_ref(node) < locks.get(node, 0):
+            fail(f"a node locked {tree.lock_ref(node)} times is on {locks[node]} holders' paths")
+        if tree.lock_ref(node) == 0:
+            unlocked += tree.key_len(node)
+    if total_in_tree != total:
+        fail(f"the tree's nodes hold {total_in_tree} tokens, its count says {total}")
     if tree.evictable_size() != unlocked:
         fail(f"evictable count {tree.evictable_size()} != {unlocked} unlocked tokens in the tree")
     seen = set()

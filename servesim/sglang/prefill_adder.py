@@ -26,8 +26,8 @@ class PrefillAdder:
         self.new_token_ratio = new_token_ratio
         self.rem_input = cfg.max_prefill_tokens - mixed
         self.rem_chunk = cfg.chunked_prefill_size - mixed if cfg.chunked_prefill else None
-        self.total_offset = mixed + _RUNNING_OFFSET(cols, running_slots, new_token_ratio,
-                                                    CLIP_MAX_NEW_TOKENS)
+        self.total_offset = mixed + float(_RUNNING_OFFSET(cols, running_slots, new_token_ratio,
+                                                          CLIP_MAX_NEW_TOKENS))
         self.current_offset = mixed
         self.can_run = []  # (req, extend tokens, cached, kind, partial)
         self.new_chunked_req = None

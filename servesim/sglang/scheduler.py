@@ -16,6 +16,7 @@ from servesim.sglang.new_token_ratio import NewTokenRatioTracker
 from servesim.sglang.prefill_adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
 from servesim.sglang.radix_cache import RadixCache, TokenPool
 from servesim.sglang.req import (
+    DONE,
     DROPPED_AT,
     MAX_NEW_TOKENS,
     NUM_OUTPUTS,
@@ -117,13 +118,20 @@ class Scheduler:
                 # (into an empty running batch the merged batch replaces it, latch unset)
                 self.batch_is_full = False
             if kept:
+                slots = self._running_slots
                 self.running = self.running + kept
+                if slots is not None:  # (the merged batch's rows: the kept ones' after them)
+                    self._running_slots = np.concatenate((slots, slots_of(kept)))
         if self.num_finished != self._finished_seen:  # (else none of them finished)
             self._finished_seen = self.num_finished
             before = len(self.running)
+            slots = self.running_slots()
             self.running = [r for r in self.running if not r.finished]
             if len(self.running) < before:
+                self._running_slots = slots[self.table.cols[DONE, slots] == 0]  # (the same filter)
                 self.batch_is_full = False
+            else:
+                self._running_slots = slots
         batch = self.get_new_batch_prefill()
         if batch is not None:
             return batch
@@ -259,7 +267,7 @@ class Scheduler:
         """A page for each request (table rows `slots`) whose committed KV
         ends on a page boundary; the tree evicts to cover a shortfall
         (`check_decode_mem`)."""
-        need = _DECODE_NEED(self.table.cols, slots, self.page_size)
+        need = int(_DECODE_NEED(self.table.cols, slots, self.page_size))
         self.tree.evict_for(need)
         return self.pool.free >= need
 
@@ -298,10 +306,10 @@ class Scheduler:
         ends on a page boundary (`prepare_for_decode`, `alloc_for_decode`).
         Returns the decode's context: the positions after it, summed."""
         cols = self.table.cols
-        need = _DECODE_NEED(cols, slots, self.page_size)
+        need = int(_DECODE_NEED(cols, slots, self.page_size))
         self.tree.evict_for(need)
         self.pool.alloc(need)
-        return _ADVANCE_SEQ_LENS(cols, slots)
+        return int(_ADVANCE_SEQ_LENS(cols, slots))
 
     # -- KV into the tree ----------------------------------------------------------
 
