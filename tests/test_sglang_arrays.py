@@ -30,10 +30,10 @@ def key(*tokens):
 
 def test_a_match_inside_a_node_splits_it_and_both_halves_keep_their_tokens():
     t, _ = tree()
-    assert t.insert(key(1, 2, 3, 4, 5, 6)) == 0
+    assert t.insert(key(1, 2, 3, 4, 5, 6))[0] == 0
     assert t.total_size() == 6 and t.evictable_size() == 6
     # (1, 2, 3, 4, 9, 9) shares two pages: a split after 4 tokens
-    assert t.insert(key(1, 2, 3, 4, 9, 9)) == 4
+    assert t.insert(key(1, 2, 3, 4, 9, 9))[0] == 4
     assert t.total_size() == 8
     assert t.match_prefix(key(1, 2, 3, 4, 5, 6))[0] == 6
     assert t.match_prefix(key(1, 2, 3, 4, 9, 9, 7))[0] == 6  # (cut to whole pages)

@@ -13,10 +13,14 @@ The invariants:
 - the tree's evictable count is the tokens of its nodes on no locked path;
   each node's lock count is at least the number of holders whose locked
   path passes through it, and a holder's locked path is still in the tree,
-  whole, `tree_len` tokens deep;
+  whole, `tree_len` tokens deep, spelling its first `tree_len` tokens (the
+  compiled walks pass it without comparing: radix_cache.py's
+  `match_prefix_helper`);
 - the running batch and the waiting queue hold distinct requests, none
   finished in the waiting queue; at most one chunked request.
 """
+
+import numpy as np
 
 from servesim.errors import InvariantError
 
@@ -48,16 +52,20 @@ def check_scheduler(s, where: str):
     locks = {}
     children = tree.children()
     for r in holders:
-        node, depth = r.last_node, 0
+        node, depth, keys = r.last_node, 0, []
         while node is not None and node != tree.root:
             parent = tree.parent(node)
             if node not in children.get(parent, ()):
                 fail("the request's locked prefix is no longer in the tree", r)
             locks[node] = locks.get(node, 0) + 1
             depth += tree.key_len(node)
+            keys.append(tree.key(node))
             node = parent
         if not tree.disable and depth != r.tree_len:
             fail(f"the locked prefix is {depth} tokens deep, tree_len {r.tree_len}", r)
+        if not tree.disable and keys and not np.array_equal(np.concatenate(keys[::-1]),
+                                                            r.fill_prefix(r.tree_len)):
+            fail("the locked prefix's tokens are not the request's first tree_len tokens", r)
     unlocked, total_in_tree, stack = 0, 0, [tree.root]
     while stack:
         node = stack.pop()

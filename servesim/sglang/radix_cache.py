@@ -33,8 +33,8 @@ PARENT, NUM_CHILDREN, LOCK_REF, LAST_ACCESS, ALIVE, KEY_START, KEY_LEN, NODE_ID 
 NUM_FIELDS = 8
 # the counters in `meta`
 (CLOCK, NUM_NODES, STORE_LEN, EVICTABLE, PROTECTED, PAGE_SIZE, LIVE_TOKENS, NEXT_ID,
- FREE_NODE, EDGES_USED) = range(10)
-NUM_META = 10
+ FREE_NODE, EDGES_USED, ROOM_LOW) = range(11)
+NUM_META = 11
 EMPTY, GONE = -1, -2  # `edges` entries that hold no node
 ROOT = 0
 
@@ -107,11 +107,13 @@ class RadixCache:
 
     def _room(self, new_tokens: int):
         """Room for two more rows (a split and a leaf), three more edges and
-        `new_tokens` more key tokens in the store; a full store drops the keys
+        `new_tokens` more key tokens in the store (after it, until a kernel
+        sets `ROOM_LOW`, a match has its room); a full store drops the keys
         of evicted nodes first (`compact_tokens`), and grows (to four times
-        what it must hold) when that would leave it over half full; the edges are rehashed (`rehash_edges`) when over
-        half the table is or was in use."""
-        _, n, store_len, _, _, _, live, _, _, used = self.meta.tolist()
+        what it must hold) when that would leave it over half full; the
+        edges are rehashed (`rehash_edges`) when over half the table is or
+        was in use."""
+        _, n, store_len, _, _, _, live, _, _, used, _ = self.meta.tolist()
         if n + 2 > self.nodes.shape[1]:
             nodes = np.zeros((NUM_FIELDS, 2 * self.nodes.shape[1]), dtype=np.int64)
             nodes[:, :n] = self.nodes[:, :n]
@@ -131,6 +133,7 @@ class RadixCache:
                 spare = np.zeros(size, dtype=np.int64)
             _COMPACT(self.nodes, self.tokens, self.meta, spare)
             self.tokens, self._spare = spare, (self.tokens if len(self.tokens) == size else None)
+        self.meta[ROOM_LOW] = 0
 
     # -- sizes -------------------------------------------------------------------
 
@@ -150,30 +153,37 @@ class RadixCache:
             return 0
         key = _key(key)
         key = key[:len(key) - len(key) % self.page_size]
-        return int(_MATCH(self.nodes, self.tokens, self.meta, self.edges, key, False)[0])
+        return int(_MATCH(self.nodes, self.tokens, self.meta, self.edges, key, False, -1, 0)[0])
 
-    def match_prefix(self, key):
+    def match_prefix(self, key, held=None):
         """The longest cached prefix of `key` (cut to whole pages first) as
-        `(length, last node)` (`match_prefix`: `match_prefix_helper`)."""
+        `(length, last node)` (`match_prefix`: `match_prefix_helper`).
+        `held`: `(node, length)`, a path of the tree known to spell
+        `key[:length]` (the walk passes it without comparing)."""
         if self.disable:
             return 0, ROOT
         key = _key(key)
-        self._room(0)
+        if self.meta[ROOM_LOW]:  # (a split takes a row and an edge)
+            self._room(0)
+        node, length = held if held is not None and held[0] is not None else (-1, 0)
         matched, node = _MATCH(self.nodes, self.tokens, self.meta, self.edges,
-                               key[:len(key) - len(key) % self.page_size], True)
+                               key[:len(key) - len(key) % self.page_size], True, node, length)
         return int(matched), int(node)
 
-    def insert(self, key) -> int:
+    def insert(self, key, held=None):
         """Insert `key` (whole pages); returns how many of its leading tokens
         the tree already held (their slots are the caller's duplicates to
-        free). A new leaf holds the rest, which becomes evictable (`insert`:
-        `insert_helper`)."""
+        free) and the node the key ends at. A new leaf holds the rest, which
+        becomes evictable (`insert`: `insert_helper`). `held` as for
+        `match_prefix`."""
         if self.disable:
-            return 0
+            return 0, ROOT
         assert len(key) % self.page_size == 0
         key = _key(key)
         self._room(len(key))
-        return int(_INSERT(self.nodes, self.tokens, self.meta, self.edges, key))
+        node, length = held if held is not None and held[0] is not None else (-1, 0)
+        matched, node = _INSERT(self.nodes, self.tokens, self.meta, self.edges, key, node, length)
+        return int(matched), int(node)
 
     # -- locks -------------------------------------------------------------------
 
@@ -230,6 +240,11 @@ class RadixCache:
 
     def parent(self, node: int) -> int:
         return int(self.nodes[PARENT, node])
+
+    def key(self, node: int):
+        """The tokens of `node`'s key (a view of the store)."""
+        start = int(self.nodes[KEY_START, node])
+        return self.tokens[start:start + int(self.nodes[KEY_LEN, node])]
 
     def key_len(self, node: int) -> int:
         return int(self.nodes[KEY_LEN, node])
@@ -345,12 +360,18 @@ def _split_node(nodes, tokens, meta, edges, child, split_len, stamp):
 
 
 @njit
-def match_prefix_helper(nodes, tokens, meta, edges, key, touch):
+def match_prefix_helper(nodes, tokens, meta, edges, key, touch, held_node, held_len):
     """`_match_prefix_helper` / `_insert_helper`'s walk: `key` (whole pages)
     down from the root, in whole pages; with `touch`, each node passed is
     stamped with one fresh clock value and a node the key leaves inside is
     split there (else the walk is a router's look, `cached_length`).
-    Returns `(tokens matched, the node they end at)`."""
+    Returns `(tokens matched, the node they end at)`.
+
+    `held_node` / `held_len` (-1 / 0: none): a path the caller knows spells
+    `key[:held_len]`, from the root to `held_node` (a request's locked
+    prefix: `tree_len` tokens of its fill, checked by the debug mode), so
+    the walk passes it without comparing its tokens: children are unique by
+    their first page, so the walk would take that path, each node whole."""
     page = meta[PAGE_SIZE]
     stamp = 0
     if touch:
@@ -360,6 +381,14 @@ def match_prefix_helper(nodes, tokens, meta, edges, key, touch):
     node = ROOT
     matched = 0
     n_key = len(key)
+    if held_len > 0 and held_len <= n_key:
+        node = held_node
+        matched = held_len
+        if touch:
+            p = held_node
+            while p != ROOT:
+                nodes[LAST_ACCESS, p] = stamp
+                p = nodes[PARENT, p]
     while matched < n_key:
         child = _edge_of(nodes, tokens, meta, edges, node, key, matched)
         if child < 0:
@@ -379,19 +408,29 @@ def match_prefix_helper(nodes, tokens, meta, edges, key, touch):
         matched += n
         if n < nodes[KEY_LEN, child]:
             if touch:
-                return matched, _split_node(nodes, tokens, meta, edges, child, n, stamp)
+                new = _split_node(nodes, tokens, meta, edges, child, n, stamp)
+                _note_room(nodes, meta, edges)
+                return matched, new
             return matched, node
         node = child
     return matched, node
 
 
 @njit
-def insert_helper(nodes, tokens, meta, edges, key) -> int:
-    """`insert`: walk `key` (whole pages, `match_prefix_helper`); a new leaf
-    (stamped as the walk) holds the rest, copied into the store, and is
-    evictable. Returns the tokens the tree already held. The caller made
-    room: two nodes, three edges, `len(key)` tokens."""
-    matched, node = match_prefix_helper(nodes, tokens, meta, edges, key, True)
+def _note_room(nodes, meta, edges):
+    """`ROOM_LOW` when the next walk might split without a free row or edge."""
+    if meta[NUM_NODES] + 2 > nodes.shape[1] or 2 * (meta[EDGES_USED] + 3) > len(edges):
+        meta[ROOM_LOW] = 1
+
+
+@njit
+def insert_helper(nodes, tokens, meta, edges, key, held_node, held_len):
+    """`insert`: walk `key` (whole pages, `match_prefix_helper`, with the
+    caller's held path); a new leaf (stamped as the walk) holds the rest,
+    copied into the store, and is evictable. Returns `(the tokens the tree
+    already held, the node the key now ends at)`. The caller made room: two
+    nodes, three edges, `len(key)` tokens."""
+    matched, node = match_prefix_helper(nodes, tokens, meta, edges, key, True, held_node, held_len)
     rest = len(key) - matched
     if rest > 0:
         start = meta[STORE_LEN]
@@ -403,7 +442,9 @@ def insert_helper(nodes, tokens, meta, edges, key) -> int:
         _add_edge(nodes, tokens, meta, edges, leaf)
         meta[EVICTABLE] += rest
         meta[LIVE_TOKENS] += rest
-    return matched
+        node = leaf
+        _note_room(nodes, meta, edges)
+    return matched, node
 
 
 @njit

@@ -218,9 +218,10 @@ class ReqTable:
         n = len(slots)
         need = self.num_tokens + n
         if need > len(self.token_ms):
-            size = max(need, 2 * len(self.token_ms))
-            self.token_slot = np.resize(self.token_slot, size)
-            self.token_ms = np.resize(self.token_ms, size)
+            size, used = max(need, 2 * len(self.token_ms)), self.num_tokens
+            token_slot, token_ms = np.empty(size, dtype=np.int64), np.empty(size)
+            token_slot[:used], token_ms[:used] = self.token_slot[:used], self.token_ms[:used]
+            self.token_slot, self.token_ms = token_slot, token_ms
         if n > len(self.status):
             self.status = np.zeros(max(n, 2 * len(self.status)), dtype=np.int64)
         self.num_tokens = _APPEND_OUTPUTS(self.cols, slots, end_ms, batch_index, self.token_slot,

@@ -320,10 +320,12 @@ class Scheduler:
         if self.tree.disable:
             return
         key = req.fill_prefix(length - length % self.page_size)
-        new_prefix = self.tree.insert(key)
+        # (its locked path spells its first tree_len tokens; after the insert
+        # the whole key is a path of the tree, ending at `end`)
+        new_prefix, end = self.tree.insert(key, (req.last_node, req.tree_len))
         if new_prefix > req.tree_len:
             self.pool.release(new_prefix - req.tree_len)
-        matched, node = self.tree.match_prefix(key)
+        matched, node = self.tree.match_prefix(key, (end, len(key)))
         self.tree.dec_lock_ref(req.last_node)
         self.tree.inc_lock_ref(node)
         req.last_node = node
@@ -341,7 +343,7 @@ class Scheduler:
             # decoded once more) every token: the extra pass's slot is committed
             kv_len = min(req.seq_len, req.fill_len)
             key = req.fill_prefix(kv_len - kv_len % self.page_size)
-            new_prefix = self.tree.insert(key)
+            new_prefix, _ = self.tree.insert(key, (req.last_node, req.tree_len))
             self.pool.release(own - (len(key) - new_prefix))
             self.tree.dec_lock_ref(req.last_node)
         self._free_row(req)
