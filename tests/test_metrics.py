@@ -256,7 +256,7 @@ def test_quantiles_of_sorted_are_bit_identical_to_numpy_quantile(n):
 def test_partitioned_at_the_read_ranks_the_itl_figures_are_the_sorted_ones(n):
     # itl_figures partitions the gaps instead of sorting them: both figures
     # must read exactly what they read on the sorted gaps
-    from servesim.results.metrics import ITL_QUANTILE_STEPS, _read_ranks
+    from servesim.results.metrics import ITL_QUANTILE_STEPS, _read_ranks, place_order_statistics
     from servesim.results.stats import _sorted_stats, quantiles_of_sorted
     rng = np.random.default_rng(n)
     q = np.linspace(0.0, 1.0, ITL_QUANTILE_STEPS + 1)
@@ -271,6 +271,42 @@ def test_partitioned_at_the_read_ranks_the_itl_figures_are_the_sorted_ones(n):
         assert (quantiles_of_sorted(partitioned, q).tobytes()
                 == quantiles_of_sorted(ordered, q).tobytes())
         assert _sorted_stats(1.0, partitioned) == _sorted_stats(1.0, ordered)
+        # what itl_figures does: few distinct values counted, many partitioned
+        placed = x.copy()
+        place_order_statistics(placed, _read_ranks(n, q))
+        assert quantiles_of_sorted(placed, q).tobytes() == quantiles_of_sorted(ordered, q).tobytes()
+        assert _sorted_stats(1.0, placed) == _sorted_stats(1.0, ordered)
+
+
+def test_few_distinct_gaps_are_counted_not_partitioned():
+    # a run's gaps repeat its pass durations: counted by value (every distinct
+    # value found, every sample counted), and every order statistic read is the
+    # sorted array's; too many distinct values for the table, and the count
+    # gives up (it is a partition then)
+    from servesim.results import metrics
+    from servesim.results.metrics import ITL_QUANTILE_STEPS, _read_ranks
+    from servesim.results.stats import _sorted_stats, quantiles_of_sorted
+    rng = np.random.default_rng(3)
+    q = np.linspace(0.0, 1.0, ITL_QUANTILE_STEPS + 1)
+    durations = np.cumsum(rng.exponential(5.0, 301))[1:] - np.cumsum(rng.exponential(5.0, 301))[:-1]
+    few = rng.choice(np.abs(durations), 50000)
+    few[:7] = 0.0
+    many = rng.exponential(10.0, 50000)
+    for x, counted in ((few, True), (many, False)):
+        placed = x.copy()
+        ordered = np.sort(x)
+        limit = len(x) // metrics._MAX_DISTINCT_SHARE
+        table = np.full(1 << max(int(2 * limit - 1).bit_length(), 2), -1, dtype=np.int64)
+        found, counts = np.empty(limit, dtype=np.int64), np.empty(limit, dtype=np.int64)
+        used = metrics._distinct_counts(x.view(np.int64), table, np.uint64(64 - int(np.log2(len(table)))),
+                                        found, counts)
+        assert (used >= 0) == counted
+        if counted:
+            assert used == len(np.unique(x)) and counts[:used].sum() == len(x)
+            assert sorted(found[:used].view(np.float64)) == sorted(np.unique(x))
+        metrics.place_order_statistics(placed, _read_ranks(len(x), q))
+        assert quantiles_of_sorted(placed, q).tobytes() == quantiles_of_sorted(ordered, q).tobytes()
+        assert _sorted_stats(1.0, placed) == _sorted_stats(1.0, ordered)
 
 
 def test_summary_and_itl_quantiles_share_one_distribution():

@@ -135,6 +135,26 @@ def test_float_text_is_python_repr(tmp_path):
     assert line == json.dumps(json.loads(line))  # same text json.dumps would write
 
 
+def test_each_distinct_float_formatted_once_gives_the_texts_of_repr():
+    # requests.jsonl's float columns: repr of every value, null for NaN and inf,
+    # whether formatted value by value (short arrays, a negative zero) or once per
+    # distinct value (repeated pass instants)
+    rng = np.random.default_rng(7)
+    instants = np.cumsum(rng.exponential(30.0, 50))
+    column = rng.choice(instants, 5000)
+    column[::97] = np.nan
+    column[5] = np.inf
+    column[6] = 0.0
+    for arr in (column, column[:10], np.array([0.0, -0.0] * 40), np.array([1e-300, 5e-324, 1.7e308] * 30)):
+        expected = [repr(v) if np.isfinite(v) else "null" for v in arr.tolist()]
+        assert output._floats(arr) == expected
+    # and the integer columns: str of each value, a pass index of -1 null
+    counts = rng.choice(np.array([0, 1, 7, 1024, -1, 2**40]), 3000)
+    for arr in (counts, counts[:9], np.abs(counts)):
+        assert output._ints(arr) == [str(v) for v in arr.tolist()]
+        assert output._passes(arr) == ["null" if v < 0 else str(v) for v in arr.tolist()]
+
+
 def test_stale_files_of_a_previous_run_are_removed(tmp_path):
     write(tmp_path, make_result(PASS_LOG, TELEMETRY))
     (tmp_path / "notes.txt").write_text("mine")

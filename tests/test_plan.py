@@ -188,6 +188,65 @@ def test_sensitivity_scales_speculative_acceptance_against_the_pass_times(tmp_pa
     assert scaled_acceptance(setup(plain), [], 0.9) == []
 
 
+def test_plan_under_sglang_searches_sglang_shapes_and_writes_its_launch_commands(tmp_path):
+    # backend: sglang: the ladder sets max_running_requests / chunked_prefill_size,
+    # the shapes are SGLang's (no disaggregated points: servesim's SGLang engine has
+    # no PD disaggregation), the winner agrees with every point replayed by hand,
+    # best.yaml replays it, and launch.sh starts SGLang servers behind its router
+    config = setup(tmp_path, CONFIG.replace("engine:\n", "engine:\n  backend: sglang\n"))
+    slos = build_slos(SLOS)
+    ok, refused = ps.shapes(config, ["h100_sxm"], [64], [2048], backend="sglang")
+    assert ok and not refused and all(s.backend == "sglang" for s in ok)
+    points = ps.generate(ok, 3)
+    assert {q.mode for q in points} == {"aggregated"}
+    assert [(q.shapes[0].tensor_parallel_size, q.workers) for q in points] == [(1, (1,)), (1, (2,)), (2, (1,)),
+                                                                               (1, (3,))]
+    assert points[0].values["engine.max_running_requests"] == 64
+    assert points[0].values["engine.chunked_prefill_size"] == 2048 and "engine.max_num_seqs" not in points[0].values
+    doc = plan(config, slos, 60, tmp_path / "p", **SMALL)
+    assert doc["backend"] == "sglang" and doc["ladder"] == {"max_running_requests": [64],
+                                                             "chunked_prefill_size": [2048]}
+    search_doc = json.loads((tmp_path / "p" / "search.json").read_text())
+    assert search_doc["points"][doc["winner"]["point"]]["values"] == hand_winner(config, points, 60, SLOS)
+    from servesim.replay.api import run
+
+    report = run(str(tmp_path / "p" / "best.yaml"))
+    assert evaluate(slos, report.summary)["metrics"] == doc["winner"]["metrics"]
+    best = yaml.safe_load((tmp_path / "p" / "best.yaml").read_text())
+    assert best["engine"]["backend"] == "sglang" and "max_total_tokens" not in best["engine"]  # derived again
+    workers = doc["launch"]["workers"]
+    assert len(workers) == best["cluster"]["workers"] == 3  # one command a worker
+    tp = best["engine"]["tensor_parallel_size"]
+    for w in workers:
+        assert w["command"].split(" --model-path ")[0].endswith("python -m sglang.launch_server")
+        assert f"--tp-size {tp} --max-running-requests 64 --chunked-prefill-size 2048" in w["command"]
+        assert "--mem-fraction-static" in w["command"] and "vllm" not in w["command"]
+    script = (tmp_path / "p" / "launch.sh").read_text()
+    assert "one SGLang worker a line" in script and script.count("sglang.launch_server") == len(workers)
+    assert "python -m sglang_router.launch_router --worker-urls http://localhost:8000" in script
+    assert "--policy round_robin" in script
+
+
+def test_launch_commands_of_sglang_workers_behind_the_sglang_router():
+    config = {"engine": {"backend": "sglang", "model": "Qwen/Qwen3-32B", "gpu": "h100_sxm",
+                         "tensor_parallel_size": 4, "max_running_requests": 128, "chunked_prefill_size": 8192,
+                         "page_size": 16, "schedule_policy": "lpm", "disable_overlap_schedule": True,
+                         "kv_cache_dtype": "fp8_e4m3", "mem_fraction_static": 0.85},
+              "cluster": {"workers": 3, "router": {"policy": "kv_router"}}}
+    doc = launch_commands(config)
+    assert [(w["node"], w["command"].split()[0]) for w in doc["workers"]] == [
+        (0, "CUDA_VISIBLE_DEVICES=0,1,2,3"), (0, "CUDA_VISIBLE_DEVICES=4,5,6,7"), (1, "CUDA_VISIBLE_DEVICES=0,1,2,3")]
+    command = doc["workers"][0]["command"]
+    assert ("python -m sglang.launch_server --model-path Qwen/Qwen3-32B --tp-size 4 --max-running-requests 128 "
+            "--chunked-prefill-size 8192 --mem-fraction-static 0.85 --page-size 16 --schedule-policy lpm "
+            "--disable-overlap-schedule --kv-cache-dtype fp8_e4m3 --port 8000") in command
+    assert doc["router"]["command"] == ("python -m sglang_router.launch_router --worker-urls http://localhost:8000 "
+                                        "http://localhost:8001 http://localhost:8002 --policy cache_aware --port 8080")
+    config["cluster"]["router"] = "least_prefill"
+    doc = launch_commands(config)
+    assert "command" not in doc["router"] and "has no policy that does the same" in doc["router"]["note"]
+
+
 def test_launch_commands_of_a_disaggregated_point():
     config = {"engine": {"model": "Qwen/Qwen3-32B", "gpu": "h100_sxm", "tensor_parallel_size": 2,
                          "max_num_seqs": 256, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9,

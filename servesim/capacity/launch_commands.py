@@ -1,6 +1,7 @@
 """The real engine's launch commands for a resolved config (README
 "Capacity planning", "servesim plan"): one `vllm serve` per worker, in vLLM
-0.33's flag names, and the router's settings.
+0.33's flag names (with `engine.backend: sglang`, one `python -m
+sglang.launch_server` in SGLang's), and the router's settings.
 
 Each worker gets its own GPUs (`CUDA_VISIBLE_DEVICES`, counted per node of
 `GPUS_PER_NODE`) and port. A disaggregated deployment's workers take vLLM's
@@ -25,6 +26,30 @@ ROUTER_NOTES = {
     "kv_router": "KV-cache-aware routing (NVIDIA Dynamo's KV router; its overlap weight as servesim's)",
     "weighted": "servesim's weighted rule (load and prefix overlap); Dynamo's KV router is the nearest",
 }
+
+
+# servesim's routers -> the SGLang router's (sgl-router `--policy`) that does the same
+SGLANG_ROUTER_POLICIES = {"round_robin": "round_robin", "kv_router": "cache_aware"}
+
+
+def _sglang_flags(engine: dict) -> list:
+    """SGLang's server arguments of an `engine:` block with `backend: sglang`;
+    a derived `max_total_tokens` is left to SGLang (`mem_fraction_static`
+    derives it again), a given one caps the pool."""
+    flags = ["--tp-size", engine.get("tensor_parallel_size", 1)]
+    for key in ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens", "max_total_tokens",
+                "mem_fraction_static", "context_length", "page_size", "schedule_conservativeness"):
+        if engine.get(key) is not None:
+            flags += ["--" + key.replace("_", "-"), engine[key]]
+    if engine.get("schedule_policy", "fcfs") != "fcfs":
+        flags += ["--schedule-policy", engine["schedule_policy"]]
+    for key in ("disable_radix_cache", "disable_overlap_schedule", "enable_mixed_chunk"):
+        if engine.get(key):
+            flags.append("--" + key.replace("_", "-"))
+    for key in ("quantization", "dtype", "kv_cache_dtype"):
+        if engine.get(key) not in (None, "auto"):
+            flags += ["--" + key.replace("_", "-"), engine[key]]
+    return [str(f) for f in flags]
 
 
 def _engine_flags(engine: dict, pool: dict, dp: int) -> list:
@@ -67,6 +92,7 @@ def launch_commands(config: dict) -> dict:
     model = engine.get("model") or "MODEL"
     dp = int(cluster.get("data_parallel_size") or 1)
     disaggregated = cluster.get("mode") == "disaggregated"
+    sglang = engine.get("backend") == "sglang"
     if disaggregated:
         pools = [("prefill", int(cluster.get("prefill_workers") or 1), cluster.get("prefill") or {}),
                  ("decode", int(cluster.get("decode_workers") or 1), cluster.get("decode") or {})]
@@ -84,6 +110,15 @@ def launch_commands(config: dict) -> dict:
             node, first = divmod(next_gpu, GPUS_PER_NODE)
             devices = ",".join(str(first + k) for k in range(size)) if size <= GPUS_PER_NODE else "all"
             env = [f"CUDA_VISIBLE_DEVICES={devices}"]
+            if sglang:
+                command = " ".join([*env, "python", "-m", "sglang.launch_server", "--model-path",
+                                    shlex.quote(model), *map(shlex.quote, _sglang_flags(engine)),
+                                    "--port", str(port)])
+                workers.append({"pool": name, "worker": i, "node": node, "gpus": size, "port": port,
+                                "gpu_type": engine.get("gpu"), "command": command})
+                next_gpu += size
+                port += 1
+                continue
             flags = _engine_flags(engine, pool, width)
             if disaggregated:
                 env.append(f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_PORT + len(workers)}")
@@ -98,6 +133,13 @@ def launch_commands(config: dict) -> dict:
     router = cluster.get("router")
     policy = router if isinstance(router, str) else (router or {}).get("policy", "round_robin")
     doc = {"policy": policy, "settings": router, "note": ROUTER_NOTES.get(policy, policy)}
+    if sglang and len(workers) > 1:
+        urls = " ".join(f"http://localhost:{w['port']}" for w in workers)
+        if policy in SGLANG_ROUTER_POLICIES:
+            doc["command"] = (f"python -m sglang_router.launch_router --worker-urls {urls} "
+                              f"--policy {SGLANG_ROUTER_POLICIES[policy]} --port 8080")
+        else:
+            doc["note"] += "; the SGLang router (sgl-router) has no policy that does the same"
     if disaggregated:
         prefill = [f"localhost:{w['port']}" for w in workers if w["pool"] == "prefill"]
         decode = [f"localhost:{w['port']}" for w in workers if w["pool"] == "decode"]
@@ -114,12 +156,14 @@ def launch_commands(config: dict) -> dict:
 def launch_script(config: dict) -> str:
     """launch.sh: the commands, one worker a line (hosts per node noted)."""
     doc = launch_commands(config)
-    lines = ["#!/bin/sh", "# written by servesim plan: one vLLM worker a line; run each on its node", ""]
+    engine = "SGLang" if (config.get("engine") or {}).get("backend") == "sglang" else "vLLM"
+    lines = ["#!/bin/sh", f"# written by servesim plan: one {engine} worker a line; run each on its node", ""]
     for w in doc["workers"]:
         lines.append(f"# {w['pool']} {w['worker']}: node {w['node']}, {w['gpus']} x {w['gpu_type']}")
         lines.append(w["command"] + " &")
     lines += ["", f"# router: {doc['router']['note']}"]
-    if "proxy" in doc["router"]:
-        lines.append(doc["router"]["proxy"])
+    for key in ("proxy", "command"):
+        if key in doc["router"]:
+            lines.append(doc["router"][key] + (" &" if key == "command" else ""))
     lines.append("wait")
     return "\n".join(lines) + "\n"

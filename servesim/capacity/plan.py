@@ -2,9 +2,10 @@
 config's model that meets the SLOs at load R, searched over full replays of
 a generated space (README "Capacity planning", "servesim plan").
 
-1. The space (`plan_space.py`): every worker shape vLLM would start on each
-   GPU type (TP × the max_num_seqs / max_num_batched_tokens ladder),
-   aggregated and disaggregated, up to `--gpus-max` GPUs.
+1. The space (`plan_space.py`): every worker shape the engine would start
+   on each GPU type (TP × the max_num_seqs / max_num_batched_tokens ladder;
+   under `backend: sglang` max_running_requests / chunked_prefill_size),
+   aggregated and (vLLM) disaggregated, up to `--gpus-max` GPUs.
 2. Pruned before a replay: the bounds of `plan_space.prune`.
 3. Searched (`search.py`, local or Ray, resumable): level by level of $/h
    (`--cost`) or GPUs, skipping what costs more than a point that meets.
@@ -33,11 +34,12 @@ SENSITIVITY_DIR = "sensitivity"
 PLAN_OUTPUTS = (PLAN_JSON, BEST_YAML, LAUNCH_SH, PLAN_GRID, SENSITIVITY_DIR)
 DEFAULT_GPUS_MAX = 16  # two 8-GPU nodes
 RUNNER_UPS = 5
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def _deployment_of(config_path: str) -> tuple:
-    """(engine.model, engine.gpu, cluster.kv_transfer.latency_ms or 0) of the
-    config file, as given."""
+    """(engine.model, engine.gpu, cluster.kv_transfer.latency_ms or 0,
+    engine.backend) of the config file, as given."""
     from servesim.config.yaml_input import read_yaml
 
     data, _ = read_yaml(config_path, "config file")
@@ -49,7 +51,8 @@ def _deployment_of(config_path: str) -> tuple:
     cluster = data.get("cluster") if isinstance(data.get("cluster"), dict) else {}
     link = cluster.get("kv_transfer") if isinstance(cluster.get("kv_transfer"), dict) else {}
     latency = link.get("latency_ms", 0.0)
-    return engine["model"], engine["gpu"], latency if isinstance(latency, (int, float)) else 0.0
+    backend = "sglang" if engine.get("backend") == "sglang" else "vllm"
+    return engine["model"], engine["gpu"], latency if isinstance(latency, (int, float)) else 0.0, backend
 
 
 def check_gpus(names) -> list:
@@ -73,7 +76,8 @@ def plan(config, slos, rate, out_dir="plan-out", *, gpus=None, gpus_max=None, pr
     from servesim.config.config import load_config
 
     config_path = os.path.abspath(str(config))
-    _, gpu, latency = _deployment_of(config_path)
+    _, gpu, latency, backend = _deployment_of(config_path)
+    engine_name = ENGINE_NAMES[backend]
     gpus = check_gpus(gpus or [gpu])
     if gpus_max is not None and (isinstance(gpus_max, bool) or not isinstance(gpus_max, int) or gpus_max < 1):
         raise InputError(f"--gpus-max: must be a positive number of GPUs, got {gpus_max}")
@@ -86,16 +90,17 @@ def plan(config, slos, rate, out_dir="plan-out", *, gpus=None, gpus_max=None, pr
     seqs = ps.check_ladder("--max-num-seqs", max_num_seqs or ps.MAX_NUM_SEQS_LADDER)
     batched = ps.check_ladder("--max-num-batched-tokens", max_num_batched_tokens or ps.MAX_NUM_BATCHED_TOKENS_LADDER)
     extra = () if limit is None else (f"workload.limit={int(limit)}",)
-    ok, refused = ps.shapes(config_path, gpus, seqs, batched, extra)
+    ok, refused = ps.shapes(config_path, gpus, seqs, batched, extra, backend)
     if not ok:
         reasons = "; ".join(sorted({f"TP{s.tensor_parallel_size} on {s.gpu}: {r}" for s, r in refused})[:4])
-        raise InputError(f"{config_path}: no worker shape of {', '.join(gpus)} that vLLM would start: {reasons}")
+        raise InputError(f"{config_path}: no worker shape of {', '.join(gpus)} that {engine_name} would start: "
+                         f"{reasons}")
     smallest = min(s.tensor_parallel_size for s in ok)
     if gpus_max is None:
         gpus_max = max(DEFAULT_GPUS_MAX, smallest)
     elif gpus_max < smallest:
         first = min(ok, key=lambda s: s.tensor_parallel_size)
-        raise InputError(f"--gpus-max {gpus_max}: below the smallest deployment vLLM would start "
+        raise InputError(f"--gpus-max {gpus_max}: below the smallest deployment {engine_name} would start "
                          f"({smallest} GPUs: one worker of {first.text()})")
     cost_of = None
     if prices is not None:
@@ -117,9 +122,11 @@ def plan(config, slos, rate, out_dir="plan-out", *, gpus=None, gpus_max=None, pr
     from servesim.results.outdir import check_replaceable
 
     check_replaceable(out, (*PLAN_OUTPUTS, *SEARCH_OUTPUTS))  # nothing of the user's in the way
+    ladder_names = (("max_running_requests", "chunked_prefill_size") if backend == "sglang"
+                    else ("max_num_seqs", "max_num_batched_tokens"))
     doc = {"config": config_path, "rate": load.value(rate), "load": load.to_dict(), "slo": slos.to_dict(),
-           "gpus": gpus, "gpus_max": gpus_max, "prices": prices,
-           "ladder": {"max_num_seqs": list(seqs), "max_num_batched_tokens": list(batched)},
+           "backend": backend, "gpus": gpus, "gpus_max": gpus_max, "prices": prices,
+           "ladder": dict(zip(ladder_names, (list(seqs), list(batched)))),
            "excluded": [{"shape": s.text(), "reason": r} for s, r in refused],
            "generated": len(points), "pruned": sum(counts.values()), "pruned_by": counts,
            "pruned_points": [{"point": q.text(), "gpus": q.gpus, "why": q.pruned} for q in points if q.pruned]}
@@ -250,8 +257,8 @@ def search_doc_point_config(config_path, values, load, rate, extra) -> dict:
     cfg = load_config(config_path, (*extra, *(override_text(k, v) for k, v in values.items()), load.override(rate)))
     data = json.loads(json.dumps(config_to_dict(cfg)))
     dep = cfg.engine.deployment
-    if dep is not None and dep.derived_num_gpu_blocks:
-        data["engine"].pop("num_gpu_blocks", None)
+    if dep is not None and dep.derived_num_gpu_blocks:  # SGLang's pool: max_total_tokens
+        data["engine"].pop("max_total_tokens" if cfg.engine.sglang is not None else "num_gpu_blocks", None)
     for pool in ("prefill", "decode"):
         engine = getattr(cfg.cluster, pool)
         if engine is not None and engine.deployment is not None and engine.deployment.derived_num_gpu_blocks:

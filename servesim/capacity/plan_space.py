@@ -3,17 +3,22 @@
 replay.
 
 A worker *shape* is one engine: a GPU type, a `tensor_parallel_size` and a
-rung of the ladder (`max_num_seqs`, `max_num_batched_tokens`). A shape is
-kept only if vLLM would start it: `load_config` applies vLLM's start-up
-checks (servesim/deployment/startup.py: the attention and KV heads split
-over TP, `max_model_len` within the model's context; a derived KV cache,
-servesim/deployment/kv_capacity.py, that holds the weights and one
-`max_model_len` request), so a refused shape is excluded with vLLM's reason.
+rung of the ladder (`max_num_seqs`, `max_num_batched_tokens`; with
+`engine.backend: sglang` SGLang's `max_running_requests` and
+`chunked_prefill_size`). A shape is kept only if the engine would start it:
+`load_config` applies vLLM's start-up checks (servesim/deployment/startup.py:
+the attention and KV heads split over TP, `max_model_len` within the model's
+context; a derived KV cache, servesim/deployment/kv_capacity.py, that holds
+the weights and one `max_model_len` request), or SGLang's
+(servesim/deployment/sglang_capacity.py: the pool `mem_fraction_static`
+leaves, one `context_length` request in it), so a refused shape is excluded
+with the engine's reason.
 
 The points:
 
 - aggregated: one shape × 1..N workers (N: what `--gpus-max` allows);
-- disaggregated: a prefill shape × its workers and a decode shape × its
+- disaggregated (vLLM only: servesim's SGLang engine has no PD
+  disaggregation): a prefill shape × its workers and a decode shape × its
   workers, each pool its own GPU type and TP; the prefill pool takes the
   ladder's `max_num_batched_tokens` (with the largest `max_num_seqs`), the
   decode pool its `max_num_seqs` (with the largest `max_num_batched_tokens`).
@@ -66,16 +71,28 @@ _MODE_KEYS = ("cluster.workers", "cluster.prefill_workers", "cluster.decode_work
 
 @attrs.frozen(order=True)
 class Shape:
+    """A worker shape; the ladder's rungs are `max_num_seqs` and
+    `max_num_batched_tokens` under vLLM, `max_running_requests` and
+    `chunked_prefill_size` (the same two budgets: request slots and
+    prompt tokens a pass) under `backend: sglang`."""
+
     gpu: str
     tensor_parallel_size: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    backend: str = "vllm"
 
     def engine_values(self) -> dict:
+        if self.backend == "sglang":
+            return {"gpu": self.gpu, "tensor_parallel_size": self.tensor_parallel_size,
+                    "max_running_requests": self.max_num_seqs, "chunked_prefill_size": self.max_num_batched_tokens}
         return {"gpu": self.gpu, "tensor_parallel_size": self.tensor_parallel_size,
                 "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens}
 
     def text(self) -> str:
+        if self.backend == "sglang":
+            return (f"{self.gpu} TP{self.tensor_parallel_size} running {self.max_num_seqs} "
+                    f"chunk {self.max_num_batched_tokens}")
         return f"{self.gpu} TP{self.tensor_parallel_size} seqs {self.max_num_seqs} batched {self.max_num_batched_tokens}"
 
 
@@ -118,8 +135,8 @@ def _shape_overrides(shape: Shape) -> list:
     return [override_text(k, v) for k, v in values.items()]
 
 
-def shapes(config_path: str, gpus, ladder_seqs, ladder_batched, extra=()) -> tuple:
-    """`(shapes vLLM would start, [(shape, reason)] of those it would refuse)`."""
+def shapes(config_path: str, gpus, ladder_seqs, ladder_batched, extra=(), backend: str = "vllm") -> tuple:
+    """`(shapes the engine would start, [(shape, reason)] of those it would refuse)`."""
     from servesim.config.config import load_config
 
     ok, refused = [], []
@@ -127,7 +144,7 @@ def shapes(config_path: str, gpus, ladder_seqs, ladder_batched, extra=()) -> tup
         for tp in TENSOR_PARALLEL_SIZES:
             for seqs in ladder_seqs:
                 for batched in ladder_batched:
-                    shape = Shape(gpu, tp, seqs, batched)
+                    shape = Shape(gpu, tp, seqs, batched, backend)
                     try:
                         load_config(config_path, (*extra, *_shape_overrides(shape)))
                     except InputError as e:
@@ -155,6 +172,8 @@ def generate(ok_shapes, gpus_max: int, cost_of=None, kv_latency_ms: float = 0.0)
                       **{f"engine.{k}": v for k, v in s.engine_values().items()}}
             g = w * s.tensor_parallel_size
             points.append(PlanPoint(values, "aggregated", (s,), (w,), g, {s.gpu: g}))
+    if any(s.backend == "sglang" for s in ok_shapes):  # no PD disaggregation (module docstring)
+        ok_shapes = ()
     top_seqs = max(s.max_num_seqs for s in ok_shapes) if ok_shapes else 0
     top_batched = max(s.max_num_batched_tokens for s in ok_shapes) if ok_shapes else 0
     prefill = [s for s in ok_shapes if s.max_num_seqs == top_seqs]
@@ -200,7 +219,9 @@ def demand(config_path: str, overrides) -> Demand:
     from servesim.replay.api import prepare
 
     cfg, wl, _ = prepare(config_path, overrides)
-    block = wl.trace_block_size if cfg.workload.trace is not None else cfg.engine.kv_cache.block_size
+    # SGLang's tokens are the hash ids' (servesim/replay/sglang.py `prompt_tokens`)
+    sglang = cfg.engine.sglang is not None
+    block = wl.trace_block_size if cfg.workload.trace is not None or sglang else cfg.engine.kv_cache.block_size
     seen = set()
     n = len(wl.input_length)
     cached = np.zeros(n, dtype=np.int64)
@@ -235,8 +256,7 @@ class ShapeFloors:
 
         cfg = load_config(self.config_path, (*self.extra, *_shape_overrides(shape)))
         eng = cfg.engine
-        pricer = PassPricer(eng.timing, eng.kv_cache.num_gpu_blocks, eng.kv_cache.block_size, eng,
-                            cfg.cluster.data_parallel_size)
+        pricer = PassPricer.of_engine(eng, cfg.cluster.data_parallel_size)
 
         def price(prefill, context, decodes=0, decode_context=0):
             return float(price_pass(pricer.model, pricer.params, prefill, 1 if prefill else 0, decodes,

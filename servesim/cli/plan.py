@@ -2,7 +2,7 @@
 
 import click
 
-from servesim.capacity.plan import missed_text
+from servesim.capacity.plan import ENGINE_NAMES, missed_text
 from servesim.cli.capacity import ALLOW_REJECTED_HELP, SLO_HELP, _html
 from servesim.cli.debug import check_option
 
@@ -31,7 +31,7 @@ def print_plan(doc, slos) -> None:
     click.echo(f"SLOs: {slos.describe()}")
     by = ", ".join(f"{k} {v}" for k, v in doc["pruned_by"].items() if v)
     click.echo(f"space: {doc['generated']} points generated on {', '.join(doc['gpus'])} up to {doc['gpus_max']} GPUs "
-               f"({len(doc['excluded'])} worker shapes vLLM would refuse excluded); {doc['pruned']} pruned"
+               f"({len(doc['excluded'])} worker shapes {ENGINE_NAMES[doc['backend']]} would refuse excluded); {doc['pruned']} pruned"
                + (f" ({by})" if by else "") + f"; {doc.get('run', 0)} run, {doc.get('skipped', 0)} skipped "
                "(cost more than a point that meets the SLOs)")
     win = doc.get("winner")
@@ -90,9 +90,9 @@ def print_plan(doc, slos) -> None:
               help="GPU types to search (default: the config's engine.gpu); several: each pool its own type.")
 @click.option("--cost", "costs", multiple=True, metavar="GPU=$/h",
               help="Price of a GPU per hour; rank by $/h instead of GPUs. Repeatable.")
-@click.option("--max-num-seqs", "seqs", metavar="N[,N...]", help="The max_num_seqs ladder (default 64,256).")
+@click.option("--max-num-seqs", "seqs", metavar="N[,N...]", help="The max_num_seqs ladder (default 64,256); SGLang's max_running_requests.")
 @click.option("--max-num-batched-tokens", "batched", metavar="N[,N...]",
-              help="The max_num_batched_tokens ladder (default 2048,8192).")
+              help="The max_num_batched_tokens ladder (default 2048,8192); SGLang's chunked_prefill_size.")
 @click.option("--sensitivity", type=float, metavar="P",
               help="Replay the winner and the next cheaper point with pass times ±P% (and speculative "
                    "acceptance ∓P%) and say if the answer changes.")
@@ -113,7 +113,10 @@ def plan_command(config, slo_options, allow_rejected, rate, gpus_max, gpu_list, 
     (heads divisible, weights and one max_model_len request fit), worker
     counts up to --gpus-max, aggregated and disaggregated splits (each pool
     its TP and, with several --gpu, its GPU type), and the max_num_seqs /
-    max_num_batched_tokens ladder. Points no replay can save are pruned (a
+    max_num_batched_tokens ladder. With engine.backend: sglang, the shapes
+    SGLang would start, aggregated, over max_running_requests /
+    chunked_prefill_size, and launch.sh holds sglang.launch_server commands.
+    Points no replay can save are pruned (a
     request alone already misses a TTFT/TPOT target; the prompts or outputs
     alone need more than the GPUs' time); the rest replay level by level of
     GPUs (or $/h with --cost), and what costs more than a point that meets

@@ -82,8 +82,9 @@ class Rank:
 
 
 class EngineCore:
-    """One worker. `observer` receives `on_done(request_index, finished)`
-    when a request finishes or is taken out as unfinishable, is asked for
+    """One worker. `observer` receives `on_finished(request_indices)` (an
+    array) for the requests a compiled run finished and `on_done(request_index,
+    False)` for one taken out as unfinishable, is asked for
     `horizon_key()`, the event-loop key `(time, order, seq)` of the
     next outside event that may touch the worker, and is told
     `on_progress(core)` after each compiled run. `make_scheduler(config,
@@ -222,8 +223,7 @@ class EngineCore:
             loop.now = float(c.state["now_ms"])
         n = c.state["num_finished"]
         if n:
-            for i in c.finished[:n].tolist():
-                observer.on_done(i, finished=True)
+            observer.on_finished(c.finished[:n])
         if state == LoopState.HORIZON:
             self._push_resume(float(c.state["next_ms"]), int(c.state["next_order"]),
                               int(c.state["next_seq"]))

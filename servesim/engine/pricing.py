@@ -154,3 +154,12 @@ class PassPricer:
         else:
             params = []
         self.params = np.array(params + [0.0] * (6 - len(params)), dtype=np.float64)
+
+    @classmethod
+    def of_engine(cls, engine, data_parallel_size: int = 1) -> "PassPricer":
+        """The pricer of an engine config: a vLLM engine's KV blocks, or an
+        SGLang engine's pool of `max_total_tokens` one-token slots."""
+        if engine.sglang is not None:
+            return cls(engine.timing, engine.sglang.max_total_tokens, 1, engine)
+        return cls(engine.timing, engine.kv_cache.num_gpu_blocks, engine.kv_cache.block_size, engine,
+                   data_parallel_size)

@@ -58,6 +58,10 @@ class _PrefillObserver:
     def on_done(self, i, finished):
         self.replay.on_prefill_done(i, finished)
 
+    def on_finished(self, indices):
+        for i in indices.tolist():
+            self.replay.on_prefill_done(i, True)
+
     def horizon_key(self):
         return self.replay.horizon_key()
 

@@ -343,6 +343,18 @@ class Replay:
         self.status[i] = STATUS_FINISHED if finished else STATUS_UNFINISHED
         self._left(i)
 
+    def on_finished(self, indices):
+        """Requests `indices` (an array) finished in the events just run:
+        `on_done` for each, or, when no request waits for another to leave
+        (an open loop: every request released, no sessions), only their
+        status and the count (`_left` would release nothing)."""
+        if self.sessions is None and self._next_release >= len(self.workload):
+            self.status[indices] = STATUS_FINISHED
+            self.num_done += len(indices)
+            return
+        for i in indices.tolist():
+            self.on_done(i, finished=True)
+
     def _left(self, i):
         """Request i left the system: what waited for it (the closed loop's
         next request, a session's dependents) is released when its last

@@ -55,6 +55,66 @@ def _fill_gaps(times, offsets, finished, out):
 
 
 ITL_QUANTILE_STEPS = 200
+# the distinct values counted before the order statistics fall back to a
+# partition: a share of the samples, and a table of at most 2 MB
+_MAX_DISTINCT_SHARE = 16
+_MAX_DISTINCT = 1 << 17
+
+
+@njit
+def _distinct_counts(bits, table, shift, found, counts):
+    """The distinct values of float64 samples (`bits`: their int64 view) into
+    `found` and how many times each occurs into `counts`, by open addressing
+    on the bits in `table` (2^(64 - shift) slots, all -1: empty; at least
+    twice as many as `found` has entries); returns how many are distinct, or
+    -1 once more than `len(found)` are. A run's ITL gaps are differences of
+    pass instants, so ~1,400 values among 12.7 M gaps of 100,000 synthetic
+    requests: counting them is one pass, against ~9 for a partition at the
+    ~400 ranks the figures read."""
+    size = len(table)
+    max_distinct = len(found)
+    used = 0
+    for k in range(len(bits)):
+        b = bits[k]
+        slot = np.int64((np.uint64(b) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+        j = table[slot]
+        while j >= 0 and found[j] != b:
+            slot = (slot + 1) & (size - 1)
+            j = table[slot]
+        if j >= 0:
+            counts[j] += 1
+        elif used == max_distinct:
+            return -1
+        else:
+            found[used] = b
+            counts[used] = 1
+            table[slot] = used
+            used += 1
+    return used
+
+
+def place_order_statistics(samples: np.ndarray, ranks: np.ndarray) -> None:
+    """In place: `samples[r]` becomes the r-th smallest sample for every r in
+    `ranks` (the others are left in any order), which is what the figures read
+    of a sorted array (`_read_ranks`). Few distinct values (the usual ITL
+    gaps) are counted (`_distinct_counts`) and each rank's value read off
+    their cumulative counts; many, and it is `np.partition`."""
+    n = samples.size
+    limit = min(n // _MAX_DISTINCT_SHARE, _MAX_DISTINCT)
+    used = -1
+    if limit >= 1:  # (NaNs, never in gaps, would sort last either way)
+        bits = max(int(2 * limit - 1).bit_length(), 2)
+        table = np.full(1 << bits, -1, dtype=np.int64)  # slot -> index into values
+        values = np.empty(limit, dtype=np.int64)
+        counts = np.empty(limit, dtype=np.int64)
+        used = _distinct_counts(samples.view(np.int64), table, np.uint64(64 - bits), values, counts)
+    if used < 0:
+        samples.partition(ranks)
+        return
+    values, counts = values[:used].view(np.float64), counts[:used]
+    order = np.argsort(values, kind="stable")
+    ends = np.cumsum(counts[order])  # rank r is the value whose range of ranks holds it
+    samples[ranks] = values[order][np.searchsorted(ends, ranks, side="right")]
 
 
 def _read_ranks(n, q) -> np.ndarray:
@@ -70,9 +130,11 @@ def _read_ranks(n, q) -> np.ndarray:
 def itl_figures(records) -> tuple:
     """`(itl_ms, itl_quantiles)`: summary.json's ITL block (latency_stats of
     every gap of the finished requests) and itl_quantiles.json's dict, from
-    one extraction of the gaps (a run can have hundreds of millions) and one
-    partition of them at the ~400 ranks the two read, ~40% quicker than
-    sorting them (4.1 M gaps of the Mooncake trace: 0.086 s against 0.136 s)."""
+    one extraction of the gaps (a run can have hundreds of millions) and the
+    ~400 order statistics the two read put in place
+    (`place_order_statistics`: the gaps' distinct values counted, or a
+    partition; 12.7 M gaps of 100,000 synthetic requests, ~1,400 distinct:
+    ~0.04 s against ~0.5 s for the partition and ~1 s for a sort)."""
     finished = np.asarray(records.status) == STATUS_FINISHED
     samples = itl_samples(records, finished)
     q = np.linspace(0.0, 1.0, ITL_QUANTILE_STEPS + 1)
@@ -80,7 +142,7 @@ def itl_figures(records) -> tuple:
         return latency_stats(samples), {"samples": 0, "quantiles": q.tolist(),
                                         "itl_ms": [None] * q.size}
     mean = samples.mean()  # in request order, as latency_stats takes it
-    samples.partition(_read_ranks(samples.size, q))  # what the two figures read, in place
+    place_order_statistics(samples, _read_ranks(samples.size, q))  # what the two figures read, in place
     quantiles = {"samples": int(samples.size), "quantiles": [round(float(x), 6) for x in q],
                  "itl_ms": [_round(v) for v in quantiles_of_sorted(samples, q)]}
     return _sorted_stats(mean, samples), quantiles

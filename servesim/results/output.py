@@ -67,7 +67,20 @@ SGLANG_FIELDS = ("num_retractions", "cached_tokens", "finish_reason")
 
 def _floats(arr) -> list:
     """JSON texts of a float array: Python float repr, or null for NaN/inf
-    ("never")."""
+    ("never"). Each distinct value is formatted once: requests admitted or
+    finished in one pass share its instants (a quarter of the values of a
+    100,000-request run are distinct; `repr` is ~0.3 µs a float, the most of
+    writing requests.jsonl). Equal floats have equal reprs, except 0.0 and
+    -0.0, which `np.unique` merges: an array with a negative zero is
+    formatted value by value."""
+    arr = np.asarray(arr, dtype=np.float64)
+    if len(arr) < 64 or np.signbit(arr).any():
+        return _float_texts(arr)
+    distinct, inverse = np.unique(arr, return_inverse=True)
+    return np.array(_float_texts(distinct), dtype=object)[inverse].tolist()
+
+
+def _float_texts(arr) -> list:
     values = arr.tolist()
     if np.isfinite(arr).all():
         return list(map(repr, values))
@@ -76,12 +89,18 @@ def _floats(arr) -> list:
 
 
 def _ints(arr) -> list:
-    return list(map(str, arr.tolist()))
+    """JSON texts of an integer array, each distinct value formatted once
+    (most columns hold a few: lengths, counts, workers)."""
+    if len(arr) < 64:
+        return list(map(str, arr.tolist()))
+    distinct, inverse = np.unique(arr, return_inverse=True)
+    return np.array(list(map(str, distinct.tolist())), dtype=object)[inverse].tolist()
 
 
 def _passes(arr) -> list:
     """JSON texts of pass indices: -1 ("never") is null."""
-    return ["null" if v < 0 else str(v) for v in arr.tolist()]
+    arr = np.asarray(arr)
+    return [t if v >= 0 else "null" for t, v in zip(_ints(arr), arr.tolist())] if (arr < 0).any() else _ints(arr)
 
 
 def _ids(ids) -> list:
