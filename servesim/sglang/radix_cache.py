@@ -170,6 +170,20 @@ class RadixCache:
                                key[:len(key) - len(key) % self.page_size], True, node, length)
         return int(matched), int(node)
 
+    def match_prefixes(self, keys):
+        """`match_prefix` of each of `keys` in turn, for their side effects
+        only (fresh stamps, splits): the waiting queue's prefix refresh."""
+        if self.disable:
+            return
+        page = self.page_size
+        meta = self.meta
+        for key in keys:
+            key = _key(key)
+            if meta[ROOM_LOW]:
+                self._room(0)
+            _MATCH(self.nodes, self.tokens, meta, self.edges, key[:len(key) - len(key) % page], True,
+                   -1, 0)
+
     def insert(self, key, held=None):
         """Insert `key` (whole pages); returns how many of its leading tokens
         the tree already held (their slots are the caller's duplicates to
