@@ -153,7 +153,7 @@ class Scheduler:
     def get_new_batch_prefill(self):
         """`_get_new_batch_prefill_raw`: the early exits and the full latch,
         the waiting queue's order, the chunked request first, then waiting
-        requests in order while the budgets last (docs/sglang.md, "Prefill")."""
+        requests in order while the budgets last (docs/sglang.md, "Prefill admission")."""
         if not self.running:
             self.batch_is_full = False
         if (self.batch_is_full or not self.waiting) and self.chunked_req is None:
@@ -618,7 +618,7 @@ def last_tokens(cols, slots, positions) -> int:
 def decode_need(cols, slots, page_size) -> int:
     """Slots a decode of the requests at table rows `slots` takes: a page for
     each whose KV ends on a page boundary, one slot each with page_size 1
-    (`check_decode_mem`, `alloc_for_decode`; docs/sglang.md, "Decode")."""
+    (`check_decode_mem`, `alloc_for_decode`; docs/sglang.md, "Decode and retraction")."""
     if page_size == 1:
         return len(slots)
     n = 0
