@@ -6,7 +6,7 @@ and the recordings check the same rules end to end."""
 
 import numpy as np
 
-from servesim.sglang.radix_cache import RadixCache, TokenPool
+from servesim.sglang.radix_cache import PARENT, RadixCache, TokenPool
 from servesim.sglang.req import (
     APPENDED,
     DONE,
@@ -39,8 +39,8 @@ def test_a_match_inside_a_node_splits_it_and_both_halves_keep_their_tokens():
     assert t.match_prefix(key(1, 2, 3, 4, 9, 9, 7))[0] == 6  # (cut to whole pages)
     assert t.match_prefix(key(1, 2, 3, 5))[0] == 2  # a page boundary inside the head
     assert t.cached_length(key(1, 2, 3, 4, 5)) == 4
-    children = t.children()
-    assert len(children[t.root]) == 1 and sum(len(c) for c in children.values()) == 4
+    reached = t.reachable() == 1
+    assert reached.sum() == 4 and (t.nodes[PARENT, :len(reached)][reached] == t.root).sum() == 1
 
 
 def test_locks_take_a_path_out_of_the_evictable_tokens_and_eviction_spares_it():
@@ -82,7 +82,8 @@ def test_many_children_grow_the_edge_table_and_evicted_keys_leave_the_store():
             pool.alloc(4)
             t.insert(k)
         assert all(t.cached_length(k) == 4 for k in keys)
-        assert len(t.children()[t.root]) == 300
+        reached = t.reachable() == 1
+        assert (t.nodes[PARENT, :len(reached)][reached] == t.root).sum() == 300
         t.evict(1 << 20)
         assert t.total_size() == 0 and all(t.cached_length(k) == 0 for k in keys)
     # rows of evicted nodes are reused; the store holds about what is live

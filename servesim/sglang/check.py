@@ -15,7 +15,9 @@ The invariants:
   path passes through it, and a holder's locked path is still in the tree,
   whole, `tree_len` tokens deep, spelling its first `tree_len` tokens (the
   compiled walks pass it without comparing: radix_cache.py's
-  `match_prefix_helper`);
+  `match_prefix_helper`; compared when the holder's prefix changes or the
+  token store is compacted, as a locked path's tokens change only then);
+  the tree's token count is its nodes';
 - the running batch and the waiting queue hold distinct requests, none
   finished in the waiting queue; at most one chunked request.
 """
@@ -23,6 +25,7 @@ The invariants:
 import numpy as np
 
 from servesim.errors import InvariantError
+from servesim.sglang.radix_cache import KEY_LEN, LOCK_REF, PARENT
 
 
 def check_scheduler(s, where: str):
@@ -50,33 +53,38 @@ def check_scheduler(s, where: str):
     if s.rows_used != len(holders) or s.rows_used > s.max_num_reqs:
         fail(f"{s.rows_used} request rows in use, {len(holders)} holders, {s.max_num_reqs} rows")
     locks = {}
-    children = tree.children()
+    reach = tree.reachable()
+    parents = tree.nodes[PARENT, :len(reach)].tolist()
+    key_len = tree.nodes[KEY_LEN, :len(reach)].tolist()
+    lock_ref = tree.nodes[LOCK_REF, :len(reach)].tolist()
+    reached = reach.tolist()
+    # the holders' prefixes whose tokens were compared, as (node, tree_len, store):
+    # a locked path's tokens change only if the store is compacted
+    compared = s.__dict__.setdefault("_checked_prefixes", {})
     for r in holders:
-        node, depth, keys = r.last_node, 0, []
+        node, depth, path = r.last_node, 0, []
         while node is not None and node != tree.root:
-            parent = tree.parent(node)
-            if node not in children.get(parent, ()):
+            if not reached[node]:
                 fail("the request's locked prefix is no longer in the tree", r)
             locks[node] = locks.get(node, 0) + 1
-            depth += tree.key_len(node)
-            keys.append(tree.key(node))
-            node = parent
+            depth += key_len[node]
+            path.append(node)
+            node = parents[node]
         if not tree.disable and depth != r.tree_len:
             fail(f"the locked prefix is {depth} tokens deep, tree_len {r.tree_len}", r)
-        if not tree.disable and keys and not np.array_equal(np.concatenate(keys[::-1]),
-                                                            r.fill_prefix(r.tree_len)):
-            fail("the locked prefix's tokens are not the request's first tree_len tokens", r)
-    unlocked, total_in_tree, stack = 0, 0, [tree.root]
-    while stack:
-        node = stack.pop()
-        stack.extend(children.get(node, ()))
-        if node == tree.root:
-            continue
-        total_in_tree += tree.key_len(node)
-        if tree.lock_ref(node) < locks.get(node, 0):
-            fail(f"a node locked {tree.lock_ref(node)} times is on {locks[node]} holders' paths")
-        if tree.lock_ref(node) == 0:
-            unlocked += tree.key_len(node)
+        seen_as = (r.last_node, r.tree_len, id(tree.tokens))
+        if not tree.disable and path and compared.get(id(r)) != seen_as:
+            if not np.array_equal(np.concatenate([tree.key(n) for n in path[::-1]]),
+                                  r.fill_prefix(r.tree_len)):
+                fail("the locked prefix's tokens are not the request's first tree_len tokens", r)
+            compared[id(r)] = seen_as
+    for node, count in locks.items():
+        if lock_ref[node] < count:
+            fail(f"a node locked {lock_ref[node]} times is on {count} holders' paths")
+    in_tree = reach.astype(bool)
+    key_lens = tree.nodes[KEY_LEN, :len(reach)]
+    total_in_tree = int(key_lens[in_tree].sum())
+    unlocked = int(key_lens[in_tree & (tree.nodes[LOCK_REF, :len(reach)] == 0)].sum())
     if total_in_tree != total:
         fail(f"the tree's nodes hold {total_in_tree} tokens, its count says {total}")
     if tree.evictable_size() != unlocked:

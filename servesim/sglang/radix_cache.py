@@ -235,36 +235,17 @@ class RadixCache:
 
     # -- reading the tree (the debug mode's check) ---------------------------------
 
-    def children(self) -> dict:
-        """Each node in the tree -> its children (found by its edges), in node order."""
-        out = {ROOT: []}
-        nodes = self.nodes
-        for node in range(1, int(self.meta[NUM_NODES])):
-            if nodes[ALIVE, node]:
-                out.setdefault(node, [])
-        for node in sorted(out):
-            if node == ROOT:
-                continue
-            start = int(nodes[KEY_START, node])
-            parent = int(nodes[PARENT, node])
-            key = self.tokens[start:start + int(nodes[KEY_LEN, node])]
-            if _edge_of(nodes, self.tokens, self.meta, self.edges, parent, key, 0) == node:
-                out.setdefault(parent, []).append(node)
-        return out
-
-    def parent(self, node: int) -> int:
-        return int(self.nodes[PARENT, node])
+    def reachable(self):
+        """Per row, whether it is a node the root reaches by the tree's edges
+        (`reachable_nodes`; the root aside), an int64 array."""
+        out = np.zeros(self.nodes.shape[1], dtype=np.int64)
+        reachable_nodes(self.nodes, self.tokens, self.meta, self.edges, out)
+        return out[:int(self.meta[NUM_NODES])]
 
     def key(self, node: int):
         """The tokens of `node`'s key (a view of the store)."""
         start = int(self.nodes[KEY_START, node])
         return self.tokens[start:start + int(self.nodes[KEY_LEN, node])]
-
-    def key_len(self, node: int) -> int:
-        return int(self.nodes[KEY_LEN, node])
-
-    def lock_ref(self, node: int) -> int:
-        return int(self.nodes[LOCK_REF, node])
 
 
 # -- the kernels ------------------------------------------------------------------------
@@ -324,6 +305,31 @@ def _edge_index(nodes, tokens, edges, child) -> int:
     while edges[i] != child:
         i = (i + 1) & mask
     return i
+
+
+@njit
+def reachable_nodes(nodes, tokens, meta, edges, out):
+    """The debug mode's view of the tree: `out[node]` 1 for each node in the
+    tree that its parent's edge leads to, and its parent's, up to the root
+    (SGLang's `children` walked from the root), else 0."""
+    for node in range(1, meta[NUM_NODES]):
+        if nodes[ALIVE, node] == 0:
+            continue
+        parent = nodes[PARENT, node]
+        s = nodes[KEY_START, node]
+        key = tokens[s:s + nodes[KEY_LEN, node]]
+        if parent >= 0 and _edge_of(nodes, tokens, meta, edges, parent, key, 0) == node:
+            out[node] = 1
+    n = meta[NUM_NODES]
+    for node in range(1, n):
+        if out[node] != 1:
+            continue
+        p, steps = nodes[PARENT, node], 0
+        while p != ROOT:
+            if out[p] != 1 or steps > n:  # (an unlinked ancestor, or a cycle)
+                out[node] = 0
+                break
+            p, steps = nodes[PARENT, p], steps + 1
 
 
 @njit
