@@ -81,7 +81,7 @@ class PassCost:
     database's SGLang tables (servesim/deployment/aic_tables.py)."""
 
     def __init__(self, engine):
-        self.pricer = PassPricer(engine.timing, engine.sglang.max_total_tokens, 1, engine)
+        self.pricer = PassPricer.of_engine(engine)
 
     def __call__(self, batch) -> float:
         prefill = prefill_rows = decode = decode_context = prefill_context = 0
