@@ -92,3 +92,46 @@ def test_a_run_as_plain_python_writes_the_compiled_runs_outputs(tmp_path, config
     for name in ("requests.jsonl", "passes.jsonl", "itl_quantiles.json"):
         assert ((tmp_path / "plain" / name).read_bytes()
                 == (tmp_path / "compiled" / name).read_bytes()), name
+
+
+def test_the_sglang_recordings_rules_and_compiled_path_pass_as_plain_python():
+    """The SGLang engine's kernels (servesim/sglang/: the request table's,
+    the radix tree's) run uncompiled give the recordings and the timelines."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+         "tests/test_golden_sglang.py", "tests/test_sglang_rules.py", "tests/test_sglang_arrays.py"],
+        check=False, cwd=ROOT, env=plain_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) > 30 and "failed" not in summary, summary
+
+
+SGLANG_PRESSURE = workload(9) + """\
+engine:
+  backend: sglang
+  max_total_tokens: 1024
+  page_size: 4
+  chunked_prefill_size: 64
+  max_running_requests: 16
+  schedule_conservativeness: 0.05
+  timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}
+"""
+
+
+def test_an_sglang_run_as_plain_python_writes_the_compiled_runs_outputs(tmp_path):
+    """Evictions, splits and chunks under backend: sglang, both ways (the
+    recordings, run as plain Python above, hold retractions)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(SGLANG_PRESSURE)
+    compiled = invoke("run", path, "-o", tmp_path / "compiled", "-q", "--pass-log")
+    assert compiled.exit_code == 0, compiled.output
+    plain = subprocess.run(
+        [sys.executable, "-m", "servesim", "run", str(path), "-o", str(tmp_path / "plain"), "-q",
+         "--pass-log"], check=False, env=plain_env(), capture_output=True, text=True, timeout=600)
+    assert plain.returncode == 0, plain.stderr
+    passes = (tmp_path / "compiled" / "passes.jsonl").read_text()
+    assert re.search(r'"evicted_tokens": [1-9]', passes) and '"partial": true' in passes
+    for name in ("requests.jsonl", "passes.jsonl", "itl_quantiles.json"):
+        assert ((tmp_path / "plain" / name).read_bytes()
+                == (tmp_path / "compiled" / name).read_bytes()), name

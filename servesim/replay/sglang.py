@@ -5,7 +5,6 @@ engines produce (servesim/replay/driver.py), with SGLang's own fields."""
 
 import functools
 import math
-import operator
 
 import numpy as np
 
@@ -18,9 +17,6 @@ from servesim.results.records import (STATUS_FINISHED, STATUS_REJECTED, STATUS_U
 from servesim.sglang.cluster import Cluster
 from servesim.sglang.scheduler import Scheduler
 from servesim.sglang.req import Req, stream_token
-
-
-_SEQ_LEN = operator.attrgetter("seq_len")
 
 
 def prompt_tokens(hash_ids, input_length: int, block: int) -> list:
@@ -85,7 +81,7 @@ class PassCost:
     database's SGLang tables (servesim/deployment/aic_tables.py)."""
 
     def __init__(self, engine):
-        self.pricer = PassPricer(engine.timing, engine.sglang.max_total_tokens, 1, engine)
+        self.pricer = PassPricer.of_engine(engine)
 
     def __call__(self, batch) -> float:
         prefill = prefill_rows = decode = decode_context = prefill_context = 0
@@ -94,7 +90,7 @@ class PassCost:
             prefill_rows += 1
             prefill_context += row.prefix
         decode = len(batch.decode)
-        decode_context = sum(map(_SEQ_LEN, batch.decode))
+        decode_context = batch.decode_context
         p = self.pricer
         return float(price_pass(p.model, p.params, prefill, prefill_rows, decode, decode_context,
                                 prefill + decode, batch.num_rows, p.kv_capacity_tokens, 0,
@@ -300,7 +296,16 @@ class SGLangReplay:
         produced = ints(lambda r: r.num_outputs)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(produced, out=offsets[1:])
-        token_ms = np.array([t for r in reqs for t in r.token_ms], dtype=np.float64)
+        token_ms = np.zeros(offsets[-1], dtype=np.float64)
+        tables = {id(r.table): r.table for r in reqs if r.table is not None}
+        for table in tables.values():  # each worker's token log, into request order
+            slot, ms = table.tokens_by_slot()
+            if not len(slot):
+                continue
+            starts = np.flatnonzero(np.r_[True, slot[1:] != slot[:-1]])
+            first = np.repeat(starts, np.diff(np.r_[starts, len(slot)]))
+            index = np.array([r.index for r in table.reqs], dtype=np.int64)[slot]
+            token_ms[offsets[index] + np.arange(len(slot)) - first] = ms
         retractions = ints(lambda r: r.num_retractions)
         extra = {}
         if w.sessions is not None:

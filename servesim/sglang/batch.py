@@ -25,19 +25,21 @@ class Row:
 
 class Batch:
     """`rows`: the extend rows; `decode`: the requests that decode one token
-    each (after the extend rows in a mixed pass). `dropped`: the ids of
-    requests retracted while this batch was in flight (their tokens are
-    dropped when its result is processed)."""
+    each (after the extend rows in a mixed pass), `decode_slots` their
+    table rows (servesim/sglang/req.py's `ReqTable`), `decode_context` their
+    positions after the decode, summed. (A request retracted while this
+    batch is in flight has its token dropped: the table's `DROPPED_AT`.)"""
 
-    def __init__(self, mode: str, rows: list, decode=()):
+    def __init__(self, mode: str, rows: list, decode=(), decode_slots=None):
         self.mode = mode
         self.rows = rows
         self.decode = list(decode)
+        self.decode_slots = decode_slots
+        self.decode_context = 0
         self.start_ms = 0.0
         self.end_ms = 0.0
         self.index = -1
         self.record = None
-        self.dropped = set()
 
     def samples(self, req) -> bool:
         """Whether this batch samples a token for `req` (every row but middle

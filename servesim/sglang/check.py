@@ -13,12 +13,19 @@ The invariants:
 - the tree's evictable count is the tokens of its nodes on no locked path;
   each node's lock count is at least the number of holders whose locked
   path passes through it, and a holder's locked path is still in the tree,
-  whole, `tree_len` tokens deep;
+  whole, `tree_len` tokens deep, spelling its first `tree_len` tokens (the
+  compiled walks pass it without comparing: radix_cache.py's
+  `match_prefix_helper`; compared when the holder's prefix changes or the
+  token store is compacted, as a locked path's tokens change only then);
+  the tree's token count is its nodes';
 - the running batch and the waiting queue hold distinct requests, none
   finished in the waiting queue; at most one chunked request.
 """
 
+import numpy as np
+
 from servesim.errors import InvariantError
+from servesim.sglang.radix_cache import KEY_LEN, LOCK_REF, PARENT
 
 
 def check_scheduler(s, where: str):
@@ -46,26 +53,40 @@ def check_scheduler(s, where: str):
     if s.rows_used != len(holders) or s.rows_used > s.max_num_reqs:
         fail(f"{s.rows_used} request rows in use, {len(holders)} holders, {s.max_num_reqs} rows")
     locks = {}
+    reach = tree.reachable()
+    parents = tree.nodes[PARENT, :len(reach)].tolist()
+    key_len = tree.nodes[KEY_LEN, :len(reach)].tolist()
+    lock_ref = tree.nodes[LOCK_REF, :len(reach)].tolist()
+    reached = reach.tolist()
+    # the holders' prefixes whose tokens were compared, as (node, tree_len, store):
+    # a locked path's tokens change only if the store is compacted
+    compared = s.__dict__.setdefault("_checked_prefixes", {})
     for r in holders:
-        node, depth = r.last_node, 0
-        while node is not None and node is not tree.root:
-            if node.parent is None or node.parent.children.get(tree._child_key(node.key)) is not node:
+        node, depth, path = r.last_node, 0, []
+        while node is not None and node != tree.root:
+            if not reached[node]:
                 fail("the request's locked prefix is no longer in the tree", r)
-            locks[id(node)] = locks.get(id(node), 0) + 1
-            depth += len(node.key)
-            node = node.parent
+            locks[node] = locks.get(node, 0) + 1
+            depth += key_len[node]
+            path.append(node)
+            node = parents[node]
         if not tree.disable and depth != r.tree_len:
             fail(f"the locked prefix is {depth} tokens deep, tree_len {r.tree_len}", r)
-    unlocked, stack = 0, [tree.root]
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children.values())
-        if node is tree.root:
-            continue
-        if node.lock_ref < locks.get(id(node), 0):
-            fail(f"a node locked {node.lock_ref} times is on {locks[id(node)]} holders' paths")
-        if node.lock_ref == 0:
-            unlocked += len(node.key)
+        seen_as = (r.last_node, r.tree_len, id(tree.tokens))
+        if not tree.disable and path and compared.get(id(r)) != seen_as:
+            if not np.array_equal(np.concatenate([tree.key(n) for n in path[::-1]]),
+                                  r.fill_prefix(r.tree_len)):
+                fail("the locked prefix's tokens are not the request's first tree_len tokens", r)
+            compared[id(r)] = seen_as
+    for node, count in locks.items():
+        if lock_ref[node] < count:
+            fail(f"a node locked {lock_ref[node]} times is on {count} holders' paths")
+    in_tree = reach.astype(bool)
+    key_lens = tree.nodes[KEY_LEN, :len(reach)]
+    total_in_tree = int(key_lens[in_tree].sum())
+    unlocked = int(key_lens[in_tree & (tree.nodes[LOCK_REF, :len(reach)] == 0)].sum())
+    if total_in_tree != total:
+        fail(f"the tree's nodes hold {total_in_tree} tokens, its count says {total}")
     if tree.evictable_size() != unlocked:
         fail(f"evictable count {tree.evictable_size()} != {unlocked} unlocked tokens in the tree")
     seen = set()

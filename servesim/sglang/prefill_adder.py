@@ -3,7 +3,9 @@
 
 import math
 
+from servesim.jit import Entry, njit
 from servesim.sglang.config import CLIP_MAX_NEW_TOKENS
+from servesim.sglang.req import IGNORE_EOS, MAX_NEW_TOKENS, NUM_OUTPUTS
 
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 
@@ -11,9 +13,11 @@ CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 class PrefillAdder:
     """The budgets of one prefill attempt and the requests it admits
     (`can_run`, in order: the chunked request first). `rem_total` and
-    `rem_current` are live: locking a prefix lowers the evictable tokens."""
+    `rem_current` are live: locking a prefix lowers the evictable tokens.
+    `cols` / `running_slots`: the worker's request table and the running
+    requests' rows in it (servesim/sglang/req.py's `ReqTable`)."""
 
-    def __init__(self, cfg, tree, pool, running, new_token_ratio, mixed: int):
+    def __init__(self, cfg, tree, pool, running, new_token_ratio, mixed: int, cols, running_slots):
         self.cfg = cfg
         self.tree = tree
         self.pool = pool
@@ -22,7 +26,8 @@ class PrefillAdder:
         self.new_token_ratio = new_token_ratio
         self.rem_input = cfg.max_prefill_tokens - mixed
         self.rem_chunk = cfg.chunked_prefill_size - mixed if cfg.chunked_prefill else None
-        self.total_offset = mixed + self._get_running_request_total_token_offset(running)
+        self.total_offset = mixed + float(_RUNNING_OFFSET(cols, running_slots, new_token_ratio,
+                                                          CLIP_MAX_NEW_TOKENS))
         self.current_offset = mixed
         self.can_run = []  # (req, extend tokens, cached, kind, partial)
         self.new_chunked_req = None
@@ -34,13 +39,6 @@ class PrefillAdder:
     def _ratio(self, req) -> float:
         """The share of its remaining output reserved for `req` (1 with ignore_eos)."""
         return 1.0 if req.ignore_eos else self.new_token_ratio
-
-    def _get_running_request_total_token_offset(self, running) -> float:
-        """The output the running requests are still expected to produce:
-        `min(M - generated, 4096) x ratio` each (1 with ignore_eos)."""
-        ratio = self.new_token_ratio  # `_ratio`, inlined: this runs every prefill attempt
-        return sum(min(r.max_new_tokens - r.num_outputs, CLIP_MAX_NEW_TOKENS)
-                   * (1.0 if r.ignore_eos else ratio) for r in running)
 
     @property
     def rem_total(self) -> float:
@@ -167,3 +165,19 @@ class PrefillAdder:
         while i < len(self.req_states) and left > self.req_states[i][0]:
             i += 1
         self.req_states.insert(i, state)
+
+
+@njit
+def get_running_request_total_token_offset(cols, slots, new_token_ratio, clip) -> float:
+    """`PrefillAdder._get_running_request_total_token_offset`: the output the
+    running requests (table rows `slots`) are still expected to produce,
+    `min(M - generated, 4096) x ratio` each (ratio 1 with ignore_eos; the
+    adder's `_ratio`), summed in order (docs/sglang.md, "Prefill admission")."""
+    total = 0.0
+    for s in slots:
+        ratio = 1.0 if cols[IGNORE_EOS, s] != 0 else new_token_ratio
+        total += min(cols[MAX_NEW_TOKENS, s] - cols[NUM_OUTPUTS, s], clip) * ratio
+    return total
+
+
+_RUNNING_OFFSET = Entry(get_running_request_total_token_offset)

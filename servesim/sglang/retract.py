@@ -2,6 +2,7 @@
 "Retraction")."""
 
 from servesim.sglang.new_token_ratio import estimate_new_token_ratio_after_retract
+from servesim.sglang.req import slots_of
 
 
 def retract_decode(scheduler, reqs):
@@ -12,7 +13,7 @@ def retract_decode(scheduler, reqs):
     order = sorted(reqs, key=lambda r: (r.num_outputs, -r.prompt_len), reverse=True)
     retracted = []
     first = True
-    while first or not scheduler.check_decode_mem(order):
+    while first or not scheduler.check_decode_mem(slots_of(order)):
         if len(order) == 1:
             break
         first = False

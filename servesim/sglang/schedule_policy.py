@@ -38,8 +38,8 @@ class SchedulePolicy:
     def _touch_waiting_prefixes(self, waiting: list):
         """Match the first 128 waiting requests, last one first: their cached
         prefixes get fresh LRU stamps (`SGLANG_ENABLE_WAITING_PREFIX_REFRESH`)."""
-        for req in reversed(waiting[:WAITING_PREFIX_REFRESH_MAX]):
-            self.tree.match_prefix(req.fill)
+        refreshed = reversed(waiting[:WAITING_PREFIX_REFRESH_MAX])
+        self.tree.match_prefixes([req.fill for req in refreshed])
 
     def _compute_prefix_matches(self, waiting: list) -> set:
         """Each request's `matched = min(hit, len(fill) - 1)` into `req.prefix`;

@@ -6,12 +6,26 @@ retraction, the processing of a pass's result, and the two event loops
 
 import math
 
+import numpy as np
+
+from servesim.jit import Entry, njit
 from servesim.sglang.batch import DECODE, EXTEND, MIXED, Batch, Row
 from servesim.sglang.check import check_scheduler
 from servesim.sglang.config import RETRACT_DECODE_STEPS
 from servesim.sglang.new_token_ratio import NewTokenRatioTracker
 from servesim.sglang.prefill_adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
 from servesim.sglang.radix_cache import RadixCache, TokenPool
+from servesim.sglang.req import (
+    DONE,
+    DROPPED_AT,
+    MAX_NEW_TOKENS,
+    NUM_OUTPUTS,
+    REACHED_STOP,
+    SEQ_LEN,
+    SKIPPED,
+    ReqTable,
+    slots_of,
+)
 from servesim.sglang.retract import retract_decode
 from servesim.sglang.schedule_policy import SchedulePolicy
 
@@ -34,11 +48,15 @@ class Scheduler:
         self.max_num_reqs = cfg.max_num_reqs
         self.pass_cost = pass_cost
         self.reqs = reqs
+        self.table = ReqTable()  # the requests' scheduling state (struct of arrays)
+        self._positions = np.zeros(64, dtype=np.int64)  # `last_tokens`' answers
+        for req in reqs:
+            self.table.adopt(req)
         self.log = log
         self.check = check
         self.passes = []
         self.waiting = []
-        self.running = []
+        self.running = []  # (and `running_slots()`, their table rows)
         self.chunked_req = None
         self.last_batch = None
         self.inflight = None  # overlap: the launched batch whose result is not processed
@@ -67,6 +85,23 @@ class Scheduler:
     def ceil_page(self, n: int) -> int:
         return -(-n // self.page_size) * self.page_size
 
+    @property
+    def running(self) -> list:
+        """The running batch (`running_batch.reqs`); assigned, never changed in place."""
+        return self._running
+
+    @running.setter
+    def running(self, reqs: list):
+        self._running = reqs
+        self._running_slots = None
+
+    def running_slots(self):
+        """The running requests' table rows, in order (made once per running batch)."""
+        slots = self._running_slots
+        if slots is None:
+            slots = self._running_slots = slots_of(self._running)
+        return slots
+
     # -- one scheduling step ----------------------------------------------------
 
     def get_next_batch_to_run(self):
@@ -82,13 +117,21 @@ class Scheduler:
             if len(kept) < last.num_rows or (kept and not self.running):
                 # (into an empty running batch the merged batch replaces it, latch unset)
                 self.batch_is_full = False
-            self.running.extend(kept)
+            if kept:
+                slots = self._running_slots
+                self.running = self.running + kept
+                if slots is not None:  # (the merged batch's rows: the kept ones' after them)
+                    self._running_slots = np.concatenate((slots, slots_of(kept)))
         if self.num_finished != self._finished_seen:  # (else none of them finished)
             self._finished_seen = self.num_finished
             before = len(self.running)
+            slots = self.running_slots()
             self.running = [r for r in self.running if not r.finished]
             if len(self.running) < before:
+                self._running_slots = slots[self.table.cols[DONE, slots] == 0]  # (the same filter)
                 self.batch_is_full = False
+            else:
+                self._running_slots = slots
         batch = self.get_new_batch_prefill()
         if batch is not None:
             return batch
@@ -110,7 +153,7 @@ class Scheduler:
     def get_new_batch_prefill(self):
         """`_get_new_batch_prefill_raw`: the early exits and the full latch,
         the waiting queue's order, the chunked request first, then waiting
-        requests in order while the budgets last (docs/sglang.md, "Prefill")."""
+        requests in order while the budgets last (docs/sglang.md, "Prefill admission")."""
         if not self.running:
             self.batch_is_full = False
         if (self.batch_is_full or not self.waiting) and self.chunked_req is None:
@@ -122,7 +165,8 @@ class Scheduler:
         self.policy.calc_priority(self.waiting)
         cfg = self.cfg
         mixed = len(self.running) if cfg.enable_mixed_chunk and cfg.chunked_prefill else 0
-        adder = PrefillAdder(cfg, self.tree, self.pool, self.running, self.ratio.value, mixed)
+        adder = PrefillAdder(cfg, self.tree, self.pool, self.running, self.ratio.value, mixed,
+                             self.table.cols, self.running_slots())
         chunked = self.chunked_req
         if chunked is not None:
             self.chunked_req = adder.add_chunked_req(chunked, "chunk")
@@ -191,38 +235,41 @@ class Scheduler:
         """Mixed chunk: the running requests decode in the prefill pass when
         their decode fits (no retraction); the running batch empties."""
         finishing = self._reqs_finishing_inflight(self.running)
-        decoding = [r for r in self.running if r not in finishing] if finishing else self.running
-        if not decoding or not self.check_decode_mem(decoding):
+        if finishing:
+            decoding = [r for r in self.running if r not in finishing]
+            slots = slots_of(decoding)
+        else:
+            decoding, slots = self.running, self.running_slots()
+        if not decoding or not self.check_decode_mem(slots):
             return
-        self.prepare_for_decode(decoding)
+        batch.decode_context = self.prepare_for_decode(slots)
         batch.decode = decoding
+        batch.decode_slots = slots
         batch.mode = MIXED
         self.running = []
 
     # -- decode -----------------------------------------------------------------
 
     def _reqs_finishing_inflight(self, reqs) -> list:
-        """Overlap: those of `reqs` in the in-flight batch whose in-flight
-        token is their last by length (`_reqs_finishing_inflight`)."""
+        """Overlap: those of the running `reqs` in the in-flight batch whose
+        in-flight token is their last by length (`_reqs_finishing_inflight`;
+        the length test is `last_tokens`)."""
         if not self.overlap or self.inflight is None:
             return []
-        last = [r for r in reqs if r.num_outputs + 1 >= r.max_new_tokens]
-        return [r for r in last if self.inflight.samples(r)] if last else last
+        slots = self.running_slots() if reqs is self.running else slots_of(reqs)
+        positions = self._positions
+        if len(positions) < len(slots):
+            positions = self._positions = np.zeros(2 * len(slots), dtype=np.int64)
+        n = _LAST_TOKENS(self.table.cols, slots, positions)
+        return [reqs[k] for k in positions[:n] if self.inflight.samples(reqs[k])]
 
-    def check_decode_mem(self, reqs) -> bool:
-        """A page for each request whose committed KV ends on a page boundary;
-        the tree evicts to cover a shortfall (`check_decode_mem`)."""
-        need = self.decode_need(reqs)
+    def check_decode_mem(self, slots) -> bool:
+        """A page for each request (table rows `slots`) whose committed KV
+        ends on a page boundary; the tree evicts to cover a shortfall
+        (`check_decode_mem`)."""
+        need = int(_DECODE_NEED(self.table.cols, slots, self.page_size))
         self.tree.evict_for(need)
         return self.pool.free >= need
-
-    def decode_need(self, reqs) -> int:
-        """Slots a decode of `reqs` takes: a page for each request whose KV
-        ends on a page boundary (one slot each with page_size 1)."""
-        page = self.page_size
-        if page == 1:
-            return len(reqs)
-        return page * sum(1 for r in reqs if r.seq_len % page == 0)
 
     def update_running_batch(self):
         """The decode pass: the running batch less the requests finishing in
@@ -235,7 +282,7 @@ class Scheduler:
         batch = self.running
         if not batch:
             return None
-        if not self.check_decode_mem(batch):
+        if not self.check_decode_mem(self.running_slots()):
             if excluded:
                 return None
             batch, retracted, ratio = retract_decode(self, batch)
@@ -248,16 +295,21 @@ class Scheduler:
             self.ratio.decay()
         if len(batch) < initial:
             self.batch_is_full = False
-        self.prepare_for_decode(batch)
-        return Batch(DECODE, [], batch)
+        slots = self.running_slots()
+        context = self.prepare_for_decode(slots)
+        decode = Batch(DECODE, [], batch, slots)
+        decode.decode_context = context
+        return decode
 
-    def prepare_for_decode(self, reqs):
-        """One slot per request, a new page when its KV ends on a page boundary."""
-        need = self.decode_need(reqs)
+    def prepare_for_decode(self, slots) -> int:
+        """One slot per request (table rows `slots`), a new page when its KV
+        ends on a page boundary (`prepare_for_decode`, `alloc_for_decode`).
+        Returns the decode's context: the positions after it, summed."""
+        cols = self.table.cols
+        need = int(_DECODE_NEED(cols, slots, self.page_size))
         self.tree.evict_for(need)
         self.pool.alloc(need)
-        for r in reqs:
-            r.seq_len += 1
+        return int(_ADVANCE_SEQ_LENS(cols, slots))
 
     # -- KV into the tree ----------------------------------------------------------
 
@@ -268,10 +320,12 @@ class Scheduler:
         if self.tree.disable:
             return
         key = req.fill_prefix(length - length % self.page_size)
-        new_prefix = self.tree.insert(key)
+        # (its locked path spells its first tree_len tokens; after the insert
+        # the whole key is a path of the tree, ending at `end`)
+        new_prefix, end = self.tree.insert(key, (req.last_node, req.tree_len))
         if new_prefix > req.tree_len:
             self.pool.release(new_prefix - req.tree_len)
-        matched, node = self.tree.match_prefix(key)
+        matched, node = self.tree.match_prefix(key, (end, len(key)))
         self.tree.dec_lock_ref(req.last_node)
         self.tree.inc_lock_ref(node)
         req.last_node = node
@@ -289,7 +343,7 @@ class Scheduler:
             # decoded once more) every token: the extra pass's slot is committed
             kv_len = min(req.seq_len, req.fill_len)
             key = req.fill_prefix(kv_len - kv_len % self.page_size)
-            new_prefix = self.tree.insert(key)
+            new_prefix, _ = self.tree.insert(key, (req.last_node, req.tree_len))
             self.pool.release(own - (len(key) - new_prefix))
             self.tree.dec_lock_ref(req.last_node)
         self._free_row(req)
@@ -307,7 +361,7 @@ class Scheduler:
         req.retracted = True
         req.num_retractions += 1
         if self.inflight is not None:
-            self.inflight.dropped.add(id(req))  # its in-flight token is dropped
+            self.table.cols[DROPPED_AT, req.slot] = self.inflight.index  # its in-flight token is dropped
         self.num_retractions += 1
 
     def _free_row(self, req):
@@ -319,35 +373,39 @@ class Scheduler:
 
     def process_batch_result(self, batch):
         """Each row not finished, not retracted since launch and not a middle
-        chunk gets its token: a finished request is released, an extend that
-        completed its input is inserted into the tree and locked
-        (`process_batch_result_prefill` / `_decode`); after a retraction its
-        prompt first, then its outputs."""
+        chunk gets its token (`append_outputs`): a finished request is
+        released, an extend that completed its input is inserted into the
+        tree and locked (`process_batch_result_prefill` / `_decode`); after a
+        retraction its prompt first, then its outputs. The extend rows come
+        first, then the decoding requests."""
         end = batch.end_ms
-        dropped = batch.dropped
-        for row in batch.rows:
-            req = row.req
-            if req.finished or row.partial or (dropped and id(req) in dropped):
-                continue
-            input_len = req.fill_len
-            finished = req.append_output(end)
-            if req.first_token_pass < 0:
-                req.first_token_pass = batch.index
-                req.first_token_ms = end
-            if finished:
-                self._finish(batch, req)
-            else:
-                if req.retracted and req.tree_len < req.prompt_len:
-                    # a re-prefilled prompt + outputs is cached prompt first: the
-                    # tree keeps a node boundary at the prompt's end, as after a
-                    # first prefill (seen: 06, pass 220 evicts the 39 outputs alone)
-                    self.checkpoint_kv_cache(req, req.prompt_len)
-                self.checkpoint_kv_cache(req, input_len)
-        for req in batch.decode:
-            if req.finished or (dropped and id(req) in dropped):
-                continue
-            if req.append_output(end):
-                self._finish(batch, req)
+        table = self.table
+        rows = [row for row in batch.rows if not row.partial]
+        if rows:
+            status = table.append_outputs(slots_of([row.req for row in rows]), end, batch.index)
+            for k, row in enumerate(rows):
+                state = status[k]
+                if state == SKIPPED:
+                    continue
+                req = row.req
+                if req.first_token_pass < 0:
+                    req.first_token_pass = batch.index
+                    req.first_token_ms = end
+                if state == REACHED_STOP and req.check_finished():
+                    self._finish(batch, req)
+                else:
+                    if req.retracted and req.tree_len < req.prompt_len:
+                        # a re-prefilled prompt + outputs is cached prompt first: the
+                        # tree keeps a node boundary at the prompt's end, as after a
+                        # first prefill (seen: 06, pass 220 evicts the 39 outputs alone)
+                        self.checkpoint_kv_cache(req, req.prompt_len)
+                    self.checkpoint_kv_cache(req, req.fill_len - 1)  # (its input: not the new token)
+        if batch.decode:
+            status = table.append_outputs(batch.decode_slots, end, batch.index)
+            for k in (status[:len(batch.decode)] == REACHED_STOP).nonzero()[0]:
+                req = batch.decode[k]
+                if req.check_finished():
+                    self._finish(batch, req)
         if batch.record is not None:
             batch.record["finished"].sort()
 
@@ -383,6 +441,7 @@ class Scheduler:
         `ready_iteration` (a closed loop's release comes after the decision
         taken at its instant)."""
         req.arrival_ms = at_ms
+        self.table.adopt(req)
         if ready_iteration:
             self._ready_at[len(self.reqs)] = ready_iteration
         self.reqs.append(req)
@@ -535,3 +594,52 @@ class Scheduler:
             self.last_batch = batch
             if not (yield from self._after_iteration(batch is not None or previous is not None)):
                 return
+
+
+# -- the compiled rules of the decode pass --------------------------------------------
+
+
+@njit
+def last_tokens(cols, slots, positions) -> int:
+    """The positions in `slots` (table rows) of the requests whose next
+    token is their last by length (`num_outputs + 1 >= max_new_tokens`: the
+    in-flight token of one in the in-flight batch finishes it;
+    `_reqs_finishing_inflight`), into `positions`, in order; returns how many."""
+    n = 0
+    for k in range(len(slots)):
+        s = slots[k]
+        if cols[NUM_OUTPUTS, s] + 1 >= cols[MAX_NEW_TOKENS, s]:
+            positions[n] = k
+            n += 1
+    return n
+
+
+@njit
+def decode_need(cols, slots, page_size) -> int:
+    """Slots a decode of the requests at table rows `slots` takes: a page for
+    each whose KV ends on a page boundary, one slot each with page_size 1
+    (`check_decode_mem`, `alloc_for_decode`; docs/sglang.md, "Decode and retraction")."""
+    if page_size == 1:
+        return len(slots)
+    n = 0
+    for s in slots:
+        if cols[SEQ_LEN, s] % page_size == 0:
+            n += 1
+    return n * page_size
+
+
+@njit
+def advance_seq_lens(cols, slots) -> int:
+    """A decode allocates one position per request (`seq_lens += 1`,
+    `prepare_for_decode`); returns the positions after it, summed (the
+    pass's decode context)."""
+    total = 0
+    for s in slots:
+        cols[SEQ_LEN, s] += 1
+        total += cols[SEQ_LEN, s]
+    return total
+
+
+_LAST_TOKENS = Entry(last_tokens)
+_DECODE_NEED = Entry(decode_need)
+_ADVANCE_SEQ_LENS = Entry(advance_seq_lens)
