@@ -6,14 +6,37 @@ The cache goes to a per-user folder, never into the package
 Numba is imported only by the modules that hold kernels, which the CLI imports
 inside its commands: `servesim --help` never loads it.
 
-Loading the first kernel makes Numba import its whole library of lowerings,
-and two of those probe optional packages servesim's kernels never use: SciPy
-(`numba.np.arraymath` checks for BLAS by importing `scipy.linalg`, ~0.2-0.3 s)
-and cffi (`numba.core.typing.cffi_utils`, with pycparser). Those two modules
-are imported here with the probes answered "not installed" when the packages
-are not loaded yet; np.dot and friends still find BLAS when a kernel is
-compiled with them (Numba checks again then), only cffi functions as kernel
-arguments and `_HAVE_BLAS` (BLAS inner products in np.dot's
+Loading a cached kernel. Numba refreshes its target context before every
+cache load (`Cache.load_overload`): the first refresh imports its whole
+library of typings and lowerings (NumPy's, the random generators', typed
+containers', ...), which only a compile uses. A cached kernel is machine code:
+it needs the symbols of Numba's runtime (its C functions) and those every
+target context registers when it is made, nothing of the registries, nor the
+runtime's own LLVM module, which Numba compiles at start (a cached kernel
+carries its copy of those functions). So a cache load here registers the
+runtime's symbols only (`_load_without_refresh`, `_runtime_symbols`); a
+compile still refreshes in full (Numba's compiler refreshes both contexts
+itself, and so does a lookup of an implementation the context lacks). The
+kernels' cached code declares only the runtime's C functions (`NRT_*`),
+Numba's helpers' (`numba_*`), Python's C API and LLVM intrinsics
+(tests/test_startup.py checks every kernel a few runs load). Unpickling a
+cached kernel's environments would import the modules of Numba's own
+overloads compiled into it (`numba.np.arrayobj`, `numba.np.arraymath`: most
+of the lowerings again); those get their name only
+(`_environments_without_imports`). Numba also checks that a kernel's cache
+folder is writable by creating a temporary file in it, once per kernel when
+its module is imported; here once per folder (`_check_cache_folders_once`).
+Together a sixth of a warm tiny run's CPU time (benchmarks/RESULTS.md,
+2026-12-07, "start-up").
+
+The first refresh (a compile's) imports two modules that probe optional
+packages servesim's kernels never use: SciPy (`numba.np.arraymath` checks for
+BLAS by importing `scipy.linalg`, ~0.2-0.3 s) and cffi
+(`numba.core.typing.cffi_utils`, with pycparser). Those two modules are
+imported just before it with the probes answered "not installed" when the
+packages are not loaded yet; np.dot and friends still find BLAS when a kernel
+is compiled with them (Numba checks again then), only cffi functions as
+kernel arguments and `_HAVE_BLAS` (BLAS inner products in np.dot's
 small-case fallback) are off.
 
 A kernel holds a reference count on every array it touches (Numba's NRT
@@ -86,7 +109,130 @@ def _import_without_probes():
                 del sys.modules[name]
 
 
-_import_without_probes()
+def _load_without_refresh() -> bool:
+    """Cache loads that start Numba's runtime but do not refresh the target
+    context (module docstring); a context's first refresh imports the probing
+    modules without their probes (`_import_without_probes`). Does nothing if
+    Numba's methods are not the ones this was written for (then every load
+    refreshes, as in Numba). Returns whether loads skip the refresh."""
+    from numba.core import caching, cpu
+    from numba.core.runtime import nrt
+
+    load = caching.Cache.load_overload
+    if getattr(load, "without_refresh", False):
+        return True
+    if load.__code__.co_names != ("refresh", "_guard_against_spurious_io_errors", "_load_overload") \
+            or not hasattr(nrt.rtsys, "initialize"):
+        return False
+    start = _runtime_symbols(nrt)
+
+    def load_overload(self, sig, target_context):
+        """Numba's `Cache.load_overload` without `target_context.refresh()`."""
+        start(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    refresh = cpu.CPUContext.refresh
+
+    def refresh_without_probes(self):
+        _import_without_probes()
+        refresh(self)
+
+    load_overload.without_refresh = True
+    caching.Cache.load_overload = load_overload
+    cpu.CPUContext.refresh = refresh_without_probes
+    _environments_without_imports()
+    return True
+
+
+def _runtime_symbols(nrt):
+    """What a cache load starts of Numba's runtime: the symbols of its C
+    functions (`NRT_MemInfo_alloc`, ...), which cached code calls. Numba's
+    `rtsys.initialize` also compiles the runtime's LLVM module (reference
+    counts, atomic adds), ~30 ms in every process; a cached kernel carries its
+    own copy of those functions (linked in when it was compiled), so only a
+    compile needs it, and a compile's refresh initializes the runtime in full.
+    Numba's own `initialize` when its code is not what this was written for."""
+    import inspect
+
+    from llvmlite import binding as ll
+    from numba.core import config
+
+    runtime = type(nrt.rtsys)
+    names = inspect.unwrap(runtime.initialize).__code__.co_names
+    helpers = getattr(getattr(nrt, "_nrt", None), "c_helpers", None)
+    if not isinstance(helpers, dict) or names != (
+            "_init", "config", "NRT_STATS", "_nrt", "memsys_enable_stats", "c_helpers",
+            "startswith", "ll", "add_symbol", "nrtdynmod", "compile_nrt_functions", "_library"):
+        return lambda ctx: nrt.rtsys.initialize(ctx)
+    started = []
+
+    def start(ctx):
+        if started or nrt.rtsys._init:
+            return
+        with nrt.global_compiler_lock:
+            if config.NRT_STATS:
+                nrt._nrt.memsys_enable_stats()
+            for name, address in helpers.items():  # as Numba's initialize names them
+                ll.add_symbol(name if name.startswith("_") else "NRT_" + name, address)
+            started.append(True)
+
+    return start
+
+
+def _environments_without_imports() -> None:
+    """A cached kernel's environments (one per function compiled into it,
+    Numba's own overloads among them) are unpickled with their module's
+    globals, which imports the module: for `numba.np.arrayobj` and
+    `numba.np.arraymath`, most of Numba's lowerings. Only code compiled in
+    object mode reads an environment's globals (njit kernels never do), so
+    the environment of a Numba module not imported yet gets its name only."""
+    from numba.core import environment
+
+    rebuild = environment._rebuild_env
+    if getattr(rebuild, "without_imports", False) or rebuild.__code__.co_varnames[:3] \
+            != ("modname", "consts", "env_name") or not hasattr(environment, "lookup_environment"):
+        return
+
+    def rebuild_env(modname, consts, env_name):
+        if not isinstance(modname, str) or not modname.startswith("numba.") or modname in sys.modules:
+            return rebuild(modname, consts, env_name)
+        env = environment.lookup_environment(env_name)
+        if env is None:
+            env = environment.Environment({"__name__": modname})
+            env.consts[:] = consts
+            env.env_name = env_name
+            environment.Environment._memo[env_name] = env
+        return env
+
+    rebuild_env.without_imports = True
+    environment._rebuild_env = rebuild_env
+
+
+def _check_cache_folders_once() -> None:
+    """Numba's check that a kernel's cache folder can be written (a
+    temporary file created in it, for every kernel a module defines), once
+    per folder and process."""
+    from numba.core import caching
+
+    ensure = caching._CacheLocator.ensure_cache_path
+    if getattr(ensure, "once", False) or ensure.__code__.co_names[:1] != ("get_cache_path",):
+        return
+    checked = set()
+
+    def ensure_cache_path(self):
+        path = self.get_cache_path()
+        if path not in checked:
+            ensure(self)
+            checked.add(path)
+
+    ensure_cache_path.once = True
+    caching._CacheLocator.ensure_cache_path = ensure_cache_path
+
+
+if not _load_without_refresh():
+    _import_without_probes()  # Numba's own loads refresh: the probes come at the first
+_check_cache_folders_once()
 
 configure_numba()  # now on Numba's config: this source state's sub-folder
 
