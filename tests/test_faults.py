@@ -206,10 +206,14 @@ def start_slow_run(tmp_path, requests):
 
 
 def test_two_concurrent_runs_into_one_folder(tmp_path):
+    # the first run is stopped (SIGSTOP) while it holds its folder, so the two
+    # overlap however fast the first would finish
     first, config, out = start_slow_run(tmp_path, 40000)
+    first.send_signal(signal.SIGSTOP)
     try:
         second = cli("run", config, "-o", out, "-q")
     finally:
+        first.send_signal(signal.SIGCONT)
         _, first_err = first.communicate(timeout=300)
     assert first.returncode == 0, first_err
     assert second.returncode == 2
