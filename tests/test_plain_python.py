@@ -78,8 +78,22 @@ def test_the_recordings_and_the_engine_rules_pass_as_plain_python():
     assert passed and int(passed.group(1)) > 100 and "failed" not in summary, summary
 
 
-@pytest.mark.parametrize("config", [CPU_TIER_ASYNC, DISAGGREGATED_DP],
-                         ids=["cpu-tier-async", "disaggregated-dp"])
+SGLANG_PRESSURE = workload(9) + """\
+engine:
+  backend: sglang
+  max_total_tokens: 1024
+  page_size: 4
+  chunked_prefill_size: 64
+  max_running_requests: 16
+  schedule_conservativeness: 0.05
+  timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}
+"""
+
+
+# evictions, splits and chunks under backend: sglang too (the recordings, run as
+# plain Python below, hold retractions)
+@pytest.mark.parametrize("config", [CPU_TIER_ASYNC, DISAGGREGATED_DP, SGLANG_PRESSURE],
+                         ids=["cpu-tier-async", "disaggregated-dp", "sglang-pressure"])
 def test_a_run_as_plain_python_writes_the_compiled_runs_outputs(tmp_path, config):
     path = tmp_path / "config.yaml"
     path.write_text(config)
@@ -89,6 +103,9 @@ def test_a_run_as_plain_python_writes_the_compiled_runs_outputs(tmp_path, config
         [sys.executable, "-m", "servesim", "run", str(path), "-o", str(tmp_path / "plain"), "-q",
          "--pass-log"], env=plain_env(), capture_output=True, text=True, timeout=600)
     assert plain.returncode == 0, plain.stderr
+    if config is SGLANG_PRESSURE:
+        passes = (tmp_path / "compiled" / "passes.jsonl").read_text()
+        assert re.search(r'"evicted_tokens": [1-9]', passes) and '"partial": true' in passes
     for name in ("requests.jsonl", "passes.jsonl", "itl_quantiles.json"):
         assert ((tmp_path / "plain" / name).read_bytes()
                 == (tmp_path / "compiled" / name).read_bytes()), name
@@ -105,33 +122,3 @@ def test_the_sglang_recordings_rules_and_compiled_path_pass_as_plain_python():
     summary = proc.stdout.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) > 30 and "failed" not in summary, summary
-
-
-SGLANG_PRESSURE = workload(9) + """\
-engine:
-  backend: sglang
-  max_total_tokens: 1024
-  page_size: 4
-  chunked_prefill_size: 64
-  max_running_requests: 16
-  schedule_conservativeness: 0.05
-  timing: {type: fixed, prefill_ms: 10.0, decode_ms: 5.0}
-"""
-
-
-def test_an_sglang_run_as_plain_python_writes_the_compiled_runs_outputs(tmp_path):
-    """Evictions, splits and chunks under backend: sglang, both ways (the
-    recordings, run as plain Python above, hold retractions)."""
-    path = tmp_path / "config.yaml"
-    path.write_text(SGLANG_PRESSURE)
-    compiled = invoke("run", path, "-o", tmp_path / "compiled", "-q", "--pass-log")
-    assert compiled.exit_code == 0, compiled.output
-    plain = subprocess.run(
-        [sys.executable, "-m", "servesim", "run", str(path), "-o", str(tmp_path / "plain"), "-q",
-         "--pass-log"], check=False, env=plain_env(), capture_output=True, text=True, timeout=600)
-    assert plain.returncode == 0, plain.stderr
-    passes = (tmp_path / "compiled" / "passes.jsonl").read_text()
-    assert re.search(r'"evicted_tokens": [1-9]', passes) and '"partial": true' in passes
-    for name in ("requests.jsonl", "passes.jsonl", "itl_quantiles.json"):
-        assert ((tmp_path / "plain" / name).read_bytes()
-                == (tmp_path / "compiled" / name).read_bytes()), name
