@@ -59,8 +59,7 @@ class Rank:
             self.connector = self.scheduler.new_connector(config.kv_offloading)
         self.transfers = self.connector
         # the deployment's attention-DP width prices aic passes (expert parallelism)
-        self.pricer = PassPricer(config.timing, config.kv_cache.num_gpu_blocks,
-                                 config.kv_cache.block_size, config, data_parallel_size)
+        self.pricer = PassPricer.of_engine(config, data_parallel_size)
         self.num_requests = 0
         # arrays (rows of the worker's), so that the compiled pass loop
         # (engine/pass_loop.py) keeps them too

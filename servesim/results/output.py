@@ -69,8 +69,8 @@ def _floats(arr) -> list:
     """JSON texts of a float array: Python float repr, or null for NaN/inf
     ("never"). Each distinct value is formatted once: requests admitted or
     finished in one pass share its instants (a quarter of the values of a
-    100,000-request run are distinct; `repr` is ~0.3 µs a float, the most of
-    writing requests.jsonl). Equal floats have equal reprs, except 0.0 and
+    100,000-request run are distinct; `repr` was most of the time writing
+    requests.jsonl took). Equal floats have equal reprs, except 0.0 and
     -0.0, which `np.unique` merges: an array with a negative zero is
     formatted value by value."""
     arr = np.asarray(arr, dtype=np.float64)
