@@ -604,7 +604,8 @@ def last_tokens(cols, slots, positions) -> int:
     """The positions in `slots` (table rows) of the requests whose next
     token is their last by length (`num_outputs + 1 >= max_new_tokens`: the
     in-flight token of one in the in-flight batch finishes it;
-    `_reqs_finishing_inflight`), into `positions`, in order; returns how many."""
+    `_reqs_finishing_inflight`, managers/scheduler.py; docs/sglang.md,
+    "Decode and retraction"), into `positions`, in order; returns how many."""
     n = 0
     for k in range(len(slots)):
         s = slots[k]
@@ -631,8 +632,9 @@ def decode_need(cols, slots, page_size) -> int:
 @njit
 def advance_seq_lens(cols, slots) -> int:
     """A decode allocates one position per request (`seq_lens += 1`,
-    `prepare_for_decode`); returns the positions after it, summed (the
-    pass's decode context)."""
+    `ScheduleBatch.prepare_for_decode`, managers/schedule_batch.py;
+    docs/sglang.md, "Decode and retraction"); returns the positions after
+    it, summed (the pass's decode context)."""
     total = 0
     for s in slots:
         cols[SEQ_LEN, s] += 1
