@@ -2,8 +2,8 @@
 README.md "Speculative decoding"): each request without a trace `accepted`
 list draws one named profile, with probability proportional to the
 profiles' weights, from a counter-based draw keyed by the seed and the
-request id (drafts.py's `uniform`, at a draw number no verification pass
-reaches), so its profile does not depend on the other requests. Its
+request id (`uniform`, the acceptance draws' generator, at a draw number no
+verification pass reaches), so its profile does not depend on the other requests. Its
 acceptance is then drawn per position from the profile's rates exactly as
 `accepted_drafts` draws it from `acceptance_rates` — here ahead of the run,
 as the `accepted` list of its verification passes (at most one per output
@@ -24,7 +24,9 @@ def _mix(x):
 
 
 def request_states(seed, keys):
-    """drafts.py's `request_state` over an array of keys (uint64)."""
+    """The acceptance generator's state after its first two keys, the seed
+    and each request's key (uint64), as drafts.py `uniform_from` takes it
+    (docs/engine.md §12)."""
     with np.errstate(over="ignore"):
         x = _mix(np.full(np.shape(keys), np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15),
                          dtype=np.uint64))
@@ -32,7 +34,8 @@ def request_states(seed, keys):
 
 
 def uniform(seed, keys, draws, position):
-    """drafts.py's `uniform` over arrays of keys and draw numbers."""
+    """drafts.py's `uniform_from` of `request_states` over arrays of keys and
+    draw numbers."""
     x = request_states(seed, keys)
     with np.errstate(over="ignore"):
         x = _mix(x ^ np.asarray(draws).astype(np.uint64))

@@ -42,40 +42,22 @@ if plain_python():  # NumPy's scalars wrap too, but warn each time: not here
 
 
 @njit(inline="always")
-def request_state(seed, request):
-    """servesim's own: the acceptance generator's state after its first two
-    keys, the seed and the request (docs/engine.md §12).
-
-    - What all of one request's draws share (`uniform`), made once per
-      request ahead of the run (`draw_states`).
-    """
-    x = _mix(np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15))
-    return _mix(x ^ np.uint64(request))
-
-
-@njit(inline="always")
 def uniform_from(state, draw, position):
-    """servesim's own: `uniform` from the request's `request_state`
-    (docs/engine.md §12)."""
+    """servesim's own: a uniform number in [0, 1) for one draft position of
+    one verification pass of one request (docs/engine.md §12).
+
+    - A pure function of the request's state (its seed and key finalised,
+      `draw_states`), the draw number and the position.
+    """
     x = _mix(state ^ np.uint64(draw))
     x = _mix(x ^ np.uint64(position))
     return float(x >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@njit(inline="always")
-def uniform(seed, request, draw, position):
-    """servesim's own: a uniform number in [0, 1) for one draft position of
-    one verification pass of one request (docs/engine.md §12).
-
-    - A pure function of its four keys.
-    """
-    return uniform_from(request_state(seed, request), draw, position)
-
-
 def draw_states(seed, keys):
-    """Each request's `request_state` from its key (acceptance_profiles.py's
-    `request_states`, the same finaliser over the array): `accepted_drafts`
-    reads it."""
+    """Each request's generator state from its key, the seed and the request
+    finalised (acceptance_profiles.py's `request_states`): `accepted_drafts`
+    reads it (`uniform_from`)."""
     from servesim.scheduler.acceptance_profiles import request_states
 
     return request_states(seed, keys)
@@ -87,9 +69,9 @@ def accepted_drafts(rates, acc_offsets, acc_values, request, state, draw, num_dr
     `draw`-th verification pass accepts (docs/engine.md §12).
 
     - Its `accepted` list (cycled) when the trace gives one.
-    - Else draft position a is accepted when its draw `uniform(seed, key,
-      draw, a)` (from the request's `request_state`, `state`) is below
-      `rates[a]` and every draft before it was.
+    - Else draft position a is accepted when its draw `uniform_from(state,
+      draw, a)` (`state`: the request's, `draw_states`) is below `rates[a]`
+      and every draft before it was.
     - At most `num_drafts`.
     """
     lo = acc_offsets[request]
